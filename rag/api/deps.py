@@ -1,0 +1,61 @@
+"""Named dependencies of the routes; tests swap them with `app.dependency_overrides`."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from rag.api.services import Services
+from rag.config import Settings
+from rag.embedding_client import EmbeddingClient
+from rag.errors import Unauthorized
+from rag.lexical import LexicalIndex
+from rag.llm_client import LlamaServerClient
+from rag.store import ChunkStore
+
+
+def get_services(request: Request) -> Services:
+    return request.app.state.services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+def get_app_settings(services: ServicesDep) -> Settings:
+    return services.settings
+
+
+def get_llm(services: ServicesDep) -> LlamaServerClient:
+    return services.llm
+
+
+def get_embedder(services: ServicesDep) -> EmbeddingClient:
+    return services.embedder
+
+
+def get_store(services: ServicesDep) -> ChunkStore:
+    return services.store
+
+
+def get_lexical(services: ServicesDep) -> LexicalIndex:
+    return services.lexical
+
+
+SettingsDep = Annotated[Settings, Depends(get_app_settings)]
+LLMDep = Annotated[LlamaServerClient, Depends(get_llm)]
+EmbedderDep = Annotated[EmbeddingClient, Depends(get_embedder)]
+StoreDep = Annotated[ChunkStore, Depends(get_store)]
+LexicalDep = Annotated[LexicalIndex, Depends(get_lexical)]
+
+
+def require_api_key(request: Request, settings: SettingsDep) -> None:
+    """When RAG_API_KEY is set, every /v1 route needs `Authorization: Bearer <key>`."""
+    if settings.api_key is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    expected = settings.api_key.get_secret_value()
+    if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), expected.encode()):
+        raise Unauthorized("missing or wrong API key: send 'Authorization: Bearer <key>'")

@@ -1,0 +1,45 @@
+"""The one place where errors become HTTP responses (and SSE `error` events)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from rag.errors import Busy, RagError
+
+log = logging.getLogger("rag.api")
+
+
+def error_body(exc: Exception) -> dict[str, Any]:
+    """The JSON body of an error; unexpected exceptions say nothing of their internals."""
+    if isinstance(exc, RagError):
+        return {"error": exc.to_dict()}
+    return {"error": {"code": "internal_error", "message": "internal error; see the API log"}}
+
+
+def error_response(exc: Exception) -> JSONResponse:
+    status = exc.status if isinstance(exc, RagError) else 500
+    headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, Busy) else None
+    if status >= 500 and not isinstance(exc, RagError):
+        log.exception("unhandled error", exc_info=exc)
+    return JSONResponse(error_body(exc), status_code=status, headers=headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RagError)
+    async def _rag_error(request: Request, exc: RagError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        body = {"error": {"code": "invalid_request", "message": "; ".join(problems)}}
+        return JSONResponse(body, status_code=400)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(exc)

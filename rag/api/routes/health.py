@@ -1,0 +1,48 @@
+"""`GET /health`: the state of each backend; 503 until all are ready."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from rag.api.deps import ServicesDep
+from rag.errors import RagError
+
+router = APIRouter()
+
+
+async def _llm_state(services: ServicesDep) -> dict[str, Any]:
+    health = await services.llm.health()
+    state: dict[str, Any] = {"state": health.state, "url": services.llm.base_url}
+    if health.reason:
+        state["reason"] = health.reason
+    if health.state == "ok":
+        try:
+            props = await services.llm.props()
+        except RagError as exc:
+            return {**state, "state": "down", "reason": exc.message}
+        state.update(model=props.model, n_ctx=props.n_ctx, slots=props.total_slots)
+    return state
+
+
+async def _embedder_state(services: ServicesDep) -> dict[str, Any]:
+    return {**await services.embedder.health(), "url": services.embedder.base_url}
+
+
+async def _store_state(services: ServicesDep) -> dict[str, Any]:
+    alive = await asyncio.to_thread(services.store.heartbeat)
+    mode = services.settings.chroma_mode
+    where = services.settings.chroma_url if mode == "server" else str(services.settings.chroma_path)
+    return {"state": "ok" if alive else "down", "mode": mode, "location": where}
+
+
+@router.get("/health")
+async def health(services: ServicesDep) -> JSONResponse:
+    llm, embedder, store = await asyncio.gather(_llm_state(services), _embedder_state(services), _store_state(services))
+    backends = {"llm": llm, "embedder": embedder, "store": store}
+    states = {b["state"] for b in backends.values()}
+    overall = "ok" if states == {"ok"} else ("loading" if "down" not in states else "down")
+    return JSONResponse({"status": overall, "backends": backends}, status_code=200 if overall == "ok" else 503)

@@ -1,0 +1,5 @@
+"""Routes of this area are added here."""
+
+from fastapi import APIRouter
+
+router = APIRouter()

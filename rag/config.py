@@ -1,0 +1,156 @@
+"""The one typed settings object. Every knob is a `RAG_*` environment variable (or a `.env` line)."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlparse
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "rag-stack"
+
+
+def _check_url(value: str) -> str:
+    parsed = urlparse(value)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"{value!r} is not an http(s) URL with a host")
+    return value.rstrip("/")
+
+
+class Settings(BaseSettings):
+    """Settings of the API, the launcher, the CLIs and the embedding server."""
+
+    model_config = SettingsConfigDict(env_prefix="RAG_", env_file=".env", extra="ignore")
+
+    # Where things live.
+    data_dir: Path = Field(default_factory=_default_data_dir)
+    models_dir: Path | None = None
+
+    # The API.
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(default=8000, ge=1, le=65535)
+    api_key: SecretStr | None = None
+
+    # llama-server.
+    llm_url: str = "http://127.0.0.1:8081"
+    llm_model: str = "gemma-3-270m-q4_k_m"
+    llm_model_path: Path | None = None
+    llm_profile: str = "cpu"
+    llm_threads: int = Field(default=1, ge=1)
+    llm_server_bin: Path | None = None
+    llm_timeout_s: float = Field(default=120.0, gt=0)
+
+    # The embedding server.
+    embed_url: str = "http://127.0.0.1:8082"
+    embed_model: str = "all-MiniLM-L6-v2"
+    embed_model_path: str | None = None
+    embed_device: str | None = None
+    embed_max_batch: int = Field(default=64, ge=1)
+    embed_max_wait_ms: float = Field(default=5.0, ge=0)
+    embed_max_inputs: int = Field(default=512, ge=1)
+
+    # Chroma: embedded on disk (the default) or a `chroma run` server.
+    chroma_mode: Literal["embedded", "server"] = "embedded"
+    chroma_url: str | None = None
+    collection: str = "default"
+
+    # The prompt budget.
+    context_budget: int = Field(default=4096, ge=256)
+    answer_reserve: int = Field(default=512, ge=16)
+    top_k: int = Field(default=8, ge=1, le=100)
+    min_score: float = Field(default=0.0, ge=0)
+    hybrid_dense_weight: float = Field(default=0.3, ge=0, le=1)
+    reranker_url: str | None = None
+
+    # Ingestion.
+    chunk_tokens: int = Field(default=200, ge=16)
+    chunk_overlap: int = Field(default=32, ge=0)
+    embed_batch: int = Field(default=32, ge=1)
+    max_upload_bytes: int = Field(default=50 * 1024 * 1024, ge=1)
+    parse_timeout_s: float = Field(default=60.0, gt=0)
+    parse_memory_mb: int = Field(default=1024, ge=64)
+
+    # Backpressure.
+    queue_max: int = Field(default=8, ge=0)
+    queue_timeout_s: float = Field(default=30.0, ge=0)
+
+    debug: bool = False
+
+    @field_validator("llm_url", "embed_url")
+    @classmethod
+    def _urls_have_scheme(cls, value: str) -> str:
+        return _check_url(value)
+
+    @field_validator("chroma_url", "reranker_url")
+    @classmethod
+    def _optional_urls_have_scheme(cls, value: str | None) -> str | None:
+        return None if value in (None, "") else _check_url(value)
+
+    @field_validator("collection")
+    @classmethod
+    def _collection_name(cls, value: str) -> str:
+        # Chroma's own rule: 3-512 characters of [a-zA-Z0-9._-], starting and ending alphanumeric.
+        import re
+
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{1,510}[A-Za-z0-9]", value):
+            raise ValueError(f"collection name {value!r} must be 3-512 characters of letters, digits, '._-'")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Settings":
+        if self.answer_reserve >= self.context_budget:
+            raise ValueError(
+                f"answer_reserve ({self.answer_reserve}) must be smaller than context_budget ({self.context_budget})"
+            )
+        if self.chunk_overlap >= self.chunk_tokens:
+            raise ValueError(f"chunk_overlap ({self.chunk_overlap}) must be smaller than chunk_tokens ({self.chunk_tokens})")
+        if self.chroma_mode == "server" and not self.chroma_url:
+            raise ValueError("chroma_mode=server needs RAG_CHROMA_URL")
+        return self
+
+    @property
+    def models_path(self) -> Path:
+        return self.models_dir or self.data_dir / "models"
+
+    @property
+    def chroma_path(self) -> Path:
+        return self.data_dir / "chroma"
+
+    @property
+    def llm_port(self) -> int:
+        return urlparse(self.llm_url).port or 80
+
+    @property
+    def embed_port(self) -> int:
+        return urlparse(self.embed_url).port or 80
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.api_host}:{self.api_port}"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """The process's settings, built on first use (never at import time)."""
+    return Settings()
+
+
+def settings_error_line(exc: Exception) -> str:
+    """One line saying which setting is wrong and why (for start-up failures)."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        parts = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"])
+            name = f"RAG_{loc.upper()}" if loc else "settings"
+            parts.append(f"{name}: {err['msg']}")
+        return "invalid settings: " + "; ".join(parts)
+    return f"invalid settings: {exc}"

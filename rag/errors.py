@@ -1,0 +1,115 @@
+"""Errors of the stack, each carrying the HTTP status it maps to.
+
+    RagError (500)
+    ├── InvalidRequest (400)
+    │   ├── QuestionTooLong (400)          the question alone exceeds the prompt budget
+    │   ├── UnsupportedFileType (415)      the file's bytes are not a type we load
+    │   ├── FileTooLarge (413)             an upload or a request body over its limit
+    │   ├── TooManyInputs (413)            more embedding inputs than one request may carry
+    │   └── DocumentRejected (422)         a readable file with nothing to index (empty, scanned, encrypted)
+    ├── Unauthorized (401)
+    ├── NotFound (404)
+    ├── Busy (429)                         the generation queue is full or waited too long
+    ├── StoreLocked (409)                  another process holds the embedded Chroma store
+    ├── UpstreamError (502)                a backend answered with something we cannot use
+    │   └── ContextOverflow (502)          llama-server's exceed_context_size_error
+    └── BackendUnavailable (503)
+        ├── LLMUnavailable (503)           llama-server down or loading its model
+        ├── EmbedderUnavailable (503)
+        └── StoreUnavailable (503)
+
+The API maps them to JSON errors (and SSE `error` events mid-stream) in `rag/api/errors.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RagError(Exception):
+    status: int = 500
+    code: str = "internal_error"
+
+    def __init__(self, message: str, **detail: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail
+
+    def to_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.detail:
+            body["detail"] = self.detail
+        return body
+
+
+class InvalidRequest(RagError):
+    status, code = 400, "invalid_request"
+
+
+class QuestionTooLong(InvalidRequest):
+    code = "question_too_long"
+
+
+class UnsupportedFileType(InvalidRequest):
+    status, code = 415, "unsupported_file_type"
+
+
+class FileTooLarge(InvalidRequest):
+    status, code = 413, "too_large"
+
+
+class TooManyInputs(InvalidRequest):
+    status, code = 413, "too_many_inputs"
+
+
+class DocumentRejected(InvalidRequest):
+    status, code = 422, "document_rejected"
+
+
+class Unauthorized(RagError):
+    status, code = 401, "unauthorized"
+
+
+class NotFound(RagError):
+    status, code = 404, "not_found"
+
+
+class Busy(RagError):
+    status, code = 429, "busy"
+
+    def __init__(self, message: str, retry_after: int = 1, **detail: Any) -> None:
+        super().__init__(message, retry_after=retry_after, **detail)
+        self.retry_after = retry_after
+
+
+class StoreLocked(RagError):
+    status, code = 409, "store_locked"
+
+
+class UpstreamError(RagError):
+    status, code = 502, "upstream_error"
+
+
+class ContextOverflow(UpstreamError):
+    code = "exceed_context_size"
+
+    def __init__(self, message: str, n_prompt_tokens: int | None = None, n_ctx: int | None = None) -> None:
+        super().__init__(message, n_prompt_tokens=n_prompt_tokens, n_ctx=n_ctx)
+        self.n_prompt_tokens = n_prompt_tokens
+        self.n_ctx = n_ctx
+
+
+class BackendUnavailable(RagError):
+    status, code = 503, "backend_unavailable"
+
+
+class LLMUnavailable(BackendUnavailable):
+    code = "llm_unavailable"
+
+
+class EmbedderUnavailable(BackendUnavailable):
+    code = "embedder_unavailable"
+
+
+class StoreUnavailable(BackendUnavailable):
+    code = "store_unavailable"

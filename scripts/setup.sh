@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Idempotent set-up: the venv (torch pinned first), the project, the llama-server build, the bundled models.
+#   scripts/setup.sh          what `make up` needs
+#   scripts/setup.sh --test   plus what the tests need (Debian's Chromium for the browser tests)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3}
+venv=.venv
+stamp="$venv/.installed-$(cat pyproject.toml | sha256sum | cut -c1-16)"
+started=$(date +%s)
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "setup: creating $venv"
+  "$python" -m venv "$venv"
+fi
+if [ ! -f "$stamp" ]; then
+  "$venv/bin/python" -m pip install --quiet --upgrade "pip>=25"
+  # torch first and pinned: the CPU build on disk. A bare torch would pull a multi-GB CUDA build.
+  "$venv/bin/python" -m pip install --quiet "torch==2.13.0"
+  "$venv/bin/python" -m pip install --quiet -e ".[test]"
+  rm -f "$venv"/.installed-*
+  touch "$stamp"
+fi
+echo "setup: python environment ready ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"
+
+bin=$(bash scripts/build-llama-server.sh)
+echo "setup: llama-server $bin"
+
+"$venv/bin/rag" models prepare >/dev/null
+echo "setup: bundled models ready"
+
+if [ "${1:-}" = "--test" ]; then
+  if [ ! -x /usr/bin/chromium ]; then
+    echo "setup: installing Debian's chromium for the browser tests"
+    sudo_cmd=""
+    [ "$(id -u)" = 0 ] || sudo_cmd=sudo
+    $sudo_cmd apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq chromium >/dev/null
+  fi
+fi
+echo "setup: done in $(( $(date +%s) - started )) s"

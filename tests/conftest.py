@@ -1,0 +1,80 @@
+"""Shared fixtures: an isolated environment for every test, and real servers started once per session."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rag.config import Settings, get_settings
+from tests.servers import Server, start_embedding_server, start_llama_server
+
+SHARED_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+
+
+def _clean_env(data_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_") or k in ("RAG_LLM_SERVER_BIN", "RAG_CACHE_DIR")}
+    env["RAG_DATA_DIR"] = str(data_dir)
+    env["HF_HUB_OFFLINE"] = "1"
+    env["TRANSFORMERS_OFFLINE"] = "1"
+    return env
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Every RAG_* setting is cleared and the data dir points into the test's tmp dir."""
+    for key in list(os.environ):
+        if key.startswith("RAG_") and key not in ("RAG_LLM_SERVER_BIN", "RAG_CACHE_DIR"):
+            monkeypatch.delenv(key)
+    data_dir = tmp_path / "data"
+    monkeypatch.setenv("RAG_DATA_DIR", str(data_dir))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)  # no stray .env is read
+    get_settings.cache_clear()
+    yield data_dir
+    get_settings.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def session_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("session")
+
+
+@pytest.fixture(scope="session")
+def generator_model(session_dir: Path) -> Path:
+    from rag.modellock import ensure_bundled_generator
+
+    models = Path(os.environ.get("RAG_CACHE_DIR") or Path.home() / ".cache" / "rag-stack") / "models"
+    return ensure_bundled_generator(Settings(data_dir=session_dir, models_dir=models))
+
+
+@pytest.fixture(scope="session")
+def llama_server(generator_model: Path, session_dir: Path) -> Iterator[Server]:
+    """The real llama-server with the bundled Gemma 3 270M, one slot, 4,096 tokens."""
+    server = start_llama_server(generator_model, session_dir)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def embedding_server(session_dir: Path) -> Iterator[Server]:
+    """The real embedding server with the bundled all-MiniLM-L6-v2."""
+    server = start_embedding_server(session_dir, _clean_env(session_dir / "embedder-data"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def backend_env(llama_server: Server, embedding_server: Server, isolated_env: Path) -> dict[str, str]:
+    """Environment for a process of ours that uses the session's real backends and this test's data dir."""
+    env = _clean_env(isolated_env)
+    env["RAG_LLM_URL"] = llama_server.url
+    env["RAG_EMBED_URL"] = embedding_server.url
+    return env
+
+
+@pytest.fixture
+def backend_settings(llama_server: Server, embedding_server: Server, isolated_env: Path) -> Settings:
+    return Settings(data_dir=isolated_env, llm_url=llama_server.url, embed_url=embedding_server.url)
