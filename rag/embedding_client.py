@@ -38,7 +38,8 @@ class EmbeddingClient:
         if not texts:
             return []
         try:
-            response = await self._openai.embeddings.create(model=self.model, input=texts, encoding_format="base64")
+            # The SDK asks for base64 on the wire and decodes it itself when no format is given.
+            response = await self._openai.embeddings.create(model=self.model, input=texts)
         except openai.APIConnectionError as exc:
             raise EmbedderUnavailable(f"embedding server at {self.base_url} is unreachable") from exc
         except openai.APIStatusError as exc:

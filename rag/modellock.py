@@ -139,22 +139,22 @@ def pull(
         headers = {"Range": f"bytes={have}-"} if have else {}
         try:
             with httpx.stream("GET", source, headers=headers, follow_redirects=True, timeout=60) as response:
-                if response.status_code == 416:  # already complete
+                if response.status_code == 416:  # nothing left to send: the partial file is whole
                     return
                 response.raise_for_status()
-                mode = "ab" if have and response.status_code == 206 else "wb"
-                done = have if mode == "ab" else 0
-                total = int(response.headers.get("content-length", 0)) + done or artifact.size
-                with part.open(mode) as fh:
-                    for block in response.iter_bytes(1 << 20):
+                resumed = have and response.status_code == 206
+                done = have if resumed else 0
+                total = _total_size(response, done)
+                with part.open("ab" if resumed else "wb") as fh:
+                    for block in response.iter_bytes():
                         fh.write(block)
                         done += len(block)
                         if progress:
                             progress(done, total)
-                if artifact.size is not None and done < artifact.size:
-                    raise _Interrupted(f"got {done} of {artifact.size} bytes")
-        except (httpx.TransportError, httpx.RemoteProtocolError) as exc:
+        except httpx.TransportError as exc:
             raise _Interrupted(str(exc)) from exc
+        if total is not None and done < total:
+            raise _Interrupted(f"got {done} of {total} bytes")
 
     fetch()
     check = verify_artifact(artifact, part)
@@ -163,6 +163,15 @@ def pull(
         raise IntegrityError(f"{artifact.name}: {check.state} ({check.detail}); the partial file was deleted")
     os.replace(part, final)
     return final
+
+
+def _total_size(response: httpx.Response, already: int) -> int | None:
+    """The whole file's size as the server states it (Content-Range on a resumed request)."""
+    content_range = response.headers.get("content-range", "")
+    if "/" in content_range and not content_range.endswith("/*"):
+        return int(content_range.rsplit("/", 1)[1])
+    length = response.headers.get("content-length")
+    return already + int(length) if length is not None else None
 
 
 def ensure_bundled_generator(settings: Settings) -> Path:

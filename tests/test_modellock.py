@@ -1,0 +1,131 @@
+"""models.lock: verify catches corruption; pull resumes, checks and renames atomically."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import threading
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from rag.cli import cli
+from rag.config import Settings
+from rag.modellock import Artifact, IntegrityError, load_lock, pull, verify_artifact
+
+PAYLOAD = bytes(range(256)) * 4096  # 1 MiB
+
+
+def test_lock_lists_every_role_with_pins():
+    artifacts = load_lock()
+    roles = {a.role for a in artifacts}
+    assert {"generator", "embedder", "llama.cpp source"} <= roles
+    for a in artifacts:
+        assert a.source and a.file
+        if a.profile == "embedded":
+            assert a.size and a.sha256 and len(a.sha256) == 64
+        if a.file.endswith(".gguf"):
+            assert a.quantization
+
+
+def _artifact(payload: bytes = PAYLOAD, **kw) -> Artifact:
+    fields = dict(name="blob", role="generator", profile="test", source="url", file="blob.gguf",
+                  size=len(payload), sha256=hashlib.sha256(payload).hexdigest())
+    return Artifact(**{**fields, **kw})
+
+
+def test_verify_reports_each_state(tmp_path: Path):
+    path = tmp_path / "blob.gguf"
+    assert verify_artifact(_artifact(), path).state == "missing"
+    path.write_bytes(PAYLOAD)
+    assert verify_artifact(_artifact(), path).state == "ok"
+    path.write_bytes(PAYLOAD[:-1] + b"\x00")
+    assert verify_artifact(_artifact(), path).state == "sha256 mismatch"
+    path.write_bytes(PAYLOAD[:10])
+    assert verify_artifact(_artifact(), path).state == "size mismatch"
+
+
+def test_models_verify_fails_on_a_corrupted_file(isolated_env: Path, tmp_path: Path):
+    from rag.modellock import ensure_bundled_generator
+
+    model = ensure_bundled_generator(Settings())
+    ok = CliRunner().invoke(cli, ["models", "verify"])
+    assert ok.exit_code == 0, ok.output
+    assert "ok" in ok.output and "gemma-3-270m-q4_k_m" in ok.output
+    with model.open("r+b") as fh:
+        fh.seek(1000)
+        fh.write(b"corrupt")
+    bad = CliRunner().invoke(cli, ["models", "verify"])
+    assert bad.exit_code == 1
+    assert "sha256 mismatch" in bad.output
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    payload = PAYLOAD
+    cut_first_at: int | None = None
+    requests: list[str | None]
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args):  # quiet
+        pass
+
+    def do_GET(self):
+        server: _Server = self.server  # type: ignore[assignment]
+        server.requests.append(self.headers.get("Range"))
+        start = 0
+        if self.headers.get("Range"):
+            start = int(self.headers["Range"].split("=")[1].rstrip("-"))
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(server.payload) - 1}/{len(server.payload)}")
+        else:
+            self.send_response(200)
+        body = server.payload[start:]
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if server.cut_first_at is not None and start == 0:
+            # Send part of the body, then drop the connection: an interrupted transfer.
+            self.wfile.write(body[: server.cut_first_at])
+            self.wfile.flush()
+            server.cut_first_at = None
+            self.close_connection = True
+            return
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def file_server():
+    server = _Server(("127.0.0.1", 0), _Handler)
+    server.requests = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+
+
+def _url(server: _Server) -> str:
+    return f"http://127.0.0.1:{server.server_address[1]}/blob.gguf"
+
+
+def test_pull_resumes_an_interrupted_transfer(file_server: _Server, tmp_path: Path):
+    file_server.cut_first_at = 300_000
+    path = pull(_artifact(), tmp_path, url=_url(file_server))
+    assert path.read_bytes() == PAYLOAD
+    assert file_server.requests[0] is None
+    assert file_server.requests[1] == "bytes=300000-"
+    assert not (tmp_path / "blob.gguf.part").exists()
+
+
+def test_pull_rejects_a_corrupted_file_and_deletes_it(file_server: _Server, tmp_path: Path):
+    file_server.payload = PAYLOAD[:-1] + b"\x00"
+    with pytest.raises(IntegrityError, match="sha256 mismatch.*deleted"):
+        pull(_artifact(), tmp_path, url=_url(file_server))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_models_pull_cli_says_what_went_wrong(file_server: _Server, isolated_env: Path, monkeypatch):
+    file_server.payload = b"not the model"
+    result = CliRunner().invoke(cli, ["models", "pull", "gemma-3-270m-q4_k_m", "--url", _url(file_server)])
+    assert result.exit_code != 0
+    assert "size mismatch" in str(result.exception) or "size mismatch" in result.output

@@ -1,0 +1,52 @@
+"""Settings fail fast with a one-line reason."""
+
+import pytest
+from pydantic import ValidationError
+
+from rag.config import Settings, settings_error_line
+
+
+def test_defaults_are_the_embedded_stack():
+    settings = Settings()
+    assert settings.context_budget == 4096
+    assert settings.answer_reserve == 512
+    assert settings.chroma_mode == "embedded"
+    assert settings.llm_port == 8081 and settings.embed_port == 8082
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"RAG_LLM_URL": "localhost:8081"}, "RAG_LLM_URL"),
+        ({"RAG_EMBED_URL": "ftp://x"}, "RAG_EMBED_URL"),
+        ({"RAG_CONTEXT_BUDGET": "1000", "RAG_ANSWER_RESERVE": "1000"}, "answer_reserve"),
+        ({"RAG_API_PORT": "70000"}, "RAG_API_PORT"),
+        ({"RAG_COLLECTION": "x"}, "RAG_COLLECTION"),
+        ({"RAG_CHROMA_MODE": "server"}, "RAG_CHROMA_URL"),
+        ({"RAG_CHUNK_TOKENS": "100", "RAG_CHUNK_OVERLAP": "100"}, "chunk_overlap"),
+    ],
+)
+def test_nonsense_is_rejected_with_a_reason(monkeypatch, env, message):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ValidationError) as err:
+        Settings()
+    line = settings_error_line(err.value)
+    assert "\n" not in line and message in line
+
+
+def test_env_file_is_read(tmp_path, monkeypatch):
+    (tmp_path / ".env").write_text("RAG_TOP_K=3\n")
+    monkeypatch.chdir(tmp_path)
+    assert Settings().top_k == 3
+
+
+def test_cli_reports_bad_settings_in_one_line(monkeypatch):
+    from click.testing import CliRunner
+
+    from rag.cli import cli
+
+    monkeypatch.setenv("RAG_LLM_URL", "nope")
+    result = CliRunner().invoke(cli, ["models", "prepare"])
+    assert result.exit_code != 0
+    assert "invalid settings: RAG_LLM_URL" in result.output
