@@ -1,0 +1,44 @@
+"""`GET /health` reports each backend and is 503 until all are ready."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from rag.api.app import create_app
+from rag.config import Settings
+from tests.servers import Server, free_port
+
+pytestmark = pytest.mark.integration
+
+
+def test_health_is_ok_when_every_backend_is(backend_settings: Settings):
+    with TestClient(create_app(backend_settings)) as client:
+        response = client.get("/health")
+    body = response.json()
+    assert response.status_code == 200, body
+    assert body["status"] == "ok"
+    assert body["backends"]["llm"]["model"]
+    assert body["backends"]["llm"]["n_ctx"] == 4096
+    assert body["backends"]["store"]["state"] == "ok"
+
+
+def test_health_is_503_with_the_reason_when_llama_server_is_down(embedding_server: Server, isolated_env):
+    settings = Settings(data_dir=isolated_env, llm_url=f"http://127.0.0.1:{free_port()}", embed_url=embedding_server.url)
+    with TestClient(create_app(settings)) as client:
+        response = client.get("/health")
+    body = response.json()
+    assert response.status_code == 503
+    assert body["status"] == "down"
+    assert body["backends"]["llm"]["state"] == "down"
+    assert "unreachable" in body["backends"]["llm"]["reason"]
+    assert body["backends"]["embedder"]["state"] == "ok"
+
+
+def test_a_second_api_on_the_same_store_is_refused(backend_settings: Settings):
+    from rag.errors import StoreLocked
+
+    with TestClient(create_app(backend_settings)):
+        with pytest.raises(StoreLocked, match="held by the rag API"):
+            with TestClient(create_app(backend_settings)):
+                pass

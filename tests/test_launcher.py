@@ -1,0 +1,111 @@
+"""`rag up`: every part starts, /health says ready, and a signal stops them all with no orphans."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.servers import free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _children(pid: int) -> set[int]:
+    """Every descendant of pid (from /proc), so that orphans can be checked by PID."""
+    found: set[int] = set()
+    frontier = [pid]
+    while frontier:
+        parent = frontier.pop()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == parent and int(entry.name) not in found:
+                found.add(int(entry.name))
+                frontier.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return state != "Z"
+
+
+def _env(data_dir: Path, generator_model: Path, **ports: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
+    env.update(
+        RAG_DATA_DIR=str(data_dir),
+        RAG_LLM_MODEL_PATH=str(generator_model),
+        RAG_LLM_URL=f"http://127.0.0.1:{ports['llm']}",
+        RAG_EMBED_URL=f"http://127.0.0.1:{ports['embed']}",
+        RAG_API_PORT=str(ports["api"]),
+        HF_HUB_OFFLINE="1",
+    )
+    return env
+
+
+def test_rag_up_starts_every_part_and_stops_them_cleanly(isolated_env: Path, generator_model: Path):
+    ports = dict(llm=free_port(), embed=free_port(), api=free_port())
+    proc = subprocess.Popen([sys.executable, "-m", "rag.cli", "up"], env=_env(isolated_env, generator_model, **ports),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, f"rag up ended early:\n{''.join(lines)}"
+            lines.append(line)
+            if line.startswith("open "):
+                break
+        output = "".join(lines)
+        assert "llama-server" in output and "embedder" in output and "api" in output
+        health = httpx.get(f"http://127.0.0.1:{ports['api']}/health", timeout=10).json()
+        assert health["status"] == "ok"
+        assert health["backends"]["llm"]["n_ctx"] == 4096
+        assert health["backends"]["embedder"]["state"] == "ok"
+        assert health["backends"]["store"]["mode"] == "embedded"
+        children = _children(proc.pid)
+        assert len(children) >= 3
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    assert proc.returncode == 0
+    time.sleep(0.5)
+    assert not [pid for pid in children if _alive(pid)], "no orphan processes"
+
+
+def test_rag_up_refuses_a_busy_port(isolated_env: Path, generator_model: Path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = _env(isolated_env, generator_model, llm=free_port(), embed=free_port(), api=port)
+        done = subprocess.run([sys.executable, "-m", "rag.cli", "up"], env=env, capture_output=True, text=True,
+                              timeout=120)
+    assert done.returncode == 1
+    assert f"port {port}" in done.stderr and "busy" in done.stderr
+
+
+def test_rag_up_stops_the_rest_when_a_part_fails(isolated_env: Path, tmp_path: Path):
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF not really")
+    env = _env(isolated_env, broken, llm=free_port(), embed=free_port(), api=free_port())
+    done = subprocess.run([sys.executable, "-m", "rag.cli", "up"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "llama-server exited during start-up" in done.stderr
