@@ -1,5 +1,66 @@
-"""Routes of this area are added here."""
+"""`GET /`: the chat page; `GET /static/{name}`: its scripts and styles. Nothing remote: it works offline.
+
+The page itself needs no API key: the user types it into the page, which sends it on every /v1 call.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+from pathlib import Path
 
 from fastapi import APIRouter
+from fastapi.responses import FileResponse
 
-router = APIRouter()
+from rag.errors import NotFound
+
+STATIC_DIR = Path(str(files("rag") / "static"))
+
+MEDIA_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+    ".txt": "text/plain; charset=utf-8",
+}
+
+# The page builds every node from text; this policy is the second wall: no inline or remote script,
+# no remote image, style or connection, even if some markup slipped through.
+CONTENT_SECURITY_POLICY = "; ".join([
+    "default-src 'self'",
+    "script-src 'self'",
+    "style-src 'self'",
+    "img-src 'self' data:",
+    "connect-src 'self'",
+    "object-src 'none'",
+    "base-uri 'none'",
+    "form-action 'self'",
+    "frame-ancestors 'none'",
+])
+
+HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+
+router = APIRouter(include_in_schema=False)
+
+
+def static_file(name: str) -> FileResponse:
+    """One file of the flat static folder; no dot-files, no sub-paths, only known types."""
+    path = STATIC_DIR / name
+    if "/" in name or "\\" in name or name.startswith(".") or path.suffix not in MEDIA_TYPES or not path.is_file():
+        raise NotFound(f"no static file {name!r}")
+    return FileResponse(path, media_type=MEDIA_TYPES[path.suffix], headers=HEADERS)
+
+
+@router.get("/")
+def index() -> FileResponse:
+    return static_file("index.html")
+
+
+@router.get("/static/{name}")
+def static(name: str) -> FileResponse:
+    return static_file(name)

@@ -1,0 +1,302 @@
+// The conversation: kept in the page, sent whole as `messages`; answers stream from POST /v1/chat.
+
+import { ApiError, apiFetch, describeError, errorFrom } from "./api.js";
+import { renderBudget } from "./budget.js";
+import { announce, library } from "./library.js";
+import { renderMarkdown } from "./markdown.js";
+import { readEvents } from "./sse.js";
+
+const $ = (id) => document.getElementById(id);
+
+const history = []; // [{role, content}], what the next question is sent with
+let current = null; // the answer being streamed: {controller, view, ...}
+let answers = 0; // numbers the answers, for ids of their source entries
+
+export function initChat() {
+  $("composer").addEventListener("submit", (event) => {
+    event.preventDefault();
+    ask();
+  });
+  $("question").addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+      event.preventDefault();
+      ask();
+    }
+  });
+  $("stop").addEventListener("click", stop);
+  $("new-chat").addEventListener("click", newConversation);
+  $("messages").addEventListener("click", citationClicked);
+  $("close-source").addEventListener("click", closeSource);
+  document.addEventListener("keydown", (event) => {
+    if (event.key === "Escape" && !$("source-panel").hidden) closeSource();
+  });
+}
+
+export function streaming() {
+  return current !== null;
+}
+
+function newConversation() {
+  if (current) stop();
+  history.length = 0;
+  $("messages").replaceChildren();
+  closeSource();
+  $("question").focus();
+}
+
+function el(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function messageView(role) {
+  const item = el("li", `message ${role}`);
+  item.append(el("p", "role", role === "user" ? "You" : "Assistant"));
+  const body = el("div", role === "user" ? "question-text" : "answer markdown");
+  item.append(body);
+  $("messages").append(item);
+  return { item, body };
+}
+
+function options() {
+  const body = {};
+  const topK = Number($("top-k").value);
+  const maxTokens = Number($("max-tokens").value);
+  if (topK > 0) body.top_k = topK;
+  if (maxTokens > 0) body.max_tokens = maxTokens;
+  return body;
+}
+
+async function ask() {
+  const input = $("question");
+  const question = input.value.trim();
+  if (!question || current || $("send").disabled) return;
+  input.value = "";
+  history.push({ role: "user", content: question });
+  const user = messageView("user");
+  user.body.textContent = question;
+
+  const view = messageView("assistant");
+  answers += 1;
+  view.item.id = `answer-${answers}`;
+  view.status = el("p", "status", "Searching the documents…");
+  view.status.setAttribute("role", "status");
+  view.item.append(view.status);
+  const answer = {
+    controller: new AbortController(), view, user, text: "", sources: new Map(), citations: null,
+    state: "streaming", frame: 0,
+  };
+  current = answer;
+  sourceMaps.set(view.item, answer.sources);
+  setState(answer, "streaming");
+  setBusy(true);
+  const request = { messages: history.slice(), collection: library.collection, stream: true, ...options() };
+  try {
+    const response = await apiFetch("/v1/chat", {
+      method: "POST",
+      headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
+      body: JSON.stringify(request),
+      signal: answer.controller.signal,
+    });
+    if (!response.ok) throw await errorFrom(response);
+    for await (const event of readEvents(response.body)) {
+      handle(answer, event.event, JSON.parse(event.data));
+      if (answer.state !== "streaming") break;
+    }
+    if (answer.state === "streaming") fail(answer, "The answer stream ended before it was complete.");
+  } catch (error) {
+    if (answer.state === "streaming") {
+      if (error.name === "AbortError") setState(answer, "stopped");
+      else fail(answer, describeError(error));
+    }
+  } finally {
+    finishTurn(answer);
+  }
+}
+
+function stop() {
+  if (!current) return;
+  const answer = current;
+  setState(answer, "stopped");
+  answer.controller.abort(); // closes the connection; the API then closes llama-server's generation
+}
+
+function handle(answer, type, data) {
+  if (type === "sources") showSources(answer, data.sources);
+  else if (type === "budget") answer.view.item.insertBefore(renderBudget(data), answer.view.status);
+  else if (type === "token") addText(answer, data.text);
+  else if (type === "citations") {
+    answer.citations = { valid: new Set(data.citations.map((c) => c.id)), invalid: new Set(data.invalid) };
+    render(answer);
+  } else if (type === "done") {
+    answer.done = data;
+    setState(answer, "done");
+  } else if (type === "error") {
+    fail(answer, `The answer failed. ${describeError(new ApiError(null, data.code, data.message))}`);
+  }
+}
+
+function addText(answer, text) {
+  answer.text += text;
+  if (answer.view.status.textContent !== "Writing…") answer.view.status.textContent = "Writing…";
+  // One render per frame, however fast tokens come.
+  if (!answer.frame) {
+    answer.frame = requestAnimationFrame(() => {
+      answer.frame = 0;
+      render(answer);
+    });
+  }
+}
+
+function render(answer) {
+  const list = $("messages");
+  const following = list.scrollHeight - list.scrollTop - list.clientHeight < 48;
+  answer.view.body.replaceChildren(renderMarkdown(answer.text, (id) => citationNode(answer, id)));
+  if (following) list.scrollTop = list.scrollHeight; // keep up with the answer unless the reader scrolled away
+}
+
+// A citation is a link only when the API vouches for it: listed in `citations` (once that event came),
+// or, while the answer is still streaming, present among the sources.
+function citationNode(answer, id) {
+  const source = answer.sources.get(id);
+  const valid = answer.citations
+    ? answer.citations.valid.has(id) && !answer.citations.invalid.has(id) && source
+    : source;
+  if (!valid) {
+    const text = el("span", "cite-invalid", id);
+    text.title = "This citation names no source that was given to the model.";
+    return text;
+  }
+  const link = el("a", "cite", id);
+  link.href = `#${answer.view.item.id}-${id}`;
+  link.dataset.source = id;
+  link.setAttribute("aria-label", `Source ${id}: ${source.source}${source.page ? `, page ${source.page}` : ""}`);
+  return link;
+}
+
+
+function showSources(answer, sources) {
+  for (const s of sources) answer.sources.set(s.id, s);
+  const box = el("details", "sources");
+  const summary = el("summary", "", sources.length
+    ? `Sources (${sources.length})`
+    : "No sources: nothing in this collection matched (is it empty?)");
+  box.append(summary);
+  const list = el("ol", "source-list");
+  for (const s of sources) {
+    const item = el("li");
+    item.id = `${answer.view.item.id}-${s.id}`;
+    const link = el("a", "source-link", `${s.id} · ${sourceLabel(s)}`);
+    link.href = `#${item.id}`;
+    link.dataset.source = s.id;
+    item.append(link, el("span", "snippet", s.snippet || ""));
+    list.append(item);
+  }
+  box.append(list);
+  answer.view.item.insertBefore(box, answer.view.status);
+  answer.view.status.textContent = "Waiting for the model…";
+}
+
+function sourceLabel(s) {
+  return `${s.source}${s.page ? `, page ${s.page}` : ""}`;
+}
+
+function fail(answer, message) {
+  answer.error = message;
+  setState(answer, "error");
+}
+
+function setState(answer, state) {
+  answer.state = state;
+  answer.view.item.dataset.state = state;
+  answer.view.item.setAttribute("aria-busy", String(state === "streaming"));
+}
+
+// While an answer streams, Stop takes Send's place.
+function setBusy(busy) {
+  $("stop").disabled = !busy;
+  $("stop").hidden = !busy;
+  $("send").hidden = busy;
+}
+
+function finishTurn(answer) {
+  if (answer.frame) cancelAnimationFrame(answer.frame);
+  answer.frame = 0;
+  render(answer);
+  const status = answer.view.status;
+  if (answer.state === "done") {
+    status.textContent = doneText(answer);
+    status.className = "status meta";
+  } else if (answer.state === "stopped") {
+    status.textContent = "Stopped.";
+  } else {
+    status.textContent = answer.error;
+    status.className = "status error";
+  }
+  if (answer.text) {
+    history.push({ role: "assistant", content: answer.text });
+  } else {
+    // Nothing came back: the question leaves the conversation, so turns keep alternating.
+    history.pop();
+    answer.user.item.classList.add("unanswered");
+  }
+  announce(answer.state === "done" ? "The answer is complete." : status.textContent);
+  current = null;
+  answer.view.item.setAttribute("aria-busy", "false");
+  const focusStop = document.activeElement === $("stop");
+  setBusy(false);
+  if (focusStop) $("question").focus();
+}
+
+function doneText(answer) {
+  const d = answer.done || {};
+  const parts = [];
+  if (d.usage && d.usage.completion_tokens != null) parts.push(`${d.usage.completion_tokens} tokens`);
+  if (d.ttft_ms != null) parts.push(`first token after ${Math.round(d.ttft_ms)} ms`);
+  if (d.timings && d.timings.predicted_per_second) parts.push(`${d.timings.predicted_per_second.toFixed(1)} tokens/s`);
+  if (d.invalid_citations) parts.push(`${d.invalid_citations} invalid citation${d.invalid_citations === 1 ? "" : "s"} not linked`);
+  return parts.length ? parts.join(" · ") : "Done.";
+}
+
+let opener = null;
+
+// Each answer keeps its own sources: S1 of one answer is not S1 of the next.
+const sourceMaps = new WeakMap();
+
+function citationClicked(event) {
+  const link = event.target.closest("a.cite, a.source-link");
+  if (!link) return;
+  event.preventDefault();
+  const sources = sourceMaps.get(link.closest("li.message"));
+  const source = sources && sources.get(link.dataset.source);
+  if (source) openSource(source, link);
+}
+
+function openSource(source, link) {
+  opener = link;
+  $("source-title").textContent = `${source.id}: ${source.source}`;
+  const meta = $("source-meta");
+  meta.replaceChildren();
+  for (const [term, value] of [
+    ["Document", source.source], ["Page", source.page], ["Section", source.heading],
+    ["Score", typeof source.score === "number" ? source.score.toFixed(3) : source.score],
+    ["Chunk", source.chunk_id],
+  ]) {
+    if (value === undefined || value === null || value === "") continue;
+    meta.append(el("dt", "", term), el("dd", "", String(value)));
+  }
+  $("source-text").textContent = source.text;
+  $("source-panel").hidden = false;
+  document.body.classList.add("panel-open");
+  $("source-panel").focus();
+}
+
+function closeSource() {
+  if ($("source-panel").hidden) return;
+  $("source-panel").hidden = true;
+  document.body.classList.remove("panel-open");
+  if (opener && opener.isConnected) opener.focus();
+  opener = null;
+}

@@ -1,0 +1,265 @@
+// The document side: the collection selector, uploads (one file per request, with progress) and the list.
+
+import { apiJson, authHeaders, describeError, errorFromBody, keyAfter401 } from "./api.js";
+
+const PAGE = 50;
+const COLLECTION_STORAGE = "rag.collection";
+const COLLECTION_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{1,510}[A-Za-z0-9]$/;
+
+const $ = (id) => document.getElementById(id);
+
+export const library = {
+  collection: localStorage.getItem(COLLECTION_STORAGE) || "default",
+  documentsTotal: null,
+  onChange: () => {},
+};
+
+export function initLibrary(onChange) {
+  library.onChange = onChange;
+  $("collection").addEventListener("change", (event) => selectCollection(event.target.value));
+  $("new-collection-form").addEventListener("submit", addCollection);
+  $("choose-files").addEventListener("click", () => $("file-input").click());
+  $("file-input").addEventListener("change", (event) => {
+    uploadAll([...event.target.files]);
+    event.target.value = "";
+  });
+  const zone = $("dropzone");
+  zone.addEventListener("dragover", (event) => {
+    event.preventDefault();
+    zone.classList.add("dragging");
+  });
+  zone.addEventListener("dragleave", () => zone.classList.remove("dragging"));
+  zone.addEventListener("drop", (event) => {
+    event.preventDefault();
+    zone.classList.remove("dragging");
+    uploadAll([...event.dataTransfer.files]);
+  });
+  $("more-documents").addEventListener("click", () => loadDocuments(true));
+  $("documents").addEventListener("click", deleteClicked);
+}
+
+export async function refreshLibrary() {
+  await Promise.all([loadCollections(), loadDocuments()]);
+}
+
+function selectCollection(name) {
+  library.collection = name;
+  localStorage.setItem(COLLECTION_STORAGE, name);
+  loadDocuments();
+}
+
+function addCollection(event) {
+  event.preventDefault();
+  const input = $("new-collection");
+  const name = input.value.trim();
+  if (!COLLECTION_NAME.test(name)) {
+    showLibraryError("A collection name has 3-512 letters, digits, '.', '_' or '-', and starts and ends with a letter or digit.");
+    return;
+  }
+  input.value = "";
+  addOption(name, null);
+  $("collection").value = name;
+  selectCollection(name);
+}
+
+function addOption(name, documents) {
+  const select = $("collection");
+  let option = [...select.options].find((o) => o.value === name);
+  if (!option) {
+    option = new Option(name, name);
+    select.add(option);
+  }
+  option.textContent = documents === null ? name : `${name} (${documents})`;
+}
+
+async function loadCollections() {
+  try {
+    const { collections } = await apiJson("/v1/collections");
+    $("collection").replaceChildren();
+    for (const c of collections) addOption(c.name, c.documents);
+    addOption(library.collection, null); // a new, still empty collection stays selectable
+    const known = collections.find((c) => c.name === library.collection);
+    if (known) addOption(known.name, known.documents);
+    $("collection").value = library.collection;
+  } catch (error) {
+    addOption(library.collection, null);
+    showLibraryError(`Could not list the collections. ${describeError(error)}`);
+  }
+}
+
+let shown = 0;
+
+async function loadDocuments(more = false) {
+  const list = $("documents");
+  const collection = library.collection;
+  const offset = more ? shown : 0;
+  const query = new URLSearchParams({ collection, offset, limit: PAGE });
+  let page;
+  try {
+    page = await apiJson(`/v1/documents?${query}`);
+  } catch (error) {
+    showLibraryError(`Could not list the documents. ${describeError(error)}`);
+    return;
+  }
+  if (collection !== library.collection) return; // the user switched meanwhile
+  if (!more) list.replaceChildren();
+  for (const doc of page.documents) list.append(documentItem(doc));
+  shown = offset + page.documents.length;
+  library.documentsTotal = page.total;
+  $("documents-count").textContent = `${page.total} document${page.total === 1 ? "" : "s"} in “${collection}”`;
+  $("documents-empty").hidden = page.total > 0;
+  $("documents-empty").textContent = `No documents in “${collection}” yet: upload some files to ask about them.`;
+  $("more-documents").hidden = shown >= page.total;
+  showLibraryError("");
+  library.onChange();
+}
+
+function documentItem(doc) {
+  const item = document.createElement("li");
+  item.className = "document";
+  item.dataset.id = doc.id;
+  item.dataset.state = doc.state;
+  const name = document.createElement("span");
+  name.className = "document-name";
+  name.textContent = doc.source;
+  name.title = doc.source;
+  const meta = document.createElement("span");
+  meta.className = "document-meta";
+  const parts = [`${doc.chunks} chunk${doc.chunks === 1 ? "" : "s"}`];
+  if (doc.pages) parts.push(`${doc.pages} page${doc.pages === 1 ? "" : "s"}`);
+  if (doc.size != null) parts.push(formatBytes(doc.size));
+  if (doc.state !== "indexed") parts.push(doc.state);
+  meta.textContent = parts.join(" · ");
+  const remove = document.createElement("button");
+  remove.type = "button";
+  remove.className = "delete";
+  remove.textContent = "Delete";
+  remove.setAttribute("aria-label", `Delete ${doc.source}`);
+  item.append(name, meta, remove);
+  return item;
+}
+
+// Two presses delete: the first asks, the second (within a few seconds) does it.
+async function deleteClicked(event) {
+  const button = event.target.closest("button.delete");
+  if (!button) return;
+  const item = button.closest("li");
+  const name = item.querySelector(".document-name").textContent;
+  if (!button.dataset.armed) {
+    button.dataset.armed = "1";
+    button.textContent = "Confirm delete";
+    button.setAttribute("aria-label", `Press again to delete ${name}`);
+    setTimeout(() => {
+      if (!button.isConnected) return;
+      delete button.dataset.armed;
+      button.textContent = "Delete";
+      button.setAttribute("aria-label", `Delete ${name}`);
+    }, 5000);
+    return;
+  }
+  button.disabled = true;
+  const query = new URLSearchParams({ collection: library.collection });
+  try {
+    await apiJson(`/v1/documents/${encodeURIComponent(item.dataset.id)}?${query}`, { method: "DELETE" });
+    announce(`Deleted ${name}.`);
+  } catch (error) {
+    showLibraryError(`Could not delete ${name}. ${describeError(error)}`);
+  }
+  await refreshLibrary();
+}
+
+let queue = Promise.resolve();
+
+function uploadAll(files) {
+  const collection = library.collection;
+  for (const file of files) {
+    const row = uploadRow(file);
+    // One at a time: the server indexes on a few cores, and each file keeps its own progress.
+    queue = queue.then(() => uploadOne(file, collection, row)).then(refreshLibrary);
+  }
+}
+
+function uploadRow(file) {
+  const item = document.createElement("li");
+  item.className = "upload";
+  item.dataset.status = "queued";
+  const name = document.createElement("span");
+  name.className = "upload-name";
+  name.textContent = `${file.name} (${formatBytes(file.size)})`;
+  const progress = document.createElement("progress");
+  progress.max = 100;
+  progress.value = 0;
+  progress.setAttribute("aria-label", `Upload of ${file.name}`);
+  const status = document.createElement("span");
+  status.className = "upload-status";
+  status.textContent = "Waiting…";
+  item.append(name, progress, status);
+  $("uploads").prepend(item);
+  return { item, progress, status };
+}
+
+async function uploadOne(file, collection, row) {
+  for (;;) {
+    const { status, body } = await send(file, collection, row);
+    if (status === 401) {
+      const error = errorFromBody(status, body);
+      if (await keyAfter401(error.message)) continue;
+      return finish(row, file, "failed", describeError(error));
+    }
+    if (status === 0) return finish(row, file, "failed", "Could not reach the API (network error).");
+    if (status !== 200) return finish(row, file, "failed", describeError(errorFromBody(status, body)));
+    const result = JSON.parse(body).results[0];
+    if (result.status === "failed") return finish(row, file, "failed", result.reason || "failed");
+    const chunks = `${result.chunks} chunk${result.chunks === 1 ? "" : "s"}`;
+    const text = result.status === "indexed" ? `Indexed: ${chunks}.` : `Unchanged: already indexed (${chunks}).`;
+    return finish(row, file, result.status, text);
+  }
+}
+
+// XMLHttpRequest, because fetch() reports no upload progress.
+function send(file, collection, row) {
+  return new Promise((resolve) => {
+    const xhr = new XMLHttpRequest();
+    xhr.open("POST", "/v1/documents");
+    for (const [name, value] of Object.entries(authHeaders())) xhr.setRequestHeader(name, value);
+    xhr.upload.addEventListener("progress", (event) => {
+      if (!event.lengthComputable) return;
+      row.progress.value = Math.round((100 * event.loaded) / event.total);
+      row.status.textContent = `Uploading ${row.progress.value}%`;
+    });
+    xhr.upload.addEventListener("load", () => {
+      row.progress.removeAttribute("value"); // indeterminate while the server indexes
+      row.item.dataset.status = "indexing";
+      row.status.textContent = "Indexing…";
+    });
+    xhr.addEventListener("loadend", () => resolve({ status: xhr.status, body: xhr.responseText }));
+    const form = new FormData();
+    form.append("files", file, file.name);
+    form.append("collection", collection);
+    row.item.dataset.status = "uploading";
+    row.status.textContent = "Uploading…";
+    xhr.send(form);
+  });
+}
+
+function finish(row, file, status, text) {
+  row.item.dataset.status = status;
+  row.progress.value = status === "failed" ? 0 : 100;
+  row.status.textContent = status === "failed" ? `Failed: ${text}` : text;
+  announce(`${file.name}: ${row.status.textContent}`);
+}
+
+function showLibraryError(text) {
+  $("library-error").textContent = text;
+  $("library-error").hidden = !text;
+}
+
+export function announce(text) {
+  $("announcer").textContent = text;
+}
+
+export function formatBytes(bytes) {
+  if (bytes < 1024) return `${bytes} B`;
+  if (bytes < 1024 * 1024) return `${(bytes / 1024).toFixed(1)} KiB`;
+  return `${(bytes / 1024 / 1024).toFixed(1)} MiB`;
+}
