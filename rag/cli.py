@@ -125,9 +125,13 @@ def models_prepare() -> None:
 
 
 def main() -> None:
-    """Expected failures are one line and exit 1; RAG_DEBUG=1 shows the traceback."""
+    run_cli(cli)
+
+
+def run_cli(command: click.Command) -> None:
+    """Run a command of ours: expected failures are one line and exit 1; RAG_DEBUG=1 shows the traceback."""
     try:
-        cli.main(standalone_mode=False)
+        code = command.main(standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
@@ -139,6 +143,8 @@ def main() -> None:
             raise
         click.echo(f"error: {exc.message}", err=True)
         sys.exit(1)
+    if isinstance(code, int) and code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@
     ├── NotFound (404)
     ├── Busy (429)                         the generation queue is full or waited too long
     ├── StoreLocked (409)                  another process holds the embedded Chroma store
+    ├── Conflict (409)                     another request is indexing or deleting this document
     ├── UpstreamError (502)                a backend answered with something we cannot use
     │   └── ContextOverflow (502)          llama-server's exceed_context_size_error
     └── BackendUnavailable (503)
@@ -84,6 +85,10 @@ class Busy(RagError):
 
 class StoreLocked(RagError):
     status, code = 409, "store_locked"
+
+
+class Conflict(RagError):
+    status, code = 409, "conflict"
 
 
 class UpstreamError(RagError):

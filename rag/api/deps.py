@@ -7,7 +7,11 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from ingest.jobs import JobRegistry
+from ingest.pipeline import IngestPipeline
+from rag.answering import Answerer
 from rag.api.services import Services
+from rag.catalog import DocumentCatalog
 from rag.config import Settings
 from rag.embedding_client import EmbeddingClient
 from rag.errors import Unauthorized
@@ -43,11 +47,31 @@ def get_lexical(services: ServicesDep) -> LexicalIndex:
     return services.lexical
 
 
+def get_catalog(services: ServicesDep) -> DocumentCatalog:
+    return services.catalog
+
+
+def get_pipeline(services: ServicesDep) -> IngestPipeline:
+    return services.pipeline()
+
+
+def get_jobs(services: ServicesDep) -> JobRegistry:
+    return services.jobs
+
+
+def get_answerer(services: ServicesDep) -> Answerer:
+    return services.answerer()
+
+
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 LLMDep = Annotated[LlamaServerClient, Depends(get_llm)]
 EmbedderDep = Annotated[EmbeddingClient, Depends(get_embedder)]
 StoreDep = Annotated[ChunkStore, Depends(get_store)]
 LexicalDep = Annotated[LexicalIndex, Depends(get_lexical)]
+CatalogDep = Annotated[DocumentCatalog, Depends(get_catalog)]
+PipelineDep = Annotated[IngestPipeline, Depends(get_pipeline)]
+JobsDep = Annotated[JobRegistry, Depends(get_jobs)]
+AnswererDep = Annotated[Answerer, Depends(get_answerer)]
 
 
 def require_api_key(request: Request, settings: SettingsDep) -> None:

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from ingest.jobs import JobRegistry
+from ingest.pipeline import IngestPipeline
+from rag.answering import Answerer
+from rag.catalog import DocumentCatalog, OwnerLease
 from rag.config import Settings
 from rag.embedding_client import EmbeddingClient
+from rag.errors import BackendUnavailable
 from rag.lexical import LexicalIndex
 from rag.llm_client import LlamaServerClient
+from rag.retrieval import Retriever
 from rag.store import ChunkStore, StoreLock
+
+log = logging.getLogger("rag.api")
 
 
 @dataclass
@@ -19,13 +28,36 @@ class Services:
     embedder: EmbeddingClient
     store: ChunkStore
     lexical: LexicalIndex
+    catalog: DocumentCatalog
     store_lock: StoreLock | None = None
+    ingest: IngestPipeline | None = None  # built on first use when not given
+    jobs: JobRegistry = field(default_factory=JobRegistry)
+    answering: Answerer | None = None  # built on first use when not given
     extras: dict[str, Any] = field(default_factory=dict)
 
+    def pipeline(self) -> IngestPipeline:
+        """The ingestion pipeline over this process's store, embedder and catalog."""
+        if self.ingest is None:
+            lease = OwnerLease(self.settings.data_dir / "owners")
+            self.ingest = IngestPipeline(self.settings, self.embedder, self.store, self.lexical, self.catalog, lease)
+        return self.ingest
+
+    def answerer(self) -> Answerer:
+        """The answering core over this process's retriever and llama-server."""
+        if self.answering is None:
+            retriever = Retriever(self.embedder, self.store, self.lexical, self.catalog, self.settings)
+            self.answering = Answerer(self.llm, retriever, self.settings)
+        return self.answering
+
     async def aclose(self) -> None:
+        if self.answering:
+            await self.answering.aclose()
         await self.llm.aclose()
         await self.embedder.aclose()
         self.lexical.close()
+        self.catalog.close()
+        if self.ingest:
+            self.ingest.lease.release()
         if self.store_lock:
             self.store_lock.release()
 
@@ -39,15 +71,24 @@ def build_services(settings: Settings, *, owner: str = "the rag API") -> Service
     try:
         store = ChunkStore.open(settings)
         lexical = LexicalIndex(settings.data_dir / "lexical.sqlite")
+        catalog = DocumentCatalog(settings.data_dir / "catalog.sqlite")
     except BaseException:
         if lock:
             lock.release()
         raise
-    return Services(
+    services = Services(
         settings=settings,
         llm=LlamaServerClient(settings.llm_url, model=settings.llm_model, timeout=settings.llm_timeout_s),
         embedder=EmbeddingClient(settings.embed_url, model=settings.embed_model),
         store=store,
         lexical=lexical,
+        catalog=catalog,
         store_lock=lock,
     )
+    # Documents that a stopped process left half indexed or half deleted go (they are not searchable
+    # meanwhile: the catalog does not list them as indexed). A store that is away is retried next start.
+    try:
+        services.pipeline().recover()
+    except BackendUnavailable as exc:
+        log.warning("could not clean up interrupted ingestion yet: %s", exc.message)
+    return services

@@ -1,5 +1,151 @@
-"""Routes of this area are added here."""
+"""Documents, upload jobs and collections: `/v1/documents`, `/v1/jobs/{id}`, `/v1/collections`."""
 
-from fastapi import APIRouter
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import JSONResponse
+
+from ingest.jobs import Job
+from ingest.pipeline import FileResult, IngestPipeline, SourceFile
+from rag.api.deps import CatalogDep, JobsDep, PipelineDep, SettingsDep
+from rag.api.uploads import ReceivedForm, check_source, receive_multipart, upload_names
+from rag.catalog import check_collection
+from rag.errors import InvalidRequest, NotFound, RagError
 
 router = APIRouter()
+
+CollectionQuery = Annotated[str | None, Query(description="Default: RAG_COLLECTION.")]
+
+
+@router.post("/documents")
+async def upload_documents(
+    request: Request,
+    settings: SettingsDep,
+    pipeline: PipelineDep,
+    jobs: JobsDep,
+    collection: CollectionQuery = None,
+    job_id: Annotated[str | None, Query(description="Your own id for this upload, to poll /v1/jobs/{id} meanwhile.")] = None,
+    wait: Annotated[bool, Query(description="false: answer 202 once the files are received; poll the job.")] = True,
+) -> JSONResponse:
+    """Upload one or many files (multipart field `files`); each is indexed, unchanged or failed.
+
+    One file: its own error status (413, 415, 422) when it fails. Several: 200 with a result per file.
+    """
+    job = jobs.create(collection or settings.collection, job_id)
+    uploads = settings.data_dir / "uploads"
+    uploads.mkdir(parents=True, exist_ok=True)
+    directory = Path(tempfile.mkdtemp(prefix="upload-", dir=uploads))
+    handed_over = False
+    try:
+        form = await receive_multipart(
+            request.stream(),
+            request.headers.get("content-type"),
+            request.headers.get("content-length"),
+            directory,
+            settings.max_upload_bytes,
+        )
+        job.collection = check_collection(form.field("collection") or job.collection)
+        files = _source_files(form)
+        job.files_total, job.state = len(files), "running"
+        if not wait:
+            jobs.keep_task(asyncio.create_task(_run_job(pipeline, job, files, directory)))
+            handed_over = True
+            return JSONResponse({"job_id": job.id, "collection": job.collection, "results": []}, status_code=202)
+        results = await _run_job(pipeline, job, files, directory=None)
+    except RagError as exc:
+        if job.state != "failed":
+            job.fail(exc.to_dict())
+        raise
+    finally:
+        if not handed_over:
+            shutil.rmtree(directory, ignore_errors=True)
+    if len(results) == 1 and results[0].error is not None:
+        raise results[0].error
+    return JSONResponse({"job_id": job.id, "collection": job.collection, "results": [r.to_api() for r in results]})
+
+
+def _source_files(form: ReceivedForm) -> list[SourceFile]:
+    """The received files with their sources: the client's `sources` (one per file, in order), else
+    the file name (or a server id for a name that is not a plain file name)."""
+    sources = form.fields.get("sources", [])
+    if sources and len(sources) != len(form.files):
+        raise InvalidRequest(f"{len(sources)} 'sources' values for {len(form.files)} files")
+    files = []
+    for i, received in enumerate(form.files):
+        source, name = upload_names(received.filename)
+        files.append(SourceFile(received.path, check_source(sources[i]) if sources else source, name))
+    return files
+
+
+async def _run_job(
+    pipeline: IngestPipeline, job: Job, files: list[SourceFile], directory: Path | None
+) -> list[FileResult]:
+    try:
+        results = await pipeline.run(files, job.collection, progress=job)
+    except RagError as exc:
+        job.fail(exc.to_dict())
+        raise
+    except BaseException:
+        job.fail({"code": "internal_error", "message": "the upload stopped; see the API log"})
+        raise
+    finally:
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+    job.finish(results)
+    return results
+
+
+@router.get("/jobs/{job_id}")
+async def get_job(job_id: str, jobs: JobsDep) -> dict[str, Any]:
+    """An upload's progress: files done, chunks done, the current file; its results once done."""
+    return jobs.get(job_id).to_api()
+
+
+@router.get("/documents")
+async def list_documents(
+    settings: SettingsDep,
+    catalog: CatalogDep,
+    collection: CollectionQuery = None,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    state: Annotated[str | None, Query(pattern="^(pending|indexed|failed|deleting)$")] = None,
+) -> dict[str, Any]:
+    """The documents of a collection, oldest first, a page at a time."""
+    name = check_collection(collection or settings.collection)
+    records, total = await asyncio.to_thread(
+        lambda: (catalog.list(name, offset, limit, state), catalog.count(name, state))  # type: ignore[arg-type]
+    )
+    return {"documents": [r.to_api() for r in records], "total": total, "offset": offset, "limit": limit}
+
+
+@router.get("/documents/{doc_id}")
+async def get_document(doc_id: str, settings: SettingsDep, catalog: CatalogDep, collection: CollectionQuery = None) -> dict[str, Any]:
+    name = check_collection(collection or settings.collection)
+    record = await asyncio.to_thread(catalog.get, name, doc_id)
+    if record is None:
+        raise NotFound(f"no document {doc_id} in collection {name}")
+    return record.to_api()
+
+
+@router.delete("/documents/{doc_id}", status_code=204)
+async def delete_document(
+    doc_id: str, settings: SettingsDep, pipeline: PipelineDep, collection: CollectionQuery = None
+) -> Response:
+    """Remove a document: out of search at once, then every chunk from Chroma and the lexical index."""
+    name = check_collection(collection or settings.collection)
+    if await pipeline.delete(name, doc_id) is None:
+        raise NotFound(f"no document {doc_id} in collection {name}")
+    return Response(status_code=204)
+
+
+@router.get("/collections")
+async def list_collections(catalog: CatalogDep) -> dict[str, Any]:
+    """Every collection with documents, and how many of them are indexed."""
+    rows = await asyncio.to_thread(catalog.collections)
+    return {"collections": [{"name": name, "documents": n} for name, n in rows]}

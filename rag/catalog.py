@@ -1,0 +1,341 @@
+"""The document catalog: one row per (collection, document) with its ingestion state, in SQLite.
+
+    pending  ──► indexed ──► deleting ──► (row removed)
+       │
+       └──► failed
+
+Only `indexed` documents are searchable: retrieval asks `indexed_ids()` and drops hits of any other
+document. A new version of a source becomes searchable, and the old one unsearchable, in one SQLite
+transaction (`mark_indexed`); the old version's chunks are deleted after. A process that dies leaves
+`pending` or `deleting` rows whose owner lease is free: `leftovers()` finds them for clean-up.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from filelock import FileLock, Timeout
+
+from rag.errors import Conflict, InvalidRequest
+
+State = Literal["pending", "indexed", "failed", "deleting"]
+Claim = Literal["claimed", "indexed", "busy"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS documents (
+    collection TEXT NOT NULL,
+    doc_id     TEXT NOT NULL,
+    source     TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    size       INTEGER NOT NULL,
+    pages      INTEGER,
+    chunks     INTEGER NOT NULL DEFAULT 0,
+    state      TEXT NOT NULL CHECK (state IN ('pending', 'indexed', 'failed', 'deleting')),
+    error      TEXT,
+    owner      TEXT,
+    created_at REAL NOT NULL,
+    indexed_at REAL,
+    PRIMARY KEY (collection, doc_id)
+);
+CREATE INDEX IF NOT EXISTS documents_by_source ON documents (collection, source);
+CREATE INDEX IF NOT EXISTS documents_by_state ON documents (state);
+"""
+
+# Chroma's rule for collection names.
+_COLLECTION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,510}[A-Za-z0-9]")
+
+
+def check_collection(name: str) -> str:
+    """`name` if Chroma accepts it as a collection name; InvalidRequest otherwise."""
+    if not _COLLECTION.fullmatch(name):
+        raise InvalidRequest(f"collection name {name[:80]!r} must be 3-512 characters of letters, digits, '._-'")
+    return name
+
+
+_COLUMNS = "collection, doc_id, source, name, size, pages, chunks, state, error, owner, created_at, indexed_at"
+
+
+def _iso(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
+
+
+@dataclass
+class DocumentRecord:
+    collection: str
+    doc_id: str
+    source: str  # what identifies a file across versions: a path for the CLI, the upload's name
+    name: str  # the display name (also the chunks' `source` metadata)
+    size: int
+    pages: int | None
+    chunks: int
+    state: State
+    error: str | None
+    owner: str | None
+    created_at: float
+    indexed_at: float | None
+
+    def to_api(self) -> dict[str, Any]:
+        return {
+            "id": self.doc_id,
+            "source": self.source,
+            "name": self.name,
+            "collection": self.collection,
+            "size": self.size,
+            "chunks": self.chunks,
+            "pages": self.pages,
+            "state": self.state,
+            "error": self.error,
+            "created_at": _iso(self.created_at),
+            "indexed_at": _iso(self.indexed_at),
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class OwnerLease:
+    """This process's claim on the rows it is working on, held as a file lock until the process ends.
+
+    A lock dies with its process (even on kill -9), so a row whose owner's lock can be taken belongs to
+    a process that is gone, whatever became of its pid.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self.token = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self._lock = FileLock(str(directory / f"{self.token}.lock"))
+        self._lock.acquire(timeout=0)
+
+    def is_live(self, token: str | None) -> bool:
+        """Whether the owner `token` is this process or another one still running."""
+        if token is None:
+            return False
+        if token == self.token:
+            return True
+        path = self.directory / f"{token}.lock"
+        if not path.exists():
+            return False
+        probe = FileLock(str(path))
+        try:
+            probe.acquire(timeout=0)
+        except Timeout:
+            return True
+        probe.release()
+        return False
+
+    def forget(self, token: str) -> None:
+        """Remove the lock file of a dead owner."""
+        if token != self.token:
+            (self.directory / f"{token}.lock").unlink(missing_ok=True)
+
+    def release(self) -> None:
+        if self._lock.is_locked:
+            self._lock.release()
+            (self.directory / f"{self.token}.lock").unlink(missing_ok=True)
+
+
+class DocumentCatalog:
+    """Per-collection document rows; safe for threads and for several processes on one file."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30.0)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; IMMEDIATE takes the write lock up front so reads inside it are current."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _rows(self, sql: str, params: Iterable[Any] = ()) -> list[DocumentRecord]:
+        with self._lock:
+            rows = self._db.execute(sql, tuple(params)).fetchall()
+        return [DocumentRecord(*row) for row in rows]
+
+    # Reads.
+
+    def get(self, collection: str, doc_id: str) -> DocumentRecord | None:
+        rows = self._rows(f"SELECT {_COLUMNS} FROM documents WHERE collection = ? AND doc_id = ?", (collection, doc_id))
+        return rows[0] if rows else None
+
+    def list(
+        self, collection: str, offset: int = 0, limit: int = 50, state: State | None = None
+    ) -> list[DocumentRecord]:
+        sql = f"SELECT {_COLUMNS} FROM documents WHERE collection = ?"
+        params: list[Any] = [collection]
+        if state:
+            sql += " AND state = ?"
+            params.append(state)
+        sql += " ORDER BY created_at, doc_id LIMIT ? OFFSET ?"
+        return self._rows(sql, [*params, limit, offset])
+
+    def count(self, collection: str, state: State | None = None) -> int:
+        sql, params = "SELECT count(*) FROM documents WHERE collection = ?", [collection]
+        if state:
+            sql += " AND state = ?"
+            params.append(state)
+        with self._lock:
+            return int(self._db.execute(sql, params).fetchone()[0])
+
+    def by_source(self, collection: str, source: str) -> list[DocumentRecord]:
+        return self._rows(
+            f"SELECT {_COLUMNS} FROM documents WHERE collection = ? AND source = ? ORDER BY created_at",
+            (collection, source),
+        )
+
+    def collections(self) -> list[tuple[str, int]]:
+        """Every collection with a row, and how many of its documents are indexed."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT collection, sum(state = 'indexed') FROM documents GROUP BY collection ORDER BY collection"
+            ).fetchall()
+        return [(name, int(n or 0)) for name, n in rows]
+
+    def indexed_ids(self, collection: str, doc_ids: Iterable[str]) -> set[str]:
+        """The subset of `doc_ids` that is searchable now."""
+        wanted = list(dict.fromkeys(doc_ids))
+        found: set[str] = set()
+        for start in range(0, len(wanted), 500):
+            part = wanted[start : start + 500]
+            with self._lock:
+                rows = self._db.execute(
+                    f"SELECT doc_id FROM documents WHERE collection = ? AND state = 'indexed' "
+                    f"AND doc_id IN ({','.join('?' * len(part))})",
+                    (collection, *part),
+                ).fetchall()
+            found.update(r[0] for r in rows)
+        return found
+
+    def leftovers(self, is_live: Any) -> list[DocumentRecord]:
+        """Pending and deleting rows whose owner is gone: their chunks may be half written or half deleted."""
+        rows = self._rows(f"SELECT {_COLUMNS} FROM documents WHERE state IN ('pending', 'deleting')")
+        return [r for r in rows if not is_live(r.owner)]
+
+    # Writes.
+
+    def claim(
+        self, collection: str, doc_id: str, *, source: str, name: str, size: int, owner: str, is_live: Any
+    ) -> tuple[Claim, DocumentRecord | None]:
+        """Mark a document pending for `owner`, unless it is indexed already or another live owner has it.
+
+        Returns the claim and the row as it was before (a failed or abandoned row's chunks need removal).
+        """
+        now = time.time()
+        with self._write() as db:
+            row = db.execute(
+                f"SELECT {_COLUMNS} FROM documents WHERE collection = ? AND doc_id = ?", (collection, doc_id)
+            ).fetchone()
+            before = DocumentRecord(*row) if row else None
+            if before and before.state == "indexed":
+                return "indexed", before
+            if before and before.state in ("pending", "deleting") and is_live(before.owner):
+                return "busy", before
+            db.execute(
+                f"INSERT OR REPLACE INTO documents ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, NULL, 0, 'pending', NULL, ?, ?, NULL)",
+                (collection, doc_id, source, name, size, owner, now),
+            )
+        return "claimed", before
+
+    def mark_indexed(self, collection: str, doc_id: str, *, chunks: int, pages: int | None, owner: str) -> list[str]:
+        """Make the document searchable and retire every other indexed version of its source, atomically.
+
+        Returns the retired documents' ids (now `deleting`, owned by `owner`): delete their chunks, then
+        `remove` them.
+        """
+        with self._write() as db:
+            (source,) = db.execute(
+                "SELECT source FROM documents WHERE collection = ? AND doc_id = ?", (collection, doc_id)
+            ).fetchone()
+            db.execute(
+                "UPDATE documents SET state = 'indexed', chunks = ?, pages = ?, error = NULL, owner = NULL, "
+                "indexed_at = ? WHERE collection = ? AND doc_id = ?",
+                (chunks, pages, time.time(), collection, doc_id),
+            )
+            return self._retire(db, collection, source, keep=doc_id, owner=owner)
+
+    def retire_source(self, collection: str, source: str, *, keep: str, owner: str) -> list[str]:
+        """Retire the indexed versions of `source` other than `keep` (whose content is indexed already)."""
+        with self._write() as db:
+            return self._retire(db, collection, source, keep=keep, owner=owner)
+
+    @staticmethod
+    def _retire(db: sqlite3.Connection, collection: str, source: str, *, keep: str, owner: str) -> list[str]:
+        old = [
+            r[0]
+            for r in db.execute(
+                "SELECT doc_id FROM documents WHERE collection = ? AND source = ? AND doc_id != ? AND state = 'indexed'",
+                (collection, source, keep),
+            )
+        ]
+        db.executemany(
+            "UPDATE documents SET state = 'deleting', owner = ? WHERE collection = ? AND doc_id = ?",
+            [(owner, collection, d) for d in old],
+        )
+        return old
+
+    def mark_failed(self, collection: str, doc_id: str, error: str) -> None:
+        with self._write() as db:
+            db.execute(
+                "UPDATE documents SET state = 'failed', error = ?, owner = NULL, chunks = 0 "
+                "WHERE collection = ? AND doc_id = ?",
+                (error[:2000], collection, doc_id),
+            )
+
+    def mark_deleting(self, collection: str, doc_id: str, *, owner: str, is_live: Any) -> DocumentRecord | None:
+        """Take a document out of search before its chunks are deleted; None if it does not exist.
+
+        Raises `DocumentBusy` when a live process is indexing or deleting it.
+        """
+        with self._write() as db:
+            row = db.execute(
+                f"SELECT {_COLUMNS} FROM documents WHERE collection = ? AND doc_id = ?", (collection, doc_id)
+            ).fetchone()
+            if row is None:
+                return None
+            record = DocumentRecord(*row)
+            if record.state in ("pending", "deleting") and is_live(record.owner):
+                raise DocumentBusy(record)
+            db.execute(
+                "UPDATE documents SET state = 'deleting', owner = ? WHERE collection = ? AND doc_id = ?",
+                (owner, collection, doc_id),
+            )
+        return record
+
+    def remove(self, collection: str, doc_id: str) -> None:
+        with self._write() as db:
+            db.execute("DELETE FROM documents WHERE collection = ? AND doc_id = ?", (collection, doc_id))
+
+
+class DocumentBusy(Conflict):
+    """Another live process (or request) is indexing or deleting this document."""
+
+    def __init__(self, record: DocumentRecord) -> None:
+        super().__init__(f"document {record.doc_id} is {record.state} in another request; retry when it is done")
+        self.record = record
