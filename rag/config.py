@@ -66,8 +66,15 @@ class Settings(BaseSettings):
     answer_reserve: int = Field(default=512, ge=16)
     top_k: int = Field(default=8, ge=1, le=100)
     min_score: float = Field(default=0.0, ge=0)
+    # Retrieval: hybrid fusion weights (dense share; the CJK one for queries in Chinese/Japanese/Korean,
+    # which the bundled English-only MiniLM cannot read), candidates per method, the optional reranker.
     hybrid_dense_weight: float = Field(default=0.3, ge=0, le=1)
+    hybrid_dense_weight_cjk: float = Field(default=0.0, ge=0, le=1)
+    retrieval_depth: int = Field(default=50, ge=1, le=1000)
     reranker_url: str | None = None
+    reranker_model: str = "reranker"
+    reranker_timeout_s: float = Field(default=10.0, gt=0)
+    rerank_depth: int = Field(default=20, ge=1, le=200)
 
     # Ingestion.
     chunk_tokens: int = Field(default=200, ge=16)

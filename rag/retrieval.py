@@ -1,0 +1,223 @@
+"""Retrieval: dense search in Chroma fused with BM25, filtered by the catalog, optionally reranked.
+
+Fusion is a convex combination of min-max normalized scores over the union of both candidate lists:
+    fused = w(q) * dense + (1 - w(q)) * lexical
+where a chunk missing from one list scores 0 there (it ranked below that list's last candidate). Unlike
+reciprocal rank fusion it keeps the margins: a BM25 hit far ahead of the rest is not pulled down by a
+noisy dense rank. The dense weight adapts to the query's script:
+    w(q) = hybrid_dense_weight * (1 - c) + hybrid_dense_weight_cjk * c
+with c the share of CJK characters among the query's letters and digits, because the bundled
+English-only MiniLM turns Chinese into [UNK]s (a multilingual embedder such as bge-m3 deserves a CJK weight
+of its own). With a weight of 0 (or 1) the fused order is exactly BM25's (or the dense one). The
+weights are tuned on SQuAD and CMRC by `bench/retrieval_quality.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from rag.config import Settings
+from rag.errors import BackendUnavailable, InvalidRequest, UpstreamError
+from rag.lexical import LexicalIndex, cjk_fraction
+from rag.rerank import RerankClient
+from rag.store import ChunkStore
+
+log = logging.getLogger(__name__)
+
+Mode = Literal["hybrid", "dense", "lexical"]
+MODES: tuple[str, ...] = ("hybrid", "dense", "lexical")
+
+
+class Embedder(Protocol):
+    async def embed(self, texts: list[str]) -> list[list[float]]: ...
+
+
+class Catalog(Protocol):
+    def indexed_ids(self, collection: str, doc_ids: Iterable[str]) -> set[str]: ...
+
+
+class Reranker(Protocol):
+    async def rerank(self, query: str, documents: list[str]) -> list[float]: ...
+
+
+@dataclass
+class RetrievedChunk:
+    chunk_id: str
+    doc_id: str
+    text: str
+    metadata: dict[str, Any]
+    score: float
+    dense_rank: int | None  # 1-based rank in the dense candidates, None when not among them
+    lexical_rank: int | None
+
+
+@dataclass
+class _Candidate:
+    chunk_id: str
+    doc_id: str
+    dense_score: float | None = None
+    lexical_score: float | None = None
+    dense_rank: int | None = None
+    lexical_rank: int | None = None
+    text: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    score: float = 0.0
+
+    def result(self) -> RetrievedChunk:
+        return RetrievedChunk(
+            self.chunk_id, self.doc_id, self.text or "", self.metadata, self.score, self.dense_rank, self.lexical_rank
+        )
+
+
+def dense_weight_for(query: str, settings: Settings) -> float:
+    """The query's dense weight: the CJK weight in proportion to the query's CJK characters."""
+    c = cjk_fraction(query)
+    return settings.hybrid_dense_weight * (1 - c) + settings.hybrid_dense_weight_cjk * c
+
+
+def min_max(scores: Sequence[float]) -> list[float]:
+    """Scores mapped onto [0, 1]; a list of equal scores maps to 1."""
+    if not scores:
+        return []
+    low, high = min(scores), max(scores)
+    if high == low:
+        return [1.0] * len(scores)
+    return [(s - low) / (high - low) for s in scores]
+
+
+def fuse(
+    dense: Sequence[tuple[str, float]], lexical: Sequence[tuple[str, float]], dense_weight: float
+) -> list[tuple[str, float]]:
+    """(id, fused score) best first, from two (id, score) lists each sorted best first.
+
+    Ties go to the list with the larger weight, so a weight of 0 or 1 gives back that list's order.
+    """
+    fused: dict[str, float] = {}
+    for hits, weight in ((dense, dense_weight), (lexical, 1.0 - dense_weight)):
+        for (chunk_id, _), norm in zip(hits, min_max([s for _, s in hits])):
+            fused[chunk_id] = fused.get(chunk_id, 0.0) + weight * norm
+    primary = dense if dense_weight > 0.5 else lexical
+    secondary = lexical if primary is dense else dense
+    rank_in = [{cid: r for r, (cid, _) in enumerate(hits)} for hits in (primary, secondary)]
+    missing = len(dense) + len(lexical)
+
+    def key(item: tuple[str, float]) -> tuple[float, int, int]:
+        return (-item[1], rank_in[0].get(item[0], missing), rank_in[1].get(item[0], missing))
+
+    return sorted(fused.items(), key=key)
+
+
+class Retriever:
+    """Finds the chunks of indexed documents that answer a query."""
+
+    def __init__(
+        self,
+        embedder: Embedder,
+        store: ChunkStore,
+        lexical: LexicalIndex,
+        catalog: Catalog,
+        settings: Settings,
+        *,
+        reranker: Reranker | None = None,
+    ) -> None:
+        self.embedder = embedder
+        self.store = store
+        self.lexical = lexical
+        self.catalog = catalog
+        self.settings = settings
+        self._own_reranker = None if reranker is not None else RerankClient.from_settings(settings)
+        self.reranker: Reranker | None = reranker or self._own_reranker
+
+    async def aclose(self) -> None:
+        if self._own_reranker:
+            await self._own_reranker.aclose()
+
+    async def search(
+        self, query: str, *, collection: str, k: int, doc_ids: Iterable[str] | None = None, mode: str = "hybrid"
+    ) -> list[RetrievedChunk]:
+        """The k best chunks, best first. `doc_ids` (None or empty: all) limits the documents searched."""
+        if mode not in MODES:
+            raise InvalidRequest(f"unknown retrieval mode {mode!r}", modes=list(MODES))
+        if k <= 0 or not query.strip():
+            return []
+        only = sorted(set(doc_ids)) if doc_ids else None
+        depth = max(k, self.settings.retrieval_depth, self.settings.rerank_depth if self.reranker else 0)
+        for _ in range(3):
+            candidates, full = await self._candidates(query, collection, depth, only, mode)
+            ranked = await self._indexed_only(collection, candidates)
+            # Hits of documents that are not (or no longer) indexed were dropped: look deeper if that left too few.
+            if len(ranked) >= k or not full or len(ranked) == len(candidates):
+                break
+            depth *= 4
+        if self.reranker and mode == "hybrid":
+            ranked = await self._rerank(query, collection, ranked[: max(k, self.settings.rerank_depth)])
+        top = ranked[:k]
+        await self._attach_texts(collection, top)
+        return [c.result() for c in top if c.text is not None]
+
+    async def _candidates(
+        self, query: str, collection: str, depth: int, only: list[str] | None, mode: str
+    ) -> tuple[list[_Candidate], bool]:
+        """Fused candidates, and whether some list came back full (more may lie deeper)."""
+        lexical_job = asyncio.to_thread(self.lexical.search, collection, query, depth, only) if mode != "dense" else None
+        dense_job = self._dense(query, collection, depth, only) if mode != "lexical" else None
+        lexical_hits, dense_hits = await asyncio.gather(_or_empty(lexical_job), _or_empty(dense_job))
+        by_id: dict[str, _Candidate] = {}
+        for rank, hit in enumerate(dense_hits, 1):
+            doc_id = str(hit.metadata.get("doc_id") or hit.id.rsplit(":", 1)[0])
+            by_id[hit.id] = _Candidate(hit.id, doc_id, dense_score=hit.score, dense_rank=rank, text=hit.text,
+                                       metadata=hit.metadata)
+        for rank, hit in enumerate(lexical_hits, 1):
+            cand = by_id.setdefault(hit.chunk_id, _Candidate(hit.chunk_id, hit.doc_id))
+            cand.lexical_score, cand.lexical_rank = hit.score, rank
+        weight = 1.0 if mode == "dense" else 0.0 if mode == "lexical" else dense_weight_for(query, self.settings)
+        fused = fuse([(h.id, h.score) for h in dense_hits], [(h.chunk_id, h.score) for h in lexical_hits], weight)
+        ranked = []
+        for chunk_id, score in fused:
+            cand = by_id[chunk_id]
+            cand.score = {"dense": cand.dense_score, "lexical": cand.lexical_score}.get(mode, score) or 0.0
+            ranked.append(cand)
+        return ranked, depth in (len(dense_hits), len(lexical_hits))
+
+    async def _dense(self, query: str, collection: str, depth: int, only: list[str] | None) -> list[Any]:
+        vector = (await self.embedder.embed([query]))[0]
+        return await asyncio.to_thread(self.store.query, collection, vector, depth, only)
+
+    async def _indexed_only(self, collection: str, candidates: list[_Candidate]) -> list[_Candidate]:
+        if not candidates:
+            return []
+        indexed = await asyncio.to_thread(self.catalog.indexed_ids, collection, {c.doc_id for c in candidates})
+        return [c for c in candidates if c.doc_id in indexed]
+
+    async def _attach_texts(self, collection: str, candidates: list[_Candidate]) -> None:
+        """Text and metadata from Chroma for the lexical-only candidates (the FTS index keeps no metadata)."""
+        missing = [c for c in candidates if c.text is None]
+        if not missing:
+            return
+        stored = await asyncio.to_thread(self.store.get, collection, [c.chunk_id for c in missing])
+        by_id = {s.id: s for s in stored}
+        for cand in missing:
+            if cand.chunk_id in by_id:
+                cand.text, cand.metadata = by_id[cand.chunk_id].text, by_id[cand.chunk_id].metadata
+
+    async def _rerank(self, query: str, collection: str, head: list[_Candidate]) -> list[_Candidate]:
+        """The head reordered by the reranker's scores; the fused order when the reranker fails."""
+        assert self.reranker is not None
+        await self._attach_texts(collection, head)
+        head = [c for c in head if c.text is not None]
+        try:
+            scores = await self.reranker.rerank(query, [c.text or "" for c in head])
+        except (BackendUnavailable, UpstreamError) as exc:
+            log.warning("reranking skipped, keeping the fused order: %s", exc.message)
+            return head
+        for cand, score in zip(head, scores):
+            cand.score = score
+        return sorted(head, key=lambda c: -c.score)
+
+
+async def _or_empty(job: Any) -> list[Any]:
+    return await job if job is not None else []

@@ -1,0 +1,138 @@
+"""The lexical index: tokenization (English words, CJK bigrams) and the persisted FTS5 index."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rag.lexical import LexicalIndex, Tokenizer, cjk_fraction, lexical_tokens
+
+
+@pytest.mark.parametrize(
+    ("text", "tokens"),
+    [
+        ("北京大学", ["北京", "京大", "大学"]),
+        ("书", ["书"]),
+        ("北京，上海", ["北京", "上海"]),  # punctuation ends a run: no bigram across it
+        ("東京タワー", ["東京", "京タ", "タワ", "ワー"]),
+        ("서울대학교", ["서울", "울대", "대학", "학교"]),
+        ("Python的装饰器", ["的装", "装饰", "饰器", "python"]),
+        ("The universities were founded", ["universiti", "found"]),
+        ("It's running!", ["run"]),
+        ("Über café naïve", ["über", "café", "naïve"]),  # not ASCII: not stemmed, kept whole
+        ("In 1890, 3.5 GHz", ["1890", "3", "5", "ghz"]),
+        ("snake_case words", ["snake", "case", "word"]),
+        ("", []),
+        ("the of and", []),
+    ],
+)
+def test_tokens(text: str, tokens: list[str]) -> None:
+    assert lexical_tokens(text) == tokens
+
+
+def test_tokenizer_variants() -> None:
+    assert Tokenizer(stem=False, stopwords=False)("The Founders") == ["the", "founders"]
+    assert Tokenizer(stem=False)("The Founders") == ["founders"]
+    assert Tokenizer().name != Tokenizer(stem=False).name
+
+
+@pytest.mark.parametrize(("text", "fraction"), [("北京大学", 1.0), ("hello", 0.0), ("ab北京", 0.5), ("？！", 0.0)])
+def test_cjk_fraction(text: str, fraction: float) -> None:
+    assert cjk_fraction(text) == fraction
+
+
+@given(st.text())
+def test_tokens_never_fail_and_are_fts_safe(text: str) -> None:
+    for token in lexical_tokens(text):
+        assert token and " " not in token and '"' not in token
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> LexicalIndex:
+    ix = LexicalIndex(tmp_path / "lexical.sqlite")
+    ix.add(
+        "docs",
+        [
+            ("a:0", "a", "The University of Chicago was founded in 1890 by John D. Rockefeller."),
+            ("a:1", "a", "Its campus lies in the Hyde Park neighborhood on the South Side."),
+            ("b:0", "b", "北京大学创建于1898年，初名京师大学堂，是中国近代第一所国立综合性大学。"),
+            ("c:0", "c", "Super Bowl 50 was an American football game played in Santa Clara."),
+        ],
+    )
+    ix.add("other", [("z:0", "z", "The University of Chicago campus in a second collection.")])
+    return ix
+
+
+def ids(hits: list) -> list[str]:
+    return [h.chunk_id for h in hits]
+
+
+def test_search_english_with_stemming(index: LexicalIndex) -> None:
+    assert ids(index.search("docs", "When was the university founding?", 3))[0] == "a:0"
+    assert ids(index.search("docs", "Where is the campus?", 3)) == ["a:1"]
+
+
+def test_search_chinese_bigrams(index: LexicalIndex) -> None:
+    hits = index.search("docs", "北京大学是哪一年创建的？", 3)
+    assert ids(hits) == ["b:0"] and hits[0].doc_id == "b" and hits[0].score > 0
+
+
+def test_scores_are_sorted_best_first(index: LexicalIndex) -> None:
+    hits = index.search("docs", "university campus Chicago Super Bowl", 10)
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    assert set(ids(hits)) == {"a:0", "a:1", "c:0"}
+
+
+def test_collections_are_separate(index: LexicalIndex) -> None:
+    assert ids(index.search("other", "Chicago campus", 5)) == ["z:0"]
+    assert "z:0" not in ids(index.search("docs", "Chicago campus second collection", 5))
+    assert index.search("missing", "Chicago", 5) == []
+
+
+def test_document_filter(index: LexicalIndex) -> None:
+    assert ids(index.search("docs", "university campus Super Bowl", 5, doc_ids=["c"])) == ["c:0"]
+    assert index.search("docs", "Chicago", 5, doc_ids=["b", "c"]) == []
+
+
+@pytest.mark.parametrize("query", ["", "   ", "the of", "？？", 'C++ "AND" OR NEAR(x) * -', "title:university"])
+def test_odd_queries_do_not_fail(index: LexicalIndex, query: str) -> None:
+    index.search("docs", query, 5)
+
+
+def test_readding_a_chunk_replaces_it(index: LexicalIndex) -> None:
+    index.add("docs", [("a:0", "a", "Completely different text about volcanoes.")])
+    assert index.count_document("docs", "a") == 2
+    assert index.search("docs", "Rockefeller", 5) == []
+    assert ids(index.search("docs", "volcano", 5)) == ["a:0"]
+
+
+def test_delete_document_and_collection(index: LexicalIndex) -> None:
+    assert index.delete_document("docs", "a") == 2
+    assert index.count_document("docs", "a") == 0
+    assert index.search("docs", "Chicago campus", 5) == []
+    assert index.count("other") == 1  # the same doc id elsewhere is untouched
+    assert index.delete_collection("docs") == 2
+    assert index.count("docs") == 0 and index.count("other") == 1
+
+
+def test_failed_add_leaves_nothing_behind(index: LexicalIndex) -> None:
+    rows = [("d:0", "d", "volcano one"), ("d:1", None, "volcano two")]  # NOT NULL fails on the second row
+    with pytest.raises(sqlite3.IntegrityError):
+        index.add("docs", rows)  # type: ignore[arg-type]
+    assert index.count_document("docs", "d") == 0
+    assert index.search("docs", "volcano", 5) == []
+
+
+def test_persisted_and_retokenized_when_the_tokenizer_changes(index: LexicalIndex, tmp_path: Path) -> None:
+    index.close()
+    reopened = LexicalIndex(tmp_path / "lexical.sqlite")
+    assert ids(reopened.search("docs", "founding", 5)) == ["a:0"]
+    reopened.close()
+    unstemmed = LexicalIndex(tmp_path / "lexical.sqlite", Tokenizer(stem=False))
+    assert unstemmed.search("docs", "founding", 5) == []  # rebuilt without stems
+    assert ids(unstemmed.search("docs", "founded", 5)) == ["a:0"]
+    assert unstemmed.count("docs") == 4
