@@ -1,0 +1,250 @@
+"""Chunking: a `LoadedDocument` in, `Chunk`s small enough for the embedder out.
+
+    chunker = Chunker.from_tokenizer(tokenizer, chunk_tokens=200, chunk_overlap=32, max_sequence=256)
+    chunks = chunk_document(doc, doc_id, chunker)
+
+Lengths are counted with the embedding model's own tokenizer (a Hugging Face tokenizer, a
+`tokenizers.Tokenizer`, or any `Callable[[str], int]`), so every chunk holds at most `chunk_tokens`
+tokens, counted exactly; `max_sequence` checks that this plus the model's special tokens fits.
+
+Each section of the document is split on its own, so a chunk never crosses a heading boundary or a
+PDF page, and carries its section's page and heading path. Inside a section, langchain's
+`RecursiveCharacterTextSplitter` splits on paragraphs, lines, then sentence and clause punctuation
+(Chinese full-width marks included, so text without spaces splits at sentence ends) and finally
+characters, merging pieces back up to the target with `chunk_overlap` tokens of overlap. Separators stay
+attached to the text before them and nothing is stripped inside the splitter, so each chunk is an exact
+slice of the extracted text: `doc.text[c.start:c.end] == c.text`.
+
+Speed: the tokenizer is the cost, and the splitter asks for one length at a time (every piece
+twice, the separators over and over). So counts are cached, and before the splitter runs we walk the
+same separator recursion it will walk and count all its pieces in batched tokenizer calls (Rust,
+parallel), then count the finished chunks in one more batch; the splitter then only hits the cache.
+A section that fits is a single call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from .models import Chunk, LoadedDocument, Section
+
+if TYPE_CHECKING:
+    from rag.config import Settings
+
+SEPARATORS = ["\n\n", "\n", "。", "！", "？", "；", ". ", "! ", "? ", "; ", "，", ", ", " ", ""]
+_CACHE_SIZE = 1 << 16
+# No tokenizer packs 16 characters of text into one token on average, so a longer text cannot fit
+# and we skip counting it whole.
+_MAX_CHARS_PER_TOKEN = 16
+
+
+class TokenCounter:
+    """Token counts with a cache and an optional batch path (`many`) to fill it."""
+
+    def __init__(self, one: Callable[[str], int], many: Callable[[list[str]], list[int]] | None = None) -> None:
+        self._one = one
+        self._many = many
+        self._cache: dict[str, int] = {}
+
+    def __call__(self, text: str) -> int:
+        n = self._cache.get(text)
+        if n is None:
+            n = self._store(text, self._one(text))
+        return n
+
+    def prime(self, texts: Iterable[str]) -> None:
+        """Counts the texts not cached yet, in one batch when the tokenizer has a batch path."""
+        missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
+        if not missing:
+            return
+        counts = self._many(missing) if self._many is not None and len(missing) > 1 else map(self._one, missing)
+        for text, n in zip(missing, counts, strict=True):
+            self._store(text, n)
+
+    def _store(self, text: str, n: int) -> int:
+        if len(self._cache) >= _CACHE_SIZE:
+            self._cache.clear()  # cheaper than LRU bookkeeping; the working set is one section
+        self._cache[text] = n
+        return n
+
+
+class Chunker:
+    """Splits sections into chunks of at most `chunk_tokens` tokens by `count_tokens`."""
+
+    def __init__(
+        self, count_tokens: Callable[[str], int] | TokenCounter, chunk_tokens: int = 200, chunk_overlap: int = 32
+    ) -> None:
+        if chunk_tokens < 1 or not 0 <= chunk_overlap < chunk_tokens:
+            raise ValueError(f"need 0 <= chunk_overlap ({chunk_overlap}) < chunk_tokens ({chunk_tokens})")
+        self.count_tokens = count_tokens if isinstance(count_tokens, TokenCounter) else TokenCounter(count_tokens)
+        self.chunk_tokens = chunk_tokens
+        self.chunk_overlap = chunk_overlap
+        self._splitters: dict[int, Any] = {}
+
+    @classmethod
+    def from_tokenizer(
+        cls, tokenizer: Any, chunk_tokens: int = 200, chunk_overlap: int = 32, max_sequence: int | None = None
+    ) -> Chunker:
+        """A chunker counting with a Hugging Face tokenizer (or a `tokenizers.Tokenizer`).
+
+        `max_sequence` is the embedder's limit including special tokens (256 for all-MiniLM-L6-v2);
+        ValueError if `chunk_tokens` plus the tokenizer's special tokens would not fit in it.
+        """
+        count, specials = token_counter(tokenizer)
+        if max_sequence is not None and chunk_tokens + specials > max_sequence:
+            raise ValueError(
+                f"chunk_tokens={chunk_tokens} plus {specials} special tokens exceeds the embedder's {max_sequence}"
+            )
+        return cls(count, chunk_tokens, chunk_overlap)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, tokenizer: Any, max_sequence: int | None = None) -> Chunker:
+        """`from_tokenizer` with the sizes in `settings` (RAG_CHUNK_TOKENS, RAG_CHUNK_OVERLAP)."""
+        return cls.from_tokenizer(tokenizer, settings.chunk_tokens, settings.chunk_overlap, max_sequence)
+
+    def split(self, text: str) -> list[tuple[int, int, int]]:
+        """(start, end, tokens) of each chunk of `text`: exact slices, stripped, none over the limit."""
+        if not text.strip():
+            return []
+        if len(text) <= self.chunk_tokens * _MAX_CHARS_PER_TOKEN and self.count_tokens(text) <= self.chunk_tokens:
+            return _stripped(text, [(0, len(text))], self.count_tokens)
+        return self._enforce_limit(text, self._split(text, self.chunk_tokens))
+
+    def _split(self, text: str, size: int) -> list[tuple[int, int, int]]:
+        self._prime(text, SEPARATORS, size)
+        spans = _locate(text, self._splitter(size).split_text(text))
+        self.count_tokens.prime(text[s:e].strip() for s, e in spans)
+        return _stripped(text, spans, self.count_tokens)
+
+    def _prime(self, text: str, separators: list[str], size: int) -> None:
+        """Counts, in batches, every piece the splitter's recursion will measure (same rules as langchain's)."""
+        for i, sep in enumerate(separators):
+            if sep == "" or sep in text:
+                break
+        pieces = _split_keeping_end(text, sep)
+        self.count_tokens.prime(pieces)
+        rest = separators[i + 1 :] if sep else []
+        if rest:
+            for piece in pieces:
+                if self.count_tokens(piece) >= size:
+                    self._prime(piece, rest, size)
+
+    def chunk(self, doc: LoadedDocument, doc_id: str) -> list[Chunk]:
+        """The document's chunks in reading order, numbered from 0."""
+        chunks: list[Chunk] = []
+        for section in doc.sections:
+            for start, end, tokens in self.split(section.text):
+                chunks.append(_chunk(doc, doc_id, len(chunks), section, start, end, tokens))
+        return chunks
+
+    def _splitter(self, size: int) -> Any:
+        splitter = self._splitters.get(size)
+        if splitter is None:
+            from langchain_text_splitters import RecursiveCharacterTextSplitter
+
+            splitter = self._splitters[size] = RecursiveCharacterTextSplitter(
+                separators=SEPARATORS,
+                keep_separator="end",
+                strip_whitespace=False,  # keeps chunks exact slices; we strip and shift offsets ourselves
+                chunk_size=size,
+                chunk_overlap=min(self.chunk_overlap, size // 2),
+                length_function=self.count_tokens,
+            )
+        return splitter
+
+    def _enforce_limit(self, text: str, spans: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+        """Re-splits the rare chunk whose exact count exceeds the limit.
+
+        The splitter sums the counts of pieces, and a tokenizer may count a joined string differently
+        from its parts (subword merges across a cut), so the merged total can be off by a few.
+        """
+        out: list[tuple[int, int, int]] = []
+        for start, end, tokens in spans:
+            if tokens <= self.chunk_tokens:
+                out.append((start, end, tokens))
+                continue
+            piece = text[start:end]
+            size = self.chunk_tokens
+            while True:
+                size = max(1, size * 3 // 4)
+                inner = self._split(piece, size)
+                if all(t <= self.chunk_tokens for _, _, t in inner) or size == 1:
+                    break
+            out.extend((start + s, start + e, t) for s, e, t in inner)
+        return out
+
+
+def chunk_document(doc: LoadedDocument, doc_id: str, chunker: Chunker) -> list[Chunk]:
+    """The chunks of `doc` (see `Chunker.chunk`)."""
+    return chunker.chunk(doc, doc_id)
+
+
+def token_counter(tokenizer: Any) -> tuple[TokenCounter, int]:
+    """(count without special tokens, number of special tokens added) for an HF or `tokenizers` tokenizer."""
+    from tokenizers import Tokenizer
+
+    backend = tokenizer if isinstance(tokenizer, Tokenizer) else getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:  # a slow (pure-Python) HF tokenizer
+        return TokenCounter(lambda text: len(tokenizer.encode(text, add_special_tokens=False))), tokenizer.num_special_tokens_to_add()
+    # A private copy: saved tokenizers often carry truncation and padding (MiniLM's pads everything to
+    # 128), which would make every count wrong.
+    backend = Tokenizer.from_str(backend.to_str())
+    backend.no_truncation()
+    backend.no_padding()
+    specials = backend.num_special_tokens_to_add(is_pair=False)
+
+    def one(text: str) -> int:
+        return len(backend.encode(text, add_special_tokens=False).ids)
+
+    def many(texts: list[str]) -> list[int]:
+        return [len(e.ids) for e in backend.encode_batch(texts, add_special_tokens=False)]
+
+    return TokenCounter(one, many), specials
+
+
+def _locate(text: str, pieces: list[str]) -> list[tuple[int, int]]:
+    """Offsets of the splitter's pieces, which are exact, in-order (possibly overlapping) slices of `text`."""
+    spans: list[tuple[int, int]] = []
+    prev_start, prev_end = -1, 0
+    for piece in pieces:
+        # A piece starts after the previous one and ends after it (it adds at least one new split).
+        at = text.find(piece, max(prev_start + 1, prev_end - len(piece) + 1))
+        if at < 0:
+            raise AssertionError("the splitter returned text that is not a slice of its input")
+        spans.append((at, at + len(piece)))
+        prev_start, prev_end = at, at + len(piece)
+    return spans
+
+
+def _split_keeping_end(text: str, sep: str) -> list[str]:
+    if not sep:
+        return list(text)
+    parts = text.split(sep)
+    return [p for p in [p + sep for p in parts[:-1]] + parts[-1:] if p]
+
+
+def _stripped(text: str, spans: list[tuple[int, int]], count: Callable[[str], int]) -> list[tuple[int, int, int]]:
+    """Spans with surrounding whitespace removed (offsets shifted), empty ones dropped, tokens counted."""
+    out = []
+    for start, end in spans:
+        piece = text[start:end]
+        lead = len(piece) - len(piece.lstrip())
+        trimmed = piece.strip()
+        if trimmed:
+            out.append((start + lead, start + lead + len(trimmed), count(trimmed)))
+    return out
+
+
+def _chunk(doc: LoadedDocument, doc_id: str, index: int, section: Section, start: int, end: int, tokens: int) -> Chunk:
+    return Chunk(
+        doc_id=doc_id,
+        index=index,
+        source=doc.name,
+        text=section.text[start:end],
+        start=section.start + start,
+        end=section.start + end,
+        n_tokens=tokens,
+        page=section.page,
+        headings=section.headings,
+    )

@@ -1,0 +1,242 @@
+"""File type from the file's bytes.
+
+`detect(data, name)` returns the `DocKind` to load, or raises `UnsupportedFileType` naming what it saw
+("ELF executable", "PNG image", "ZIP archive (not a DOCX)"). Binary formats are recognised by their
+signature alone; the name and any Content-Type are never trusted. Only among text-like content does
+the name's extension break a tie: a `.md` name makes plain text markdown, a `.txt` name keeps a page
+with stray tags plain text unless it is unmistakably an HTML document.
+
+Text files are decoded here too (`decode_text`), since telling text from binary needs the decoding.
+"""
+
+from __future__ import annotations
+
+import codecs
+import io
+import re
+import struct
+import zipfile
+from dataclasses import dataclass
+from pathlib import PurePath
+
+from rag.errors import DocumentRejected, UnsupportedFileType
+
+from .models import DocKind
+
+# Leading bytes of binary formats we refuse, checked in order (longer, more specific ones first).
+_SIGNATURES: tuple[tuple[bytes, str], ...] = (
+    (b"\x7fELF", "ELF executable"),
+    (b"MZ", "Windows executable (PE/DOS)"),
+    (b"\xfe\xed\xfa\xce", "Mach-O executable"),
+    (b"\xfe\xed\xfa\xcf", "Mach-O executable"),
+    (b"\xce\xfa\xed\xfe", "Mach-O executable"),
+    (b"\xcf\xfa\xed\xfe", "Mach-O executable"),
+    (b"\xca\xfe\xba\xbe", "Mach-O universal binary or Java class"),
+    (b"\x00asm", "WebAssembly module"),
+    (b"\x89PNG\r\n\x1a\n", "PNG image"),
+    (b"\xff\xd8\xff", "JPEG image"),
+    (b"GIF87a", "GIF image"),
+    (b"GIF89a", "GIF image"),
+    (b"BM", "BMP image"),
+    (b"II*\x00", "TIFF image"),
+    (b"MM\x00*", "TIFF image"),
+    (b"\x00\x00\x01\x00", "ICO image"),
+    (b"8BPS", "Photoshop image"),
+    (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "OLE2 compound file (legacy .doc/.xls/.ppt or an encrypted Office file)"),
+    (b"{\\rtf", "RTF document"),
+    (b"%!PS", "PostScript document"),
+    (b"\x1f\x8b", "gzip archive"),
+    (b"BZh", "bzip2 archive"),
+    (b"\xfd7zXZ\x00", "xz archive"),
+    (b"\x28\xb5\x2f\xfd", "Zstandard archive"),
+    (b"7z\xbc\xaf\x27\x1c", "7-Zip archive"),
+    (b"Rar!\x1a\x07", "RAR archive"),
+    (b"SQLite format 3\x00", "SQLite database"),
+    (b"OggS", "Ogg media"),
+    (b"fLaC", "FLAC audio"),
+    (b"ID3", "MP3 audio"),
+    (b"\x1aE\xdf\xa3", "Matroska/WebM video"),
+    (b"wOFF", "WOFF font"),
+    (b"wOF2", "WOFF2 font"),
+    (b"PAR1", "Parquet file"),
+    (b"\x93NUMPY", "NumPy array"),
+    (b"\x80\x04\x95", "Python pickle"),
+    (b"GGUF", "GGUF model file"),
+)
+_ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06", b"PK\x07\x08")
+_BOMS: tuple[tuple[bytes, str], ...] = (
+    (b"\x00\x00\xfe\xff", "utf-32-be"),
+    (b"\xff\xfe\x00\x00", "utf-32-le"),
+    (b"\xef\xbb\xbf", "utf-8-sig"),
+    (b"\xff\xfe", "utf-16-le"),
+    (b"\xfe\xff", "utf-16-be"),
+)
+_HTML_DOC = re.compile(r"\A(?:\s|<!--.*?-->|<\?xml[^>]*>)*<(?:!doctype\s+html|html[\s>]|head[\s>]|body[\s>])", re.I | re.S)
+_HTML_TAGS = re.compile(
+    r"</(?:p|div|span|a|li|ul|ol|table|tr|td|th|h[1-6]|body|html|section|article|em|strong|b|i|pre|blockquote)>", re.I
+)
+_MD_SIGNS = re.compile(r"^(?:#{1,6}[ \t]+\S|```|~~~|\s*[-*+][ \t]+\S.*\n\s*[-*+][ \t]+\S|\S.*\n(?:=+|-+)[ \t]*$)", re.M)
+_MD_EXTS = {".md", ".markdown", ".mdown", ".mkd", ".mdx"}
+_HTML_EXTS = {".html", ".htm", ".xhtml", ".shtml"}
+_CHARSET_DECL = re.compile(rb"""(?:<meta[^>]{0,200}?charset|<\?xml[^>]{0,100}?encoding)\s*=\s*["']?([A-Za-z0-9_.:-]{1,40})""", re.I)
+_PREFERRED_ON_TIE = ("cp1252", "latin_1", "iso8859_15", "gb18030", "big5", "shift_jis", "euc_kr")
+_HEAD = 1 << 16  # bytes of the head sniffed for text-kind signals
+
+
+@dataclass(frozen=True, slots=True)
+class Detection:
+    """The kind of a file and, for text-like kinds, its decoded text."""
+
+    kind: DocKind
+    text: str | None = None
+    encoding: str | None = None
+
+
+def detect(data: bytes, name: str = "") -> DocKind:
+    """The kind of document in `data`; raises UnsupportedFileType with the kind it saw otherwise."""
+    return classify(data, name).kind
+
+
+def classify(data: bytes, name: str = "") -> Detection:
+    """Like `detect`, keeping the decoded text of text-like files so nobody decodes twice."""
+    if not data:
+        raise DocumentRejected("the file is empty")
+    if _is_pdf(data):
+        return Detection(DocKind.PDF)
+    if data.startswith(_ZIP_MAGICS):
+        return Detection(_zip_kind(data))
+    if (binary := _binary_kind(data)) is not None:
+        raise UnsupportedFileType(f"unsupported file type: {binary}", detected=binary)
+    text, encoding = decode_text(data)
+    return Detection(sniff_text_kind(text[:_HEAD], name), text, encoding)
+
+
+def _is_pdf(data: bytes) -> bool:
+    # Readers accept the header anywhere in the first KiB (some writers prepend junk); past byte 0 we
+    # also want the end marker, so a text file that merely mentions "%PDF-" stays text.
+    at = data.find(b"%PDF-", 0, 1024)
+    return at == 0 or at > 0 and b"%%EOF" in data[-2048:]
+
+
+def _binary_kind(data: bytes) -> str | None:
+    for magic, kind in _SIGNATURES:
+        if data.startswith(magic):
+            if magic.isascii() and magic.isalnum() and not _looks_binary(data):
+                continue  # "MZ", "BM", "GGUF"... are also how ordinary sentences can start
+            return kind
+    if data[4:8] == b"ftyp":
+        return "ISO media (MP4/MOV/HEIC)"
+    if data[:4] == b"RIFF" and data[8:12] in (b"WEBP", b"WAVE", b"AVI "):
+        return {b"WEBP": "WebP image", b"WAVE": "WAV audio", b"AVI ": "AVI video"}[data[8:12]]
+    if len(data) > 262 and data[257:262] == b"ustar":
+        return "tar archive"
+    if _looks_binary(data):
+        return "binary data of an unknown type"
+    return None
+
+
+def _looks_binary(data: bytes) -> bool:
+    if data.startswith(tuple(bom for bom, _ in _BOMS)):
+        return False
+    head = data[:8192]
+    if b"\x00" in head:
+        # UTF-16 without a BOM has NULs in every other byte of ASCII text; anything else is binary.
+        return not _utf16_without_bom(head)
+    controls = sum(1 for b in head if b < 32 and b not in (9, 10, 12, 13, 27))
+    return controls > len(head) * 0.05
+
+
+def _utf16_without_bom(head: bytes) -> bool:
+    even, odd = head[0::2], head[1::2]
+    return even.count(0) > len(even) * 0.3 and odd.count(0) == 0 or odd.count(0) > len(odd) * 0.3 and even.count(0) == 0
+
+
+def _zip_kind(data: bytes) -> DocKind:
+    try:
+        names = set(zipfile.ZipFile(io.BytesIO(data)).namelist())
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, NotImplementedError, struct.error) as exc:
+        raise UnsupportedFileType("unsupported file type: damaged ZIP archive", detected="ZIP archive (damaged)") from exc
+    if "word/document.xml" in names and "[Content_Types].xml" in names:
+        return DocKind.DOCX
+    kind = _zip_flavour(data, names)
+    raise UnsupportedFileType(f"unsupported file type: {kind}", detected=kind)
+
+
+def _zip_flavour(data: bytes, names: set[str]) -> str:
+    if "xl/workbook.xml" in names:
+        return "XLSX spreadsheet"
+    if "ppt/presentation.xml" in names:
+        return "PPTX presentation"
+    if "mimetype" in names:
+        mimetype = data[38:90]
+        if b"epub" in mimetype:
+            return "EPUB book"
+        if b"opendocument" in mimetype:
+            return "OpenDocument file"
+    if "META-INF/MANIFEST.MF" in names:
+        return "Java archive (JAR)"
+    return "ZIP archive (not a DOCX)"
+
+
+def decode_text(data: bytes) -> tuple[str, str]:
+    """(text, encoding) of bytes in any common encoding; raises UnsupportedFileType for binary data."""
+    for bom, encoding in _BOMS:
+        if data.startswith(bom):
+            return _decode(data[len(bom) :], encoding.removesuffix("-sig"))
+    head = data[:8192]
+    if b"\x00" in head and _utf16_without_bom(head):
+        return _decode(data, "utf-16-le" if head[1::2].count(0) > head[0::2].count(0) else "utf-16-be")
+    try:
+        return data.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        pass
+    if (declared := _declared_charset(head)) is not None:
+        try:
+            return data.decode(declared), declared
+        except UnicodeDecodeError:
+            pass  # the declaration lies; let the statistics decide
+    import charset_normalizer
+
+    matches = charset_normalizer.from_bytes(data)
+    best = matches.best()
+    if best is None:
+        raise UnsupportedFileType("unsupported file type: binary data of an unknown type", detected="binary data")
+    # Single-byte code pages often tie (French text reads as well in cp1250 as in cp1252, with "à"
+    # turned into "ŕ"); among equals, take the most widely used ones.
+    ties = {m.encoding: m for m in matches if (m.chaos, m.coherence) == (best.chaos, best.coherence)}
+    best = next((ties[e] for e in _PREFERRED_ON_TIE if e in ties), best)
+    return str(best), best.encoding
+
+
+def _declared_charset(head: bytes) -> str | None:
+    match = _CHARSET_DECL.search(head[:4096])
+    if match is None:
+        return None
+    try:
+        return codecs.lookup(match.group(1).decode("ascii")).name
+    except (LookupError, UnicodeDecodeError):
+        return None
+
+
+def _decode(data: bytes, encoding: str) -> tuple[str, str]:
+    try:
+        return data.decode(encoding), encoding
+    except UnicodeDecodeError as exc:
+        raise DocumentRejected(f"the file looks like {encoding} text but does not decode as {encoding}") from exc
+
+
+def sniff_text_kind(text: str, name: str = "") -> DocKind:
+    """Markdown, HTML or plain text, from content signals first and the extension only as a tie-break."""
+    ext = PurePath(name).suffix.lower()
+    if _HTML_DOC.match(text):
+        return DocKind.HTML
+    has_tags = _HTML_TAGS.search(text) is not None
+    if ext in _HTML_EXTS and has_tags:
+        return DocKind.HTML
+    if ext in _MD_EXTS:
+        return DocKind.MARKDOWN
+    if has_tags and text.lstrip().startswith("<") and ext not in {".txt", ".text"}:
+        return DocKind.HTML
+    if _MD_SIGNS.search(text):
+        return DocKind.MARKDOWN
+    return DocKind.TEXT

@@ -1,0 +1,95 @@
+"""Assembles extracted blocks into one text and the sections that tile it (offsets computed once, here)."""
+
+from __future__ import annotations
+
+import re
+
+from rag.errors import DocumentRejected
+
+from ..models import DocKind, LoadedDocument, Section
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f\ufeff\ufffe]")
+
+
+def clean(text: str) -> str:
+    """Text with newlines normalised and control characters (but tabs, newlines, form feeds) removed."""
+    return _CONTROL.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
+
+
+class DocumentBuilder:
+    """Collects headings and blocks in reading order; a section runs from one heading (or page) to the next.
+
+    A heading with no body before the next heading does not make a section of its own: the section
+    starts at the first heading and takes the deepest heading path, so "# A / ## B / text" is one
+    section under ("A", "B") that still contains both heading lines.
+    """
+
+    def __init__(self) -> None:
+        self._parts: list[str] = []
+        self._length = 0
+        self._path: list[tuple[int, str]] = []
+        self._page: int | None = None
+        self._start: int | None = None
+        self._has_body = False
+        self._spans: list[tuple[int, int, int | None, tuple[str, ...]]] = []
+
+    def heading(self, title: str, level: int, raw: str | None = None, sep: str = "\n\n") -> None:
+        """A heading of `level` (smaller is higher); `raw` is the text to append if not the title itself."""
+        if self._has_body:
+            self._close()
+        while self._path and self._path[-1][0] >= level:
+            self._path.pop()
+        if title:
+            self._path.append((level, title))
+        self._mark(self._append(title if raw is None else raw, sep))
+
+    def block(self, text: str, sep: str = "\n\n") -> None:
+        """A run of body text; `sep` joins it to what came before."""
+        if not text:
+            return
+        start = self._append(text, sep)
+        if text.strip():
+            self._mark(start)
+            self._has_body = True
+
+    def page(self, number: int) -> None:
+        """Start page `number` (1-based): no section crosses a page boundary."""
+        self._close()
+        self._page = number
+
+    def build(self, name: str, kind: DocKind, **fields: object) -> LoadedDocument:
+        """The document, or DocumentRejected when nothing but whitespace was extracted."""
+        self._close()
+        text = "".join(self._parts)
+        sections = tuple(s for s in (self._section(text, *span) for span in self._spans) if s.text)
+        if not sections:
+            raise DocumentRejected(f"{name} has no text to index (it is empty or whitespace only)")
+        return LoadedDocument(name=name, kind=kind, text=text, sections=sections, **fields)  # type: ignore[arg-type]
+
+    def _append(self, text: str, sep: str) -> int:
+        if self._length and sep:
+            self._parts.append(sep)
+            self._length += len(sep)
+        start = self._length
+        self._parts.append(text)
+        self._length += len(text)
+        return start
+
+    def _mark(self, start: int) -> None:
+        if self._start is None:
+            self._start = start
+
+    def _close(self) -> None:
+        if self._start is not None:
+            headings = tuple(title for _, title in self._path)
+            self._spans.append((self._start, self._length, self._page, headings))
+        self._start = None
+        self._has_body = False
+
+    @staticmethod
+    def _section(text: str, start: int, end: int, page: int | None, headings: tuple[str, ...]) -> Section:
+        span = text[start:end]
+        stripped = span.lstrip()
+        start += len(span) - len(stripped)
+        stripped = stripped.rstrip()
+        return Section(text=stripped, start=start, end=start + len(stripped), page=page, headings=headings)

@@ -1,0 +1,194 @@
+"""DOCX: paragraphs and tables in reading order, with Word's heading styles as heading paths.
+
+Before python-docx sees the file, `check_archive` inflates every member itself, in bounded steps,
+counting the bytes that really come out (a zip bomb is caught at the cap, and a directory that
+understates a member's size is caught the moment the output passes the stated size), and feeds every
+XML part through defusedxml with DTDs forbidden: a DOCTYPE, an external entity or a billion-laughs
+entity tree is refused, never resolved. Word never writes a DTD, so nothing legitimate is lost.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import struct
+import zipfile
+import zlib
+from xml.etree.ElementTree import ParseError
+
+import defusedxml
+import docx
+from defusedxml.ElementTree import DefusedXMLParser
+from docx.document import Document as DocxDocument
+from docx.table import Table
+from docx.text.paragraph import Paragraph
+
+from rag.errors import DocumentRejected
+
+from ..models import DocKind, LoadedDocument
+from ._builder import DocumentBuilder, clean
+
+MAX_MEMBERS = 10_000
+_STEP = 1 << 20  # bytes of output per inflate step
+_LOCAL_HEADER = struct.Struct("<4s22xHH")
+_HEADING_STYLE = re.compile(r"(?:heading|标题)\s*([1-9])", re.I)
+
+
+def load_docx(data: bytes, name: str, max_inflated: int) -> LoadedDocument:
+    """Headings, paragraphs and tables of a DOCX, after `check_archive`."""
+    check_archive(data, name, max_inflated)
+    try:
+        document = docx.Document(io.BytesIO(data))
+    except (KeyError, ValueError, zipfile.BadZipFile, ParseError) as exc:
+        raise DocumentRejected(f"{name} is not a readable DOCX ({type(exc).__name__}: {exc})") from exc
+    levels = _heading_levels(document)
+    builder = DocumentBuilder()
+    for block in document.iter_inner_content():
+        if isinstance(block, Paragraph):
+            text = clean(block.text).strip()
+            level = levels.get(block._p.style or "")
+            if level is not None and text:
+                builder.heading(text, level)
+            else:
+                builder.block(text)
+        elif isinstance(block, Table):
+            builder.block(_table_text(block))
+    title = (document.core_properties.title or "").strip() or None
+    return builder.build(name, DocKind.DOCX, title=title)
+
+
+def _heading_levels(document: DocxDocument) -> dict[str, int]:
+    """Style id -> heading level (Title is 0, Heading N is N), from style names or outline levels."""
+    levels: dict[str, int] = {}
+    for style in document.styles:
+        style_name = (style.name or "").strip()
+        if style_name.lower() == "title":
+            levels[style.style_id] = 0
+        elif (match := _HEADING_STYLE.fullmatch(style_name)) is not None:
+            levels[style.style_id] = int(match.group(1))
+        elif (outline := _outline_level(style.element)) is not None:
+            levels[style.style_id] = outline
+    return levels
+
+
+def _outline_level(element: object) -> int | None:
+    from docx.oxml.ns import qn
+
+    found = element.find(f"{qn('w:pPr')}/{qn('w:outlineLvl')}")  # type: ignore[attr-defined]
+    if found is None:
+        return None
+    value = found.get(qn("w:val"), "")
+    return int(value) + 1 if value.isdigit() and int(value) < 9 else None
+
+
+def _table_text(table: Table) -> str:
+    rows = []
+    for row in table.rows:
+        cells, seen = [], set()
+        for cell in row.cells:
+            if id(cell._tc) in seen:
+                continue  # a merged cell appears once per grid column it spans
+            seen.add(id(cell._tc))
+            cells.append(" ".join(clean(cell.text).split()))
+        if any(cells):
+            rows.append(" | ".join(cells))
+    return "\n".join(rows)
+
+
+class _Discard:
+    """A parser target that keeps nothing: we only want the parser's verdict."""
+
+    def start(self, tag: str, attrs: dict[str, str]) -> None: ...
+    def end(self, tag: str) -> None: ...
+    def data(self, data: str) -> None: ...
+    def close(self) -> None: ...
+
+
+def check_archive(data: bytes, name: str, max_inflated: int) -> None:
+    """Inflates every member with a running cap and vets every XML part; DocumentRejected on any trick."""
+    archive = zipfile.ZipFile(io.BytesIO(data))
+    members = archive.infolist()
+    if len(members) > MAX_MEMBERS:
+        raise DocumentRejected(f"{name} has {len(members)} ZIP members; a DOCX has a few dozen")
+    declared = sum(m.file_size for m in members)
+    if declared > max_inflated:
+        raise DocumentRejected(f"{name} would inflate to {declared:,} bytes, over the {max_inflated:,}-byte limit")
+    budget = max_inflated
+    for member in members:
+        budget -= _inflate_member(data, member, name, budget)
+
+
+def _inflate_member(data: bytes, member: zipfile.ZipInfo, name: str, budget: int) -> int:
+    """Bytes `member` really inflates to (checking its XML on the way); rejects past the budget or its header."""
+    if member.flag_bits & 0x1:
+        raise DocumentRejected(f"{name} has an encrypted ZIP member ({member.filename})")
+    if member.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise DocumentRejected(f"{name} uses a ZIP compression Word never writes ({member.compress_type})")
+    raw = _member_bytes(data, member, name)
+    inflater = zlib.decompressobj(-zlib.MAX_WBITS) if member.compress_type == zipfile.ZIP_DEFLATED else None
+    parser = _XmlCheck(member.filename) if _maybe_xml(member.filename) else None
+    total = 0
+    pending = raw
+    while True:
+        if inflater is None:
+            out, pending = pending[:_STEP], pending[_STEP:]
+        else:
+            try:
+                out = inflater.decompress(pending, _STEP) if pending else inflater.flush()
+            except zlib.error as exc:
+                raise DocumentRejected(f"{name} has a corrupt ZIP member {member.filename} ({exc})") from exc
+            pending = inflater.unconsumed_tail
+        total += len(out)
+        if total > member.file_size:
+            raise DocumentRejected(
+                f"{name} is a zip bomb: {member.filename} inflates past the {member.file_size:,} bytes its header states"
+            )
+        if total > budget:
+            raise DocumentRejected(f"{name} is a zip bomb: it inflates past the {budget:,}-byte limit")
+        if parser is not None:
+            parser.feed(out, name)
+        if not out and not pending:
+            break
+    if total != member.file_size:
+        raise DocumentRejected(f"{name}: {member.filename} inflates to {total:,} bytes, not the {member.file_size:,} stated")
+    return total
+
+
+def _member_bytes(data: bytes, member: zipfile.ZipInfo, name: str) -> memoryview:
+    head = data[member.header_offset : member.header_offset + _LOCAL_HEADER.size]
+    if len(head) < _LOCAL_HEADER.size or head[:4] != b"PK\x03\x04":
+        raise DocumentRejected(f"{name} has a broken ZIP entry for {member.filename}")
+    _, name_len, extra_len = _LOCAL_HEADER.unpack(head)
+    start = member.header_offset + _LOCAL_HEADER.size + name_len + extra_len
+    return memoryview(data)[start : start + member.compress_size]
+
+
+def _maybe_xml(filename: str) -> bool:
+    # Media are binary blobs python-docx never parses (an SVG may carry a harmless DOCTYPE).
+    return not filename.startswith("word/media/")
+
+
+class _XmlCheck:
+    """Feeds a member's bytes to an expat parser that forbids DTDs; gives up quietly on non-XML."""
+
+    def __init__(self, filename: str) -> None:
+        self.filename = filename
+        self.parser: DefusedXMLParser | None = None
+        self.first = True
+
+    def feed(self, chunk: bytes, name: str) -> None:
+        if self.first:
+            self.first = False
+            if not chunk.lstrip(b" \t\r\n\xef\xbb\xbf\xff\xfe\x00").startswith(b"<"):
+                return  # not XML: python-docx will treat it as a blob, if it reads it at all
+            self.parser = DefusedXMLParser(target=_Discard(), forbid_dtd=True, forbid_entities=True, forbid_external=True)
+        if self.parser is None or not chunk:
+            return
+        try:
+            self.parser.feed(chunk)
+        except defusedxml.DefusedXmlException as exc:
+            raise DocumentRejected(
+                f"{name} declares a DTD or entities in {self.filename} ({type(exc).__name__}); refused unparsed"
+            ) from exc
+        except ParseError:
+            self.parser = None  # malformed XML: python-docx will say so if it matters

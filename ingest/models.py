@@ -1,0 +1,82 @@
+"""The data that flows through ingestion: a loaded document, its sections, and the chunks cut from it.
+
+Offsets are character offsets into `LoadedDocument.text` (the extracted text, not the file's bytes):
+`doc.text[s.start:s.end] == s.text` for every section and `doc.text[c.start:c.end] == c.text` for
+every chunk. Sections never span two PDF pages, so neither do chunks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class DocKind(str, Enum):
+    """The formats we load; the value is what metadata and messages show."""
+
+    TEXT = "text"
+    MARKDOWN = "markdown"
+    HTML = "html"
+    PDF = "pdf"
+    DOCX = "docx"
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    """A run of the extracted text under one heading path on one page (PDF) or in one place (others)."""
+
+    text: str
+    start: int
+    end: int
+    page: int | None = None
+    headings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedDocument:
+    """What a loader extracted from one file: the full text and the sections that tile its content."""
+
+    name: str
+    kind: DocKind
+    text: str
+    sections: tuple[Section, ...]
+    title: str | None = None
+    pages: int | None = None
+    encoding: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One piece of a document, small enough for the embedder, with where it came from."""
+
+    doc_id: str
+    index: int
+    source: str
+    text: str
+    start: int
+    end: int
+    n_tokens: int
+    page: int | None = None
+    headings: tuple[str, ...] = ()
+
+    @property
+    def id(self) -> str:
+        return f"{self.doc_id}:{self.index}"
+
+    def metadata(self) -> dict[str, str | int]:
+        """Flat metadata for a vector store (scalars only, no None values)."""
+        meta: dict[str, str | int] = {
+            "doc_id": self.doc_id,
+            "index": self.index,
+            "source": self.source,
+            "start": self.start,
+            "end": self.end,
+            "n_tokens": self.n_tokens,
+        }
+        if self.page is not None:
+            meta["page"] = self.page
+        if self.headings:
+            meta["headings"] = " > ".join(self.headings)
+        return meta

@@ -1,0 +1,234 @@
+"""Bounded parsing: a small pool of worker processes, each under an address-space limit, with a
+wall-clock timeout per file.
+
+    pool = get_pool(settings.parse_memory_mb)
+    doc = pool.parse(kind, data, name, timeout_s=settings.parse_timeout_s)
+
+A worker is a fresh interpreter (`python -c`, importing only `ingest.sandbox` and the loaders: PDFium,
+python-docx, selectolax; never torch, Chroma or the API). It sets RLIMIT_AS on itself and then serves
+parse requests over a socket pair until it is retired, so a file costs one round trip of pickles, not
+a process start. A worker that overruns its time is killed; one that dies (PDFium aborts when an
+allocation fails under the limit) is replaced; either way the caller gets DocumentRejected and the
+next file gets a fresh worker.
+
+Why not multiprocessing's forkserver or spawn: both re-import the parent's `__main__` in every child,
+which re-runs a script without a `__main__` guard and drags the CLI's imports into each worker. A
+subprocess with its own socket has no such coupling and no shared global state.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import socket
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from rag import errors
+
+from .models import DocKind, LoadedDocument
+
+log = logging.getLogger(__name__)
+
+MAX_TASKS_PER_WORKER = 200  # then a fresh worker, so heap fragmentation never adds up
+DEFAULT_WORKERS = 2
+_START_TIMEOUT_S = 60.0
+_ROOT = str(Path(__file__).resolve().parents[1])  # the directory holding the ingest and rag packages
+_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from ingest.sandbox import worker_main; worker_main()"
+
+
+def worker_main() -> None:
+    """Worker entry point (argv: root, socket fd, memory MB): limit ourselves, then serve requests."""
+    conn = Connection(int(sys.argv[2]))
+    limit = int(sys.argv[3]) << 20
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a PDFium abort should not write a core file
+    import ingest.loaders.docx  # noqa: F401  (imported up front: the first file should not pay for it)
+    import ingest.loaders.html  # noqa: F401
+    import ingest.loaders.pdf  # noqa: F401
+    from ingest.loaders import parse
+
+    conn.send(("ready",))
+    while True:
+        try:
+            kind, data, name, options = conn.recv()
+        except EOFError:
+            return
+        try:
+            reply: tuple[Any, ...] = ("ok", parse(kind, data, name, **options))
+        except errors.RagError as exc:
+            reply = ("error", type(exc).__name__, exc.message, exc.detail)
+        except MemoryError:
+            reply = ("memory",)
+        except Exception as exc:  # a parser bug on a hostile file: report it, then retire
+            reply = ("failed", f"{type(exc).__name__}: {exc}")
+        del data
+        conn.send(reply)
+        if reply[0] in ("memory", "failed"):
+            return
+
+
+@dataclass
+class _Worker:
+    process: subprocess.Popen[bytes]
+    conn: Connection
+    tasks: int = 0
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self) -> None:
+        self.conn.close()
+        if self.alive():
+            self.process.kill()
+        self.process.wait(timeout=10)
+
+
+class ParserPool:
+    """Up to `max_workers` parser processes, each limited to `memory_mb` of address space; thread-safe."""
+
+    def __init__(self, memory_mb: int, max_workers: int = DEFAULT_WORKERS) -> None:
+        self.memory_mb = memory_mb
+        self.max_workers = max_workers
+        self._idle: list[_Worker] = []
+        self._count = 0
+        self._closed = False
+        self._cond = threading.Condition()
+
+    def parse(self, kind: DocKind, data: bytes, name: str, timeout_s: float, **options: Any) -> LoadedDocument:
+        """`ingest.loaders.parse(kind, data, name, **options)` in a worker, within `timeout_s` seconds."""
+        worker = self._acquire()
+        healthy = False
+        try:
+            worker.tasks += 1
+            worker.conn.send((kind, data, name, options))
+            if not worker.conn.poll(timeout_s):
+                raise errors.DocumentRejected(f"{name} could not be parsed within {timeout_s:g} s", limit="time")
+            try:
+                reply = worker.conn.recv()
+            except (EOFError, ConnectionResetError):
+                raise self._died(name, worker) from None
+            healthy = reply[0] in ("ok", "error")
+            return self._unpack(reply, name)
+        except (BrokenPipeError, ConnectionResetError):
+            raise self._died(name, worker) from None
+        finally:
+            self._release(worker, healthy)
+
+    def warm(self) -> None:
+        """Start one worker now, so the first file does not wait for it."""
+        self._release(self._acquire(), healthy=True)
+
+    def close(self) -> None:
+        """Stop the idle workers now and busy ones when they finish."""
+        with self._cond:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._count -= len(idle)
+        for worker in idle:
+            worker.stop()
+
+    def _died(self, name: str, worker: _Worker) -> errors.DocumentRejected:
+        try:
+            code = worker.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        return errors.DocumentRejected(
+            f"{name} could not be parsed within the {self.memory_mb} MB memory limit (the parser died, exit code {code})",
+            limit="memory",
+        )
+
+    def _unpack(self, reply: tuple[Any, ...], name: str) -> LoadedDocument:
+        status = reply[0]
+        if status == "ok":
+            return reply[1]
+        if status == "error":
+            cls = getattr(errors, reply[1], None)
+            if not (isinstance(cls, type) and issubclass(cls, errors.RagError)):
+                cls = errors.DocumentRejected
+            raise cls(reply[2], **reply[3])
+        if status == "memory":
+            raise errors.DocumentRejected(f"{name} could not be parsed within the {self.memory_mb} MB memory limit", limit="memory")
+        log.warning("parser failed on %s: %s", name, reply[1])
+        raise errors.DocumentRejected(f"{name} could not be parsed ({reply[1]})")
+
+    def _acquire(self) -> _Worker:
+        with self._cond:
+            while True:
+                while not self._idle and self._count >= self.max_workers:
+                    self._cond.wait()
+                if not self._idle:
+                    self._count += 1
+                    break
+                worker = self._idle.pop()
+                if worker.alive():
+                    return worker
+                self._count -= 1  # died while idle (the OOM killer?): forget it and look again
+                worker.stop()
+        try:
+            return self._start()
+        except BaseException:
+            with self._cond:
+                self._count -= 1
+                self._cond.notify()
+            raise
+
+    def _start(self) -> _Worker:
+        ours, theirs = socket.socketpair()
+        with theirs:
+            fd = theirs.fileno()
+            process = subprocess.Popen(
+                [sys.executable, "-c", _BOOT, _ROOT, str(fd), str(self.memory_mb)],
+                pass_fds=(fd,),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+            )
+        worker = _Worker(process, Connection(ours.detach()))
+        try:
+            if not worker.conn.poll(_START_TIMEOUT_S) or worker.conn.recv() != ("ready",):
+                raise EOFError
+        except (EOFError, OSError):
+            worker.stop()
+            raise errors.DocumentRejected(
+                f"the parser process did not start (is {self.memory_mb} MB too little memory for it?)", limit="memory"
+            ) from None
+        return worker
+
+    def _release(self, worker: _Worker, healthy: bool) -> None:
+        keep = healthy and worker.tasks < MAX_TASKS_PER_WORKER and worker.alive()
+        with self._cond:
+            if keep and not self._closed:
+                self._idle.append(worker)
+                self._cond.notify()
+                return
+            self._count -= 1
+            self._cond.notify()
+        worker.stop()
+
+
+_pools: dict[int, ParserPool] = {}
+_pools_lock = threading.Lock()
+
+
+def get_pool(memory_mb: int) -> ParserPool:
+    """The process-wide pool for this memory limit (created on first use)."""
+    with _pools_lock:
+        pool = _pools.get(memory_mb)
+        if pool is None:
+            pool = _pools[memory_mb] = ParserPool(memory_mb)
+        return pool
+
+
+def close_pools() -> None:
+    """Stop every pool's workers (for shutdown hooks and tests)."""
+    with _pools_lock:
+        pools = list(_pools.values())
+        _pools.clear()
+    for pool in pools:
+        pool.close()

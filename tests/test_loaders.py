@@ -1,0 +1,353 @@
+"""Loading: type detection, decoding, each format's structure, and every hostile file we know of."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from ingest.detect import classify, detect
+from ingest.loaders import load_document
+from ingest.models import DocKind, LoadedDocument
+from ingest.sandbox import ParserPool
+from rag.config import Settings
+from rag.errors import DocumentRejected, UnsupportedFileType
+from tests import hostile
+
+CMRC = Path(__file__).resolve().parents[2] / "shared" / "data" / "cmrc2018-trial.json"
+
+
+@pytest.fixture(scope="module")
+def settings() -> Settings:
+    return Settings(parse_timeout_s=30, parse_memory_mb=512)
+
+
+@pytest.fixture(scope="module")
+def pool() -> ParserPool:
+    pool = ParserPool(memory_mb=512, max_workers=1)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture
+def load(settings: Settings, pool: ParserPool):
+    def load(data: bytes, name: str) -> LoadedDocument:
+        return load_document(data, name, settings, pool=pool)
+
+    return load
+
+
+def assert_offsets(doc: LoadedDocument) -> None:
+    for section in doc.sections:
+        assert doc.text[section.start : section.end] == section.text
+        assert section.text.strip() == section.text != ""
+
+
+def cmrc_context(index: int = 0) -> str:
+    data = json.loads(CMRC.read_text(encoding="utf-8"))
+    return [p["context"] for a in data["data"] for p in a["paragraphs"]][index]
+
+
+# --- detection ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "name", "seen"),
+    [
+        (hostile.elf_executable(), "report.pdf", "ELF executable"),
+        (hostile.png_image(), "notes.txt", "PNG image"),
+        (b"PK\x05\x06" + bytes(18), "file.docx", "ZIP archive (not a DOCX)"),
+        (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + bytes(504), "old.doc", "OLE2 compound file"),
+        (b"\x1f\x8b\x08\x00" + bytes(100), "a.md", "gzip archive"),
+        (bytes(range(256)) * 4, "data.txt", "binary data of an unknown type"),
+    ],
+)
+def test_unsupported_types_are_named_from_the_bytes(data: bytes, name: str, seen: str, load) -> None:
+    with pytest.raises(UnsupportedFileType) as info:
+        load(data, name)
+    assert seen in info.value.message
+    assert info.value.status == 415
+    assert seen in info.value.detail["detected"]
+
+
+def test_zip_flavours_are_named() -> None:
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("[Content_Types].xml", "<Types/>")
+        z.writestr("xl/workbook.xml", "<workbook/>")
+    with pytest.raises(UnsupportedFileType, match="XLSX spreadsheet"):
+        detect(buf.getvalue(), "sheet.docx")
+
+
+@pytest.mark.parametrize(
+    ("data", "name", "kind"),
+    [
+        (hostile.text_pdf(["x"]), "no-extension", DocKind.PDF),
+        (hostile.docx_document([("p", "x")]), "file.pdf", DocKind.DOCX),
+        (b"just words", "notes.md", DocKind.MARKDOWN),  # the extension breaks the tie
+        (b"just words", "notes.txt", DocKind.TEXT),
+        (b"# A heading\n\nwords", "notes.txt", DocKind.MARKDOWN),  # content wins over .txt
+        (b"<!DOCTYPE html><html><body><p>x</p></body></html>", "page.txt", DocKind.HTML),
+        (b"<div><p>x</p></div>", "upload", DocKind.HTML),
+        (b"<p>x</p> inline tags in a note", "note.txt", DocKind.TEXT),
+        (b"GGUF is a file format", "a.txt", DocKind.TEXT),  # a signature is not a word
+        (b"MZ reads like a word here", "a.txt", DocKind.TEXT),
+    ],
+)
+def test_kind_comes_from_content(data: bytes, name: str, kind: DocKind) -> None:
+    assert detect(data, name) is kind
+
+
+# --- empty and undecodable ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "name"),
+    [(b"", "empty.txt"), (b"   \n\t\r\n  ", "blank.txt"), ("\u3000\n ".encode(), "blank.md"), (b"<html><body> </body></html>", "a.html")],
+)
+def test_empty_and_whitespace_only_are_rejected(data: bytes, name: str, load) -> None:
+    with pytest.raises(DocumentRejected) as info:
+        load(data, name)
+    assert info.value.status == 422
+
+
+def test_whitespace_only_pdf_page_text_is_rejected(load) -> None:
+    with pytest.raises(DocumentRejected, match="no extractable text"):
+        load(hostile.text_pdf(["   "]), "blank.pdf")
+
+
+# --- text encodings -------------------------------------------------------------------------------
+
+SAMPLE = "Grüße aus Köln — naïve café, 東京 and 北京.\nSecond line."
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig", "utf-16", "utf-16-le", "utf-16-be"])
+def test_unicode_encodings_decode(encoding: str, load) -> None:
+    data = SAMPLE.encode(encoding)
+    if encoding in ("utf-16-le", "utf-16-be"):
+        data = (b"\xff\xfe" if encoding.endswith("le") else b"\xfe\xff") + data
+    doc = load(data, "sample.txt")
+    assert doc.text == SAMPLE
+    assert doc.kind is DocKind.TEXT
+
+
+def test_gbk_chinese_decodes(load) -> None:
+    text = cmrc_context(1)
+    doc = load(text.encode("gbk"), "news.txt")
+    assert doc.text == text
+    assert doc.encoding in ("gb18030", "gbk", "gb2312")
+
+
+def test_latin1_decodes(load) -> None:
+    text = "Le cœur a ses raisons que la raison ne connaît point. Ça, c'est la vérité d'un été à Montréal.\n" * 3
+    doc = load(text.replace("œ", "oe").encode("latin-1"), "fr.txt")
+    assert doc.text == text.replace("œ", "oe")
+
+
+def test_crlf_is_normalised(load) -> None:
+    doc = load(b"one\r\ntwo\rthree", "a.txt")
+    assert doc.text == "one\ntwo\nthree"
+
+
+def test_html_meta_charset_is_honoured() -> None:
+    page = '<html><head><meta charset="gbk"></head><body><p>中文网页的正文。</p></body></html>'
+    assert classify(page.encode("gbk"), "a.html").text == page
+
+
+# --- markdown -------------------------------------------------------------------------------------
+
+
+def test_markdown_heading_paths(load) -> None:
+    source = (
+        "# Guide\n\nIntro text.\n\n## Install\n\nRun the script.\n\n```\n# not a heading\n```\n\n"
+        "### On Linux\n\nUse apt.\n\n## Use\nSetext title\n------------\n\nMore.\n"
+    )
+    doc = load(source.encode(), "guide.md")
+    assert doc.text == source
+    assert doc.title == "Guide"
+    paths = [s.headings for s in doc.sections]
+    assert paths == [("Guide",), ("Guide", "Install"), ("Guide", "Install", "On Linux"), ("Guide", "Setext title")]
+    assert "# not a heading" in doc.sections[1].text
+    assert doc.sections[3].text.startswith("## Use")  # a heading without body joins the next section
+    assert_offsets(doc)
+
+
+# --- HTML -----------------------------------------------------------------------------------------
+
+
+def test_html_keeps_main_text_and_drops_the_rest(load, monkeypatch: pytest.MonkeyPatch) -> None:
+    attempts: list[object] = []
+
+    def no_network(*args: object, **kwargs: object) -> None:
+        attempts.append(args)
+        raise AssertionError("the HTML loader tried to open a connection")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
+
+    doc = load(hostile.html_with_scripts_and_remote_resources(), "notes.html")
+
+    assert attempts == []
+    assert doc.kind is DocKind.HTML
+    assert doc.title == "Field notes"
+    assert "Herons stand still" in doc.text and "Shallow water at dawn" in doc.text
+    for absent in (
+        hostile.HTML_SECRET_SCRIPT, "fetch(", "late script", "background", "198.51.100.7", "Menu entry", "About us",
+        "Copyright footer", "Hidden by", "Hidden from readers", "enable JavaScript", "Template text",
+    ):  # fmt: skip
+        assert absent not in doc.text, absent
+    assert [s.headings for s in doc.sections] == [("Observing herons",), ("Observing herons", "Where to look")]
+    assert_offsets(doc)
+
+
+def test_html_structure_lists_tables_and_breaks(load) -> None:
+    page = (
+        b"<html><body><nav>menu</nav><article><header><h1>Title</h1></header><p>a<br>b</p>"
+        b"<ul><li>one</li><li>two</li></ul><table><tr><th>k</th><th>v</th></tr><tr><td>1</td><td>2</td></tr></table>"
+        b"<h2>Sub</h2><p>x  \n  y</p></article></body></html>"
+    )
+    doc = load(page, "p.html")
+    assert doc.text == "Title\n\na\nb\n\none\ntwo\n\nk | v\n1 | 2\n\nSub\n\nx y"
+    assert [s.headings for s in doc.sections] == [("Title",), ("Title", "Sub")]
+
+
+def test_deeply_nested_html_does_not_recurse(load) -> None:
+    depth = 20_000
+    page = ("<div>" * depth + "deep text" + "</div>" * depth).encode()
+    assert "deep text" in load(page, "deep.html").text
+
+
+def test_large_html_is_parsed_in_the_worker(load) -> None:
+    body = "".join(f"<p>Paragraph {i} of a long page.</p>" for i in range(12_000))
+    page = f"<html><body><h1>Long</h1>{body}</body></html>".encode()
+    assert len(page) > 256 * 1024
+    doc = load(page, "long.html")
+    assert doc.text.count("of a long page.") == 12_000
+
+
+# --- PDF ------------------------------------------------------------------------------------------
+
+
+def test_pdf_pages_are_numbered(load) -> None:
+    data = hostile.text_pdf([["First page, line one", "line two"], [], ["Third page (with parentheses)"]])
+    doc = load(data, "three.pdf")
+    assert doc.kind is DocKind.PDF and doc.pages == 3
+    assert [(s.page, s.text) for s in doc.sections] == [
+        (1, "First page, line one\nline two"),
+        (3, "Third page (with parentheses)"),
+    ]
+    assert_offsets(doc)
+
+
+def test_encrypted_pdf_is_rejected(load) -> None:
+    with pytest.raises(DocumentRejected, match="encrypted"):
+        load(hostile.encrypted_pdf(), "locked.pdf")
+
+
+def test_encrypted_pdf_fixture_is_real() -> None:
+    import pypdfium2 as pdfium
+
+    pdf = pdfium.PdfDocument(hostile.encrypted_pdf("Secret numbers", user_password="pw"), password="pw")
+    assert pdf[0].get_textpage().get_text_range() == "Secret numbers"
+
+
+def test_image_only_pdf_is_rejected(load) -> None:
+    with pytest.raises(DocumentRejected, match="no extractable text"):
+        load(hostile.image_only_pdf(), "scan.pdf")
+
+
+def test_circular_xref_pdf_loads_once(load) -> None:
+    doc = load(hostile.circular_xref_pdf("Behind a loop"), "loop.pdf")
+    assert doc.text == "Behind a loop"
+
+
+def test_garbage_after_pdf_header_is_rejected(load) -> None:
+    with pytest.raises(DocumentRejected, match="not a readable PDF"):
+        load(b"%PDF-1.7\n" + bytes(range(256)) * 8, "broken.pdf")
+
+
+def test_flate_bomb_pdf_is_stopped_and_the_pool_recovers(load) -> None:
+    data = hostile.flate_bomb_pdf(inflated_bytes=4 << 30, layers=3)
+    assert len(data) < 10_000
+    with pytest.raises(DocumentRejected, match="512 MB memory limit"):
+        load(data, "bomb.pdf")
+    assert load(hostile.text_pdf(["after the bomb"]), "ok.pdf").text == "after the bomb"
+
+
+def test_parse_timeout_kills_the_worker(pool: ParserPool) -> None:
+    slow = hostile.text_pdf([[f"page {i} line {j}" for j in range(40)] for i in range(500)])
+    started = time.monotonic()
+    with pytest.raises(DocumentRejected, match="within 0.05 s"):
+        pool.parse(DocKind.PDF, slow, "slow.pdf", timeout_s=0.05)
+    assert time.monotonic() - started < 5
+    assert pool.parse(DocKind.PDF, hostile.text_pdf(["fine"]), "ok.pdf", timeout_s=30).text == "fine"
+
+
+# --- DOCX -----------------------------------------------------------------------------------------
+
+
+def test_docx_headings_paragraphs_and_tables(load) -> None:
+    data = hostile.docx_document(
+        [
+            ("title", "Annual report"),
+            ("heading1", "Summary"),
+            ("p", "Revenue grew."),
+            ("heading2", "By region"),
+            ("table", [["Region", "Revenue"], ["North", "10"], ["South", "12"]]),
+            ("heading1", "Outlook"),
+            ("p", "Steady."),
+        ]
+    )
+    doc = load(data, "report.docx")
+    assert doc.kind is DocKind.DOCX
+    assert [s.headings for s in doc.sections] == [
+        ("Annual report", "Summary"),
+        ("Annual report", "Summary", "By region"),
+        ("Annual report", "Outlook"),
+    ]
+    assert "Region | Revenue\nNorth | 10\nSouth | 12" in doc.sections[1].text
+    assert_offsets(doc)
+
+
+@pytest.mark.parametrize("lying", [False, True], ids=["honest-directory", "lying-directory"])
+def test_docx_zip_bomb_is_rejected(lying: bool, load) -> None:
+    data = hostile.docx_zip_bomb(inflated_bytes=2 << 30, lying_directory=lying)
+    assert len(data) < 5_000_000
+    with pytest.raises(DocumentRejected, match="zip bomb|inflate to"):
+        load(data, "bomb.docx")
+
+
+def test_docx_bomb_under_the_stated_size_is_caught_while_inflating() -> None:
+    from ingest.loaders.docx import check_archive
+
+    # Directory says 100 MB (under a 200 MB cap) and the member really inflates to 300 MB.
+    data = hostile.docx_zip_bomb(inflated_bytes=300 << 20)
+    patched = data.replace((300 << 20).to_bytes(4, "little"), (100 << 20).to_bytes(4, "little"))
+    with pytest.raises(DocumentRejected, match="inflates past the 104,857,600 bytes"):
+        check_archive(patched, "bomb.docx", max_inflated=200 << 20)
+
+
+@pytest.mark.parametrize(
+    "builder", [hostile.docx_with_doctype, hostile.docx_with_external_entity, hostile.docx_billion_laughs]
+)
+def test_docx_dtd_and_entities_are_refused(builder, load) -> None:
+    with pytest.raises(DocumentRejected, match="DTD or entities"):
+        load(builder(), "evil.docx")
+
+
+# --- Chinese end to end ---------------------------------------------------------------------------
+
+
+def test_cmrc_chinese_document_loads(load) -> None:
+    text = "\n\n".join(cmrc_context(i) for i in range(4))
+    for data in (text.encode("utf-8"), text.encode("gb18030")):
+        doc = load(data, "cmrc.txt")
+        assert doc.text == text
+        assert_offsets(doc)
