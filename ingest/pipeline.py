@@ -394,7 +394,13 @@ class _Run:
 
     async def _launch(self, group: asyncio.TaskGroup, batch: list[tuple[_Doc, ChunkRecord]]) -> None:
         await self._limit.acquire()
-        group.create_task(self._embed_and_store(batch))
+        work = self._embed_and_store(batch)
+        try:
+            group.create_task(work)
+        except RuntimeError:  # the group is shutting down after another task failed: so do we
+            work.close()
+            self._limit.release()
+            raise asyncio.CancelledError from None
 
     async def _embed_and_store(self, batch: list[tuple[_Doc, ChunkRecord]]) -> None:
         records = [record for _, record in batch]

@@ -78,3 +78,17 @@ def backend_env(llama_server: Server, embedding_server: Server, isolated_env: Pa
 @pytest.fixture
 def backend_settings(llama_server: Server, embedding_server: Server, isolated_env: Path) -> Settings:
     return Settings(data_dir=isolated_env, llm_url=llama_server.url, embed_url=embedding_server.url)
+
+
+@pytest.fixture
+def ingest_env(embedding_server: Server, isolated_env: Path) -> dict[str, str]:
+    """Like `backend_env` for ingestion alone: the real embedding server, no llama-server."""
+    env = _clean_env(isolated_env)
+    env["RAG_EMBED_URL"] = embedding_server.url
+    return env
+
+
+@pytest.fixture
+def ingest_settings(embedding_server: Server, isolated_env: Path) -> Settings:
+    """Like `backend_settings` for ingestion alone: the real embedding server, no llama-server."""
+    return Settings(data_dir=isolated_env, embed_url=embedding_server.url)

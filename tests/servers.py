@@ -45,7 +45,7 @@ class Server:
 
 
 def start_server(name: str, command: list[str], port: int, log_dir: Path, env: dict[str, str] | None = None,
-                 timeout: float = 180.0) -> Server:
+                 timeout: float = 180.0, ready_path: str = "/health") -> Server:
     log_path = log_dir / f"{name}-{port}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env or dict(os.environ),
@@ -56,7 +56,7 @@ def start_server(name: str, command: list[str], port: int, log_dir: Path, env: d
         if process.poll() is not None:
             raise RuntimeError(f"{name} exited with {process.returncode}:\n{server.log()[-3000:]}")
         try:
-            if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
+            if httpx.get(f"{server.url}{ready_path}", timeout=2).status_code == 200:
                 return server
         except httpx.TransportError:
             pass
@@ -88,8 +88,10 @@ def start_embedding_server(log_dir: Path, env: dict[str, str]) -> Server:
     return start_server("embedder", command, port, log_dir, env=env)
 
 
-def start_api(log_dir: Path, env: dict[str, str]) -> Server:
+def start_api(log_dir: Path, env: dict[str, str], ready_path: str = "/health") -> Server:
+    """The API; without llama-server its /health stays 503, so wait on another path (/v1/collections)."""
     port = free_port()
     env = {**env, "RAG_API_HOST": "127.0.0.1", "RAG_API_PORT": str(port)}
     # The API reports 503 on /health until its backends are ready: they are, in the session fixtures.
-    return start_server("api", [sys.executable, "-m", "rag.cli", "serve-api"], port, log_dir, env=env)
+    return start_server("api", [sys.executable, "-m", "rag.cli", "serve-api"], port, log_dir, env=env,
+                        ready_path=ready_path)
