@@ -1,0 +1,348 @@
+"""The answering core shared by /v1/chat and /v1/chat/completions: retrieve, pack, generate, cite.
+
+`Answerer.start()` does everything that can fail with a clean HTTP status before a response begins
+(bad request, question too long, embedder or llama-server down, queue full); it returns an `Answer`
+holding a generation slot. `Answer.events()` then yields the answer as events:
+
+    sources, budget, token*, citations, done
+
+and raises a RagError if generation fails midway (the routes turn it into an `error` event). If
+llama-server rejects the prompt as over its context (its n_ctx changed since we read /props), the
+prompt is packed again with the server's own numbers and sent once more; fresh `sources` and `budget`
+events then precede the first token, and a client keeps the last ones.
+
+No good sources (empty collection, nothing retrieved at or above min_score, or no chunk fits): the
+model is not called. A fixed answer says that the documents do not cover the question and cites
+nothing. A small model asked to answer "from no sources" still invents; a fixed reply cannot, costs
+no generation slot, and reads the same in every language of the UI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+
+from rag.budget import Candidate, PackedPrompt, PromptBudget
+from rag.citations import check_citations
+from rag.config import Settings
+from rag.errors import ContextOverflow, InvalidRequest, LLMUnavailable
+from rag.gate import GenerationGate, Permit
+from rag.llm_client import LlamaServerClient, ServerProps, StreamDelta, StreamEnd
+from rag.prompt import Message, no_sources_answer
+
+log = logging.getLogger(__name__)
+
+PROPS_TTL_S = 30.0
+SNIPPET_CHARS = 240
+CLOSE_TIMEOUT_S = 5.0
+
+
+class Hit(Protocol):
+    """A retrieved chunk (rag.retrieval.RetrievedChunk)."""
+
+    chunk_id: str
+    doc_id: str
+    text: str
+    metadata: dict[str, Any]
+    score: float
+
+
+class Searcher(Protocol):
+    async def search(
+        self, query: str, *, collection: str, k: int, doc_ids: Iterable[str] | None = None
+    ) -> Sequence[Hit]: ...
+
+
+@dataclass
+class Event:
+    name: str  # sources | budget | token | citations | done
+    data: dict[str, Any]
+
+
+@dataclass
+class ChatQuery:
+    messages: list[Message]
+    collection: str
+    top_k: int
+    max_tokens: int
+    doc_ids: list[str] | None = None
+    temperature: float = 0.2
+
+
+@dataclass
+class _Clock:
+    started: float = field(default_factory=time.perf_counter)
+    marks: dict[str, float] = field(default_factory=dict)
+
+    def mark(self, name: str) -> None:
+        self.marks[name] = time.perf_counter()
+
+    def ms(self, start: str | None, end: str) -> float:
+        begin = self.started if start is None else self.marks[start]
+        return round((self.marks[end] - begin) * 1000, 1)
+
+
+def split_question(messages: Sequence[Message]) -> tuple[list[Message], str]:
+    """(history, question): the question is the last message, which must come from the user."""
+    if not messages:
+        raise InvalidRequest("messages is empty: send at least the question as a user message")
+    *history, last = messages
+    if last["role"] != "user" or not last["content"].strip():
+        raise InvalidRequest("the last message must be the user's question and not empty")
+    for message in history:
+        if message["role"] not in ("user", "assistant"):
+            raise InvalidRequest(f"history roles are user and assistant, not {message['role']!r}")
+    return list(history), last["content"]
+
+
+def source_entry(source_id: str, hit: Hit, text: str) -> dict[str, Any]:
+    """A source as the API shows it."""
+    meta = hit.metadata
+    entry: dict[str, Any] = {
+        "id": source_id,
+        "chunk_id": hit.chunk_id,
+        "doc_id": hit.doc_id,
+        "source": meta.get("source", ""),
+        "text": text,
+        "snippet": snippet(text),
+        "score": round(float(hit.score), 4),
+    }
+    for key in ("page", "heading"):
+        if key in meta:
+            entry[key] = meta[key]
+    return entry
+
+
+def snippet(text: str, limit: int = SNIPPET_CHARS) -> str:
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    cut = text[:limit].rsplit(" ", 1)[0] if " " in text[:limit] else text[:limit]
+    return cut + "…"
+
+
+class Answerer:
+    """Answers questions against one llama-server and one retriever."""
+
+    def __init__(self, llm: LlamaServerClient, searcher: Searcher, settings: Settings) -> None:
+        self.llm = llm
+        self.searcher = searcher
+        self.settings = settings
+        self.budget = PromptBudget(llm)
+        self.gate = GenerationGate(1, settings.queue_max, settings.queue_timeout_s)
+        self._props: ServerProps | None = None
+        self._props_at = 0.0
+
+    async def aclose(self) -> None:
+        """Close what the searcher holds open (a reranker client); the llm client is not ours."""
+        aclose = getattr(self.searcher, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+    async def props(self, *, refresh: bool = False) -> ServerProps:
+        """llama-server's per-slot n_ctx and slot count, re-read every PROPS_TTL_S."""
+        if refresh or self._props is None or time.monotonic() - self._props_at > PROPS_TTL_S:
+            try:
+                self._props = await self.llm.props()
+            except LLMUnavailable:
+                self._props = None
+                raise
+            self._props_at = time.monotonic()
+            self.gate.resize(self._props.total_slots)
+        return self._props
+
+    async def start(self, query: ChatQuery) -> "Answer":
+        """Retrieve, pack and take a generation slot; raises the request's error, if any."""
+        clock = _Clock()
+        history, question = split_question(query.messages)
+        hits = list(
+            await self.searcher.search(question, collection=query.collection, k=query.top_k, doc_ids=query.doc_ids)
+        )
+        clock.mark("retrieved")
+        good = [h for h in hits if h.score >= self.settings.min_score]
+        below = [{"chunk_id": h.chunk_id, "reason": "below_min_score"} for h in hits if h.score < self.settings.min_score]
+        if not good:
+            return NoSourcesAnswer(query, clock, "no_match" if hits else "nothing_retrieved", below)
+        props = await self.props()
+        by_id = {f"S{i}": hit for i, hit in enumerate(good, 1)}
+        candidates = [Candidate(sid, h.chunk_id, h.text, h.metadata) for sid, h in by_id.items()]
+        packed = await self._pack(query, history, question, candidates, props.n_ctx)
+        packed.dropped += below
+        clock.mark("packed")
+        if not packed.chunks:
+            return NoSourcesAnswer(query, clock, "no_room", packed.dropped, packed)
+        permit = await self.gate.acquire()
+        clock.mark("admitted")
+        return Answer(self, query, history, question, candidates, by_id, packed, permit, clock)
+
+    async def _pack(
+        self, query: ChatQuery, history: list[Message], question: str, candidates: list[Candidate], n_ctx: int,
+        correction: int = 0,
+    ) -> PackedPrompt:
+        return await self.budget.pack(
+            question=question, candidates=candidates, history=history, n_ctx=n_ctx, reserve=query.max_tokens,
+            ceiling=self.settings.context_budget, correction=correction,
+        )
+
+    async def repack(self, answer: "Answer", overflow: ContextOverflow) -> PackedPrompt:
+        """Pack again after llama-server refused the prompt, trusting its own n_ctx and count."""
+        props = await self.props(refresh=True)
+        n_ctx = overflow.n_ctx or props.n_ctx
+        correction = max(0, (overflow.n_prompt_tokens or 0) - answer.packed.used)
+        if correction:
+            self.budget.forget()  # the server counts differently than our remembered pieces
+        log.warning(
+            "llama-server refused a %s-token prompt (its n_ctx %s, we packed for %s): packing again",
+            overflow.n_prompt_tokens, n_ctx, answer.packed.n_ctx,
+        )
+        packed = await self._pack(answer.query, answer.history, answer.question, answer.candidates, n_ctx, correction)
+        packed.repacked = True
+        return packed
+
+
+class Answer:
+    """One admitted question: its packed prompt and its generation slot."""
+
+    def __init__(
+        self, answerer: Answerer | None, query: ChatQuery, history: list[Message], question: str,
+        candidates: list[Candidate], hits: Mapping[str, Hit], packed: PackedPrompt | None, permit: Permit | None,
+        clock: _Clock,
+    ) -> None:
+        self.answerer = answerer
+        self.query = query
+        self.history = history
+        self.question = question
+        self.candidates = candidates
+        self.hits = hits
+        self.packed = packed  # type: ignore[assignment]
+        self.permit = permit
+        self.clock = clock
+        self.text_parts: list[str] = []
+
+    def close(self) -> None:
+        """Give the generation slot back (idempotent; events() does it too)."""
+        if self.permit is not None:
+            self.permit.release()
+
+    def sources_event(self) -> Event:
+        sources = [source_entry(c.source_id, self.hits[c.source_id], c.text) for c in self.packed.chunks]
+        return Event("sources", {"sources": sources})
+
+    def budget_event(self) -> Event:
+        return Event("budget", self.packed.to_dict())
+
+    async def events(self) -> AsyncIterator[Event]:
+        """The answer as events; generation errors are raised (after the slot is freed)."""
+        assert self.answerer is not None and self.permit is not None
+        llm = self.answerer.llm
+        upstream: AsyncIterator[StreamDelta | StreamEnd] | None = None
+        try:
+            yield self.sources_event()
+            yield self.budget_event()
+            self.clock.mark("upstream")
+            upstream = self._generate(llm)
+            try:
+                first = await anext(upstream)
+            except ContextOverflow as overflow:
+                await _close(upstream)
+                self.packed = await self.answerer.repack(self, overflow)
+                yield self.sources_event()
+                yield self.budget_event()
+                upstream = self._generate(llm)
+                first = await anext(upstream)
+            end = None
+            item: StreamDelta | StreamEnd = first
+            while True:
+                if isinstance(item, StreamEnd):
+                    end = item
+                    break
+                if not self.text_parts:
+                    self.clock.mark("first_token")
+                self.text_parts.append(item.text)
+                yield Event("token", {"text": item.text})
+                item = await anext(upstream)
+            self.clock.mark("generated")
+            for event in self._closing_events(end):
+                yield event
+        finally:
+            if upstream is not None:
+                await _close(upstream)
+            self.close()
+
+    def _generate(self, llm: LlamaServerClient) -> AsyncIterator[StreamDelta | StreamEnd]:
+        return llm.stream_chat(self.packed.messages, max_tokens=self.query.max_tokens,
+                               temperature=self.query.temperature)
+
+    def _closing_events(self, end: StreamEnd) -> list[Event]:
+        check = check_citations("".join(self.text_parts), self.packed.in_prompt())
+        citations = []
+        for source_id in check.valid:
+            hit = self.hits[source_id]
+            entry = {"id": source_id, "chunk_id": hit.chunk_id, "doc_id": hit.doc_id,
+                     "source": hit.metadata.get("source", "")}
+            if "page" in hit.metadata:
+                entry["page"] = hit.metadata["page"]
+            citations.append(entry)
+        timings = end.timings or {}
+        done = {
+            "usage": end.usage,
+            "timings": timings,
+            "ttft_ms": self.clock.ms(None, "first_token") if "first_token" in self.clock.marks else None,
+            "invalid_citations": len(check.invalid),
+            "cache_n": timings.get("cache_n"),
+            "finish_reason": end.finish_reason,
+            "retrieval_ms": self.clock.ms(None, "retrieved"),
+            "pack_ms": self.clock.ms("retrieved", "packed"),
+            "queue_ms": self.clock.ms("packed", "admitted"),
+            "upstream_ttft_ms": round(end.ttft_s * 1000, 1) if end.ttft_s is not None else None,
+        }
+        return [Event("citations", {"citations": citations, "invalid": check.invalid}), Event("done", done)]
+
+
+class NoSourcesAnswer(Answer):
+    """The fixed answer when no source is good enough: no model call, nothing cited."""
+
+    def __init__(
+        self, query: ChatQuery, clock: _Clock, reason: str, dropped: list[dict[str, str]],
+        packed: PackedPrompt | None = None,
+    ) -> None:
+        super().__init__(None, query, [], "", [], {}, packed, None, clock)
+        self.reason = reason
+        self.dropped = dropped
+
+    def budget_event(self) -> Event:
+        if self.packed is not None:
+            return Event("budget", self.packed.to_dict())
+        return Event("budget", {
+            "n_ctx": None, "reserve": self.query.max_tokens, "limit": None, "used": 0, "system": 0, "history": 0,
+            "question": 0, "chunks": [], "dropped": self.dropped, "dropped_turns": 0,
+        })
+
+    async def events(self) -> AsyncIterator[Event]:
+        text = no_sources_answer(self.query.collection)
+        self.text_parts.append(text)
+        yield Event("sources", {"sources": []})
+        yield self.budget_event()
+        self.clock.mark("first_token")
+        yield Event("token", {"text": text})
+        yield Event("citations", {"citations": [], "invalid": []})
+        yield Event("done", {
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+            "timings": {}, "ttft_ms": self.clock.ms(None, "first_token"), "invalid_citations": 0, "cache_n": None,
+            "finish_reason": "no_sources", "no_sources": self.reason, "retrieval_ms": self.clock.ms(None, "retrieved"),
+        })
+
+
+async def _close(stream: AsyncIterator[Any]) -> None:
+    """Close an upstream stream at once, even inside a cancelled scope (a client that went away)."""
+    aclose = getattr(stream, "aclose", None)
+    if aclose is None:
+        return
+    with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True), contextlib.suppress(RuntimeError):
+        await aclose()

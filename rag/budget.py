@@ -1,0 +1,284 @@
+"""The prompt budget, closed loop: pack what fits in n_ctx - max_tokens, counted by llama-server itself.
+
+Every count comes from the generator's own chat template and tokenizer (`/apply-template` then
+`/tokenize`); nothing is estimated from characters. To stay fast, each piece (a rendered source, a
+history message) is tokenized once and remembered, the pieces are packed by their sum, and the
+assembled prompt is then counted exactly once. Joining pieces can merge or split a token at a seam,
+so a prompt that comes out over the limit is packed again against a target lowered by the excess.
+
+Order of claims on the budget: the question is never cut (alone too long -> QuestionTooLong, 400);
+the fixed system prompt; then the chunks in rank order (the first that does not fit is cut at a
+sentence boundary, or dropped, and every lower-ranked one is dropped); then the history, newest turn
+first, whole turns only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rag.errors import InvalidRequest, QuestionTooLong
+from rag.prompt import Message, build_messages, defuse, render_source
+
+MAX_ROUNDS = 4  # assembled prompt over the limit -> lower the target and pack again, at most this often
+
+# A sentence ends at . ! ? (then closing quotes/brackets and a space or the end), at the Chinese
+# 。！？；… (no space needed), or at a blank line. Abbreviations and initials are not ends.
+_SENTENCE_END = re.compile(
+    r"""(?:(?<=[.!?])["'”’)\]]*(?=\s|$))|(?:(?<=[。！？；…])[”’」』）】]*)|(?:(?<=\n)(?=\n))""",
+)
+_NOT_AN_END = re.compile(r"(?:\b(?:[A-Za-z]|e\.g|i\.e|etc|vs|Dr|Mr|Mrs|Ms|Prof|St|Fig|cf)\.)$")
+
+
+class TokenCounter(Protocol):
+    """What the budget needs from llama-server (LlamaServerClient is one)."""
+
+    async def tokenize(self, content: str, *, add_special: bool = False) -> list[int]: ...
+
+    async def count_chat_tokens(self, messages: list[Message]) -> int: ...
+
+
+@dataclass
+class Candidate:
+    """A retrieved chunk offered to the prompt, with its source id (S1 = best ranked)."""
+
+    source_id: str
+    chunk_id: str
+    text: str
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PackedChunk:
+    candidate: Candidate
+    text: str  # the whole chunk, or a prefix of whole sentences
+    tokens: int
+    cut: bool
+
+    @property
+    def source_id(self) -> str:
+        return self.candidate.source_id
+
+
+@dataclass
+class PackedPrompt:
+    """The messages to send and the accounts of how they were packed."""
+
+    messages: list[Message]
+    n_ctx: int
+    reserve: int
+    limit: int
+    used: int  # exact: the server's template and tokenizer on the final messages
+    system: int
+    question: int
+    history: int
+    chunks: list[PackedChunk]
+    dropped: list[dict[str, str]]
+    dropped_turns: int
+    rounds: int = 1
+    repacked: bool = False
+
+    def in_prompt(self) -> set[str]:
+        return {c.source_id for c in self.chunks}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `budget` event of the API."""
+        return {
+            "n_ctx": self.n_ctx,
+            "reserve": self.reserve,
+            "limit": self.limit,
+            "used": self.used,
+            "system": self.system,
+            "history": self.history,
+            "question": self.question,
+            "chunks": [
+                {"id": c.source_id, "chunk_id": c.candidate.chunk_id, "tokens": c.tokens, "cut": c.cut}
+                for c in self.chunks
+            ],
+            "dropped": self.dropped,
+            "dropped_turns": self.dropped_turns,
+            "rounds": self.rounds,
+            "repacked": self.repacked,
+        }
+
+
+def sentence_ends(text: str) -> list[int]:
+    """Offsets just after each sentence end inside `text` (the end of the text is not listed)."""
+    ends = []
+    for match in _SENTENCE_END.finditer(text):
+        end = match.end()
+        if 0 < end < len(text) and not _NOT_AN_END.search(text[: match.start()]):
+            if not ends or ends[-1] != end:
+                ends.append(end)
+    return ends
+
+
+def split_turns(history: Sequence[Message]) -> list[list[Message]]:
+    """Group the history into turns: a user message with the replies after it."""
+    turns: list[list[Message]] = []
+    for message in history:
+        if message["role"] == "user" or not turns:
+            turns.append([message])
+        else:
+            turns[-1].append(message)
+    return turns
+
+
+class _Memo:
+    """Token counts of texts already seen (bounded; shared across requests)."""
+
+    def __init__(self, counter: TokenCounter, size: int = 8192) -> None:
+        self._counter = counter
+        self._size = size
+        self._counts: OrderedDict[str, int] = OrderedDict()
+
+    async def count(self, text: str) -> int:
+        if text in self._counts:
+            self._counts.move_to_end(text)
+            return self._counts[text]
+        n = len(await self._counter.tokenize(text))
+        self._counts[text] = n
+        if len(self._counts) > self._size:
+            self._counts.popitem(last=False)
+        return n
+
+    async def count_all(self, texts: Sequence[str]) -> list[int]:
+        return list(await asyncio.gather(*(self.count(t) for t in texts)))
+
+    def clear(self) -> None:
+        self._counts.clear()
+
+
+class PromptBudget:
+    """Packs prompts for one llama-server; keeps piece counts and the template's per-turn overhead."""
+
+    def __init__(self, counter: TokenCounter) -> None:
+        self._counter = counter
+        self._memo = _Memo(counter)
+        self._per_message: int | None = None  # template tokens around one history message
+
+    def forget(self) -> None:
+        """Drop remembered counts (the server may have changed its model)."""
+        self._memo.clear()
+        self._per_message = None
+
+    async def pack(
+        self,
+        *,
+        question: str,
+        candidates: Sequence[Candidate],
+        history: Sequence[Message] = (),
+        n_ctx: int,
+        reserve: int,
+        ceiling: int | None = None,
+        correction: int = 0,
+    ) -> PackedPrompt:
+        """Pack the prompt. `ceiling` caps the context we use; `correction` lowers the limit further."""
+        limit = min(n_ctx, ceiling or n_ctx) - reserve - max(correction, 0)
+        if limit <= 0:
+            raise InvalidRequest(
+                f"max_tokens {reserve} leaves no room for a prompt in a context of {n_ctx} tokens",
+                n_ctx=n_ctx, reserve=reserve,
+            )
+        base = await self._counter.count_chat_tokens(build_messages([], [], question))
+        question_tokens = await self._memo.count(defuse(question))
+        if base > limit:
+            raise QuestionTooLong(
+                f"the question needs {base} prompt tokens with the system prompt; the limit is {limit} "
+                f"(n_ctx {n_ctx} - {reserve} reserved for the answer)",
+                question_tokens=question_tokens, prompt_tokens=base, limit=limit, n_ctx=n_ctx, reserve=reserve,
+            )
+        rendered = [render_source(c.source_id, c.text, c.metadata) for c in candidates]
+        chunk_tokens = await self._memo.count_all(rendered)
+        turns = split_turns(history)
+        per_message = await self._per_message_overhead(question) if turns else 0
+
+        target = limit
+        for round_no in range(1, MAX_ROUNDS + 1):
+            room = target - base
+            chunks, dropped, room = await self._pack_chunks(candidates, rendered, chunk_tokens, room)
+            kept_turns, history_tokens = await self._pack_history(turns, room, per_message)
+            kept_history = [m for turn in kept_turns for m in turn]
+            messages = build_messages(
+                [render_source(c.source_id, c.text, c.candidate.metadata) for c in chunks], kept_history, question
+            )
+            used = await self._counter.count_chat_tokens(messages)
+            if used <= limit:
+                return PackedPrompt(
+                    messages=messages, n_ctx=n_ctx, reserve=reserve, limit=limit, used=used,
+                    system=base - question_tokens, question=question_tokens, history=history_tokens,
+                    chunks=chunks, dropped=dropped, dropped_turns=len(turns) - len(kept_turns), rounds=round_no,
+                )
+            target -= used - limit
+        # Seams kept adding tokens: fall back to the prompt counted exactly above.
+        return PackedPrompt(
+            messages=build_messages([], [], question), n_ctx=n_ctx, reserve=reserve, limit=limit, used=base,
+            system=base - question_tokens, question=question_tokens, history=0, chunks=[],
+            dropped=[{"chunk_id": c.chunk_id, "reason": "budget"} for c in candidates],
+            dropped_turns=len(turns), rounds=MAX_ROUNDS + 1,
+        )
+
+    async def _pack_chunks(
+        self, candidates: Sequence[Candidate], rendered: list[str], tokens: list[int], room: int
+    ) -> tuple[list[PackedChunk], list[dict[str, str]], int]:
+        """Chunks in rank order while they fit; the first misfit is cut at a sentence end or dropped."""
+        packed: list[PackedChunk] = []
+        for i, candidate in enumerate(candidates):
+            if tokens[i] <= room:
+                packed.append(PackedChunk(candidate, candidate.text, tokens[i], cut=False))
+                room -= tokens[i]
+                continue
+            cut = await self._cut(candidate, room)
+            if cut is not None:
+                packed.append(cut)
+                room -= cut.tokens
+            rest = candidates[i + (1 if cut else 0) :]
+            return packed, [{"chunk_id": c.chunk_id, "reason": "budget"} for c in rest], room
+        return packed, [], room
+
+    async def _cut(self, candidate: Candidate, room: int) -> PackedChunk | None:
+        """The longest prefix of whole sentences whose rendered source fits in `room`."""
+        ends = sentence_ends(candidate.text.strip())
+        text = candidate.text.strip()
+        best: PackedChunk | None = None
+        lo, hi = 0, len(ends) - 1
+        while lo <= hi:  # token counts grow with the prefix: binary search
+            mid = (lo + hi) // 2
+            prefix = text[: ends[mid]].rstrip()
+            n = await self._memo.count(render_source(candidate.source_id, prefix, candidate.metadata))
+            if n <= room:
+                best = PackedChunk(candidate, prefix, n, cut=True)
+                lo = mid + 1
+            else:
+                hi = mid - 1
+        return best
+
+    async def _pack_history(
+        self, turns: list[list[Message]], room: int, per_message: int
+    ) -> tuple[list[list[Message]], int]:
+        """Whole turns, newest first, while they fit."""
+        kept: list[list[Message]] = []
+        used = 0
+        for turn in reversed(turns):
+            counts = await self._memo.count_all([defuse(m["content"]) for m in turn])
+            cost = sum(counts) + per_message * len(turn)
+            if cost > room:
+                break
+            kept.insert(0, turn)
+            room -= cost
+            used += cost
+        return kept, used
+
+    async def _per_message_overhead(self, question: str) -> int:
+        """Template tokens around one history message (measured once per budget)."""
+        if self._per_message is None:
+            probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "x"}]
+            with_turn = await self._counter.count_chat_tokens(build_messages([], probe, question))
+            without = await self._counter.count_chat_tokens(build_messages([], [], question))
+            x = await self._memo.count("x")
+            self._per_message = max(0, -(-(with_turn - without - 2 * x) // 2))  # rounded up
+        return self._per_message
