@@ -204,12 +204,19 @@ def token_counter(tokenizer: Any) -> tuple[TokenCounter, int]:
 
 
 def _locate(text: str, pieces: list[str]) -> list[tuple[int, int]]:
-    """Offsets of the splitter's pieces, which are exact, in-order (possibly overlapping) slices of `text`."""
+    """Offsets of the splitter's pieces, which are exact slices of `text`, in order, each overlapping or
+    touching the one before.
+
+    Each piece starts after the previous one starts and no later than it ends, so we take the last
+    match in that window: in repetitive text the same string matches at several places, and the last
+    one keeps the chunks contiguous (never a gap in coverage), where the first would not.
+    """
     spans: list[tuple[int, int]] = []
     prev_start, prev_end = -1, 0
     for piece in pieces:
-        # A piece starts after the previous one and ends after it (it adds at least one new split).
-        at = text.find(piece, max(prev_start + 1, prev_end - len(piece) + 1))
+        at = text.rfind(piece, prev_start + 1, prev_end + len(piece))
+        if at < 0:
+            at = text.find(piece, prev_start + 1)
         if at < 0:
             raise AssertionError("the splitter returned text that is not a slice of its input")
         spans.append((at, at + len(piece)))
