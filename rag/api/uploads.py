@@ -178,11 +178,13 @@ def _unsafe_char(ch: str) -> bool:
 
 
 def escape_name(name: str) -> str:
-    """A printable rendering of any name: unsafe characters as \\xNN / \\uNNNN escapes."""
+    """A printable rendering of any name: unsafe characters and stray bytes as \\xNN / \\uNNNN escapes."""
     out = []
     for ch in name:
         if ch == "\\":
             out.append("\\\\")
+        elif 0xDC80 <= ord(ch) <= 0xDCFF:  # a byte that was not UTF-8 (decoded with surrogateescape)
+            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
         elif _unsafe_char(ch):
             code = ord(ch)
             out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
@@ -221,7 +223,7 @@ def upload_names(raw: bytes) -> tuple[str, str]:
     if name is not None:
         return name, name
     server_id = "upload-" + hashlib.sha256(raw).hexdigest()[:16]
-    shown = escape_name(raw.decode("utf-8", errors="backslashreplace")) or server_id
+    shown = escape_name(raw.decode("utf-8", errors="surrogateescape")) or server_id
     return server_id, shown
 
 
