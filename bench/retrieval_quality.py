@@ -89,25 +89,13 @@ def load_corpus(name: str, split: Callable[[str], list[str]], limit: int | None)
 
 
 def make_splitter(model_path: str, chunk_tokens: int, overlap: int) -> Callable[[str], list[str]]:
-    """The project's chunker when present, else a recursive splitter on the embedder's token count."""
-    try:
-        from ingest.chunking import split_text  # type: ignore[attr-defined]
-    except ImportError:
-        split_text = None
-    if split_text is not None:
-        return lambda text: [c.text for c in split_text(text, chunk_tokens=chunk_tokens, overlap=overlap)]
-    from langchain_text_splitters import RecursiveCharacterTextSplitter
+    """The ingestion chunker, counting tokens with the embedder's own tokenizer."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    splitter = RecursiveCharacterTextSplitter.from_huggingface_tokenizer(
-        tokenizer,
-        chunk_size=chunk_tokens,
-        chunk_overlap=overlap,
-        separators=["\n\n", "\n", "。", "！", "？", ". ", "; ", "，", ", ", " ", ""],
-        keep_separator="end",
-    )
-    return splitter.split_text
+    from ingest.chunking import Chunker
+
+    chunker = Chunker.from_tokenizer(AutoTokenizer.from_pretrained(model_path), chunk_tokens, overlap, max_sequence=256)
+    return lambda text: [text[start:end] for start, end, _ in chunker.split(text)]
 
 
 def _hash(text: str) -> str:
