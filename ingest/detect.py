@@ -75,7 +75,7 @@ _HTML_DOC = re.compile(r"\A(?:\s|<!--.*?-->|<\?xml[^>]*>)*<(?:!doctype\s+html|ht
 _HTML_TAGS = re.compile(
     r"</(?:p|div|span|a|li|ul|ol|table|tr|td|th|h[1-6]|body|html|section|article|em|strong|b|i|pre|blockquote)>", re.I
 )
-_MD_SIGNS = re.compile(r"^(?:#{1,6}[ \t]+\S|```|~~~|\s*[-*+][ \t]+\S.*\n\s*[-*+][ \t]+\S|\S.*\n(?:=+|-+)[ \t]*$)", re.M)
+_MD_SIGNS = re.compile(r"^(?:#{1,6}[ \t]+\S|```|~~~|[ \t]*[-*+][ \t]+\S.*\n[ \t]*[-*+][ \t]+\S|\S.*\n(?:=+|-+)[ \t]*$)", re.M)
 _MD_EXTS = {".md", ".markdown", ".mdown", ".mkd", ".mdx"}
 _HTML_EXTS = {".html", ".htm", ".xhtml", ".shtml"}
 _CHARSET_DECL = re.compile(rb"""(?:<meta[^>]{0,200}?charset|<\?xml[^>]{0,100}?encoding)\s*=\s*["']?([A-Za-z0-9_.:-]{1,40})""", re.I)

@@ -7,9 +7,8 @@ every chunk. Sections never span two PDF pages, so neither do chunks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
-from typing import Any
 
 
 class DocKind(str, Enum):
@@ -44,7 +43,6 @@ class LoadedDocument:
     title: str | None = None
     pages: int | None = None
     encoding: str | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

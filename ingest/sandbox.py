@@ -18,9 +18,11 @@ subprocess with its own socket has no such coupling and no shared global state.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -139,8 +141,10 @@ class ParserPool:
             code = worker.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             code = None
+        how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+        # PDFium aborts when an allocation fails, so a death under the limit is almost always memory.
         return errors.DocumentRejected(
-            f"{name} could not be parsed within the {self.memory_mb} MB memory limit (the parser died, exit code {code})",
+            f"{name} could not be parsed within the {self.memory_mb} MB memory limit (the parser died: {how})",
             limit="memory",
         )
 
@@ -195,9 +199,8 @@ class ParserPool:
                 raise EOFError
         except (EOFError, OSError):
             worker.stop()
-            raise errors.DocumentRejected(
-                f"the parser process did not start (is {self.memory_mb} MB too little memory for it?)", limit="memory"
-            ) from None
+            # Not the file's fault: the service is misconfigured (RAG_PARSE_MEMORY_MB too low?) or broken.
+            raise errors.RagError(f"the parser process did not start within its {self.memory_mb} MB memory limit") from None
         return worker
 
     def _release(self, worker: _Worker, healthy: bool) -> None:
@@ -217,10 +220,12 @@ _pools_lock = threading.Lock()
 
 
 def get_pool(memory_mb: int) -> ParserPool:
-    """The process-wide pool for this memory limit (created on first use)."""
+    """The process-wide pool for this memory limit (created on first use, stopped at exit)."""
     with _pools_lock:
         pool = _pools.get(memory_mb)
         if pool is None:
+            if not _pools:
+                atexit.register(close_pools)
             pool = _pools[memory_mb] = ParserPool(memory_mb)
         return pool
 

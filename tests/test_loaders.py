@@ -351,3 +351,53 @@ def test_cmrc_chinese_document_loads(load) -> None:
         doc = load(data, "cmrc.txt")
         assert doc.text == text
         assert_offsets(doc)
+
+
+# --- the parser worker ----------------------------------------------------------------------------
+
+
+def test_worker_is_lean_and_limited() -> None:
+    pool = ParserPool(memory_mb=300, max_workers=1)
+    try:
+        pool.warm()
+        pid = pool._idle[0].process.pid
+        limits = Path(f"/proc/{pid}/limits").read_text()
+        address_space = next(line for line in limits.splitlines() if line.startswith("Max address space"))
+        assert address_space.split()[3] == str(300 << 20)
+        maps = Path(f"/proc/{pid}/maps").read_text()
+        for heavy in ("torch", "chromadb", "onnxruntime", "fastapi"):
+            assert heavy not in maps, heavy
+    finally:
+        pool.close()
+
+
+def test_workers_serve_concurrent_callers(settings: Settings) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ParserPool(memory_mb=512, max_workers=2)
+    pdfs = [hostile.text_pdf([f"document {i}"]) for i in range(6)]
+    try:
+        with ThreadPoolExecutor(4) as executor:
+            docs = list(executor.map(lambda d: load_document(d, "x.pdf", settings, pool=pool), pdfs))
+        assert [d.text for d in docs] == [f"document {i}" for i in range(6)]
+        assert pool._count <= 2
+    finally:
+        pool.close()
+
+
+def test_damaged_zip_is_named() -> None:
+    with pytest.raises(UnsupportedFileType, match="damaged"):
+        detect(b"PK\x03\x04" + bytes(60), "broken.docx")
+
+
+def test_a_worker_that_cannot_start_is_a_service_error_not_a_bad_file(settings: Settings) -> None:
+    from rag.errors import RagError
+
+    pool = ParserPool(memory_mb=16, max_workers=1)  # too little for the interpreter itself
+    try:
+        with pytest.raises(RagError, match="did not start") as info:
+            load_document(hostile.text_pdf(["x"]), "x.pdf", settings, pool=pool)
+        assert not isinstance(info.value, DocumentRejected)
+        assert pool._count == 0
+    finally:
+        pool.close()
