@@ -55,7 +55,7 @@ def cli(
     dry_run: bool,
     as_json: bool,
     server: str | None,
-) -> int:
+) -> None:
     """Index files into a collection: load, chunk, embed, store.
 
     A PATH is a file or a folder. Text, Markdown, HTML, PDF and DOCX are read (the type comes from the
@@ -74,7 +74,8 @@ def cli(
     report = Report(as_json=as_json, total=len(files), dry_run=dry_run)
     asyncio.run(_main(settings, files, paths, collection, recursive, sync, dry_run, server, report))
     report.summary(collection)
-    return 1 if report.count("failed") else 0
+    if report.count("failed"):
+        click.get_current_context().exit(1)
 
 
 async def _main(

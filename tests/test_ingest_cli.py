@@ -1,0 +1,265 @@
+"""The `ingest` command: in-process with CliRunner, and as a real subprocess against a running API."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from ingest.cli import cli, collect_files, main, stale_documents
+from ingest.backends import KnownDocument
+from rag.config import Settings
+from rag.store import StoreLock
+from tests import hostile
+from tests.ingest_helpers import census, expected_chunks
+from tests.servers import Server, free_port, start_api
+
+
+def make_corpus(root: Path) -> dict[str, Path]:
+    (root / "sub").mkdir(parents=True)
+    (root / ".hidden").mkdir()
+    files = {
+        "a": root / "a.txt",
+        "b": root / "b.md",
+        "pdf": root / "sub" / "paper.pdf",
+        "hidden": root / ".hidden" / "secret.txt",
+    }
+    files["a"].write_text("Alpha file about rivers.\n\nA second paragraph on lakes.")
+    files["b"].write_text("# Beta\n\nNotes on mountains and valleys.")
+    files["pdf"].write_bytes(hostile.text_pdf(["A PDF page about forests."]))
+    files["hidden"].write_text("never indexed")
+    return files
+
+
+# Pure parts.
+
+
+def test_collect_files_walks_globs_and_skips_hidden(tmp_path: Path) -> None:
+    files = make_corpus(tmp_path / "docs")
+    root = tmp_path / "docs"
+    assert [f.name for f in collect_files([root], None, False)] == ["a.txt", "b.md"]
+    assert [f.name for f in collect_files([root], None, True)] == ["a.txt", "b.md", "paper.pdf"]
+    assert [f.name for f in collect_files([root], "*.pdf", True)] == ["paper.pdf"]
+    both = collect_files([files["a"], root], None, False)  # each file once
+    assert [f.name for f in both] == ["a.txt", "b.md"]
+    assert all(Path(f.source).is_absolute() for f in both)
+
+
+def test_stale_documents_only_under_the_given_paths(tmp_path: Path) -> None:
+    root = tmp_path / "docs"
+    files = make_corpus(root)
+    current = collect_files([root], None, True)
+    known = [
+        KnownDocument("1", str(files["a"].resolve()), "indexed"),
+        KnownDocument("2", str((root / "gone.txt").resolve()), "indexed"),
+        KnownDocument("3", str((root / "sub" / "gone.pdf").resolve()), "failed"),
+        KnownDocument("4", str((tmp_path / "elsewhere.txt").resolve()), "indexed"),
+        KnownDocument("5", "uploaded.txt", "indexed"),
+    ]
+    assert [d.id for d in stale_documents(known, [root], current, recursive=True)] == ["2", "3"]
+    top = collect_files([root], None, False)
+    assert [d.id for d in stale_documents(known, [root], top, recursive=False)] == ["2"]
+
+
+# In-process, opening the store directly (no API is up).
+
+
+@pytest.fixture
+def local_env(ingest_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The CLI's environment: the real embedder, and an API port where nothing listens."""
+    monkeypatch.setenv("RAG_EMBED_URL", ingest_env["RAG_EMBED_URL"])
+    monkeypatch.setenv("RAG_API_PORT", str(free_port()))
+    return ingest_env
+
+
+def invoke(*args: str) -> object:
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+@pytest.mark.integration
+def test_ingest_folder_then_rerun_then_sync(local_env: dict[str, str], tmp_path: Path, isolated_env: Path) -> None:
+    root = tmp_path / "docs"
+    files = make_corpus(root)
+    result = invoke(str(root), "--recursive")
+    assert result.exit_code == 0, result.output
+    assert "files: 3 indexed, 0 unchanged, 0 failed" in result.stdout and "via local" in result.stdout
+    settings = Settings(data_dir=isolated_env)
+    expected = expected_chunks([files["a"], files["b"], files["pdf"]], settings)
+    seen = census(isolated_env, "default")
+    assert seen.consistent() and seen.indexed() == expected
+
+    again = invoke(str(root), "-r", "--json")
+    summary = json.loads(again.stdout)
+    assert summary["files"] == {"indexed": 0, "unchanged": 3, "failed": 0, "deleted": 0}
+    assert summary["chunks"] == 0 and summary["mode"] == "local"
+
+    files["a"].write_text("Alpha, rewritten: deserts and dunes.")
+    files["b"].unlink()
+    dry = invoke(str(root), "-r", "--sync", "--dry-run")
+    assert "would index" in dry.stderr and "would delete" in dry.stderr and "nothing changed" in dry.stdout
+    assert census(isolated_env, "default").indexed() == expected
+
+    synced = json.loads(invoke(str(root), "-r", "--sync", "--json").stdout)
+    assert synced["files"] == {"indexed": 1, "unchanged": 1, "failed": 0, "deleted": 1}
+    seen = census(isolated_env, "default")
+    assert seen.consistent()
+    assert seen.indexed() == expected_chunks([files["a"], files["pdf"]], settings)
+
+
+@pytest.mark.integration
+def test_a_failing_file_is_reported_and_the_exit_status_is_1(local_env: dict[str, str], tmp_path: Path, isolated_env: Path) -> None:
+    good = tmp_path / "good.txt"
+    good.write_text("Some perfectly fine text about owls.")
+    bad = tmp_path / "tool.pdf"
+    bad.write_bytes(hostile.elf_executable())
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    result = CliRunner().invoke(cli, [str(good), str(bad), str(empty), "--collection", "notes"])
+    assert result.exit_code == 1
+    assert f"failed        {bad.resolve()}: unsupported file type: ELF executable" in result.stderr
+    assert "the file is empty" in result.stderr
+    assert "files: 1 indexed, 0 unchanged, 2 failed" in result.stdout and "into 'notes'" in result.stdout
+    assert census(isolated_env, "notes").consistent()
+
+
+def test_usage_errors(tmp_path: Path) -> None:
+    file = tmp_path / "a.txt"
+    file.write_text("x")
+    for args, message in [
+        ([str(file), "--glob", "*.txt"], "no PATH is a folder"),
+        ([str(file), "--recursive"], "no PATH is a folder"),
+        ([str(file), "--server", "localhost:8000"], "needs an http(s) URL"),
+        ([str(tmp_path / "missing.txt")], "does not exist"),
+        ([], "Missing argument"),
+    ]:
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 2, args
+        assert message in result.output
+    bad_collection = CliRunner().invoke(cli, [str(file), "--collection", "x"])
+    assert bad_collection.exit_code != 0 and "collection name" in str(bad_collection.exception)
+
+
+def test_help_has_examples() -> None:
+    result = invoke("--help")
+    assert result.exit_code == 0 and "Examples:" in result.output and "--sync" in result.output
+
+
+def test_env_var_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a.txt").write_text("x")
+    monkeypatch.setenv("RAG_INGEST_SERVER", "not-a-url")
+    result = CliRunner().invoke(cli, [str(tmp_path / "a.txt")])
+    assert result.exit_code == 2 and "'not-a-url'" in result.output
+
+
+def run_main(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    monkeypatch.setattr(sys, "argv", ["ingest", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    return int(exit_info.value.code or 0), capsys.readouterr().err
+
+
+def test_a_held_store_is_one_clear_line(
+    tmp_path: Path, isolated_env: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("RAG_API_PORT", str(free_port()))
+    (tmp_path / "a.txt").write_text("hello")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from rag.store import StoreLock;"
+         "lock = StoreLock(Path(sys.argv[1])); lock.acquire('the rag API'); print('held', flush=True); time.sleep(60)", str(isolated_env)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        code, err = run_main(monkeypatch, capsys, str(tmp_path / "a.txt"))
+        assert code == 1
+        assert err.count("\n") == 1 and err.startswith("error: the store at") and "held by the rag API" in err
+        assert "ingest --server URL" in err
+        monkeypatch.setenv("RAG_DEBUG", "1")
+        monkeypatch.setattr(sys, "argv", ["ingest", str(tmp_path / "a.txt")])
+        with pytest.raises(Exception, match="held by the rag API"):
+            main()
+    finally:
+        holder.kill()
+        holder.wait()
+    lock = StoreLock(isolated_env)
+    lock.acquire("test")  # released by the holder's death
+    lock.release()
+
+
+@pytest.mark.integration
+def test_embedder_down_is_one_line_and_nothing_half_done(
+    tmp_path: Path, isolated_env: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("RAG_API_PORT", str(free_port()))
+    monkeypatch.setenv("RAG_EMBED_URL", f"http://127.0.0.1:{free_port()}")
+    (tmp_path / "a.txt").write_text("hello there, a file")
+    code, err = run_main(monkeypatch, capsys, str(tmp_path))
+    assert code == 1 and err.strip().endswith("is unreachable") and err.startswith("error: embedding server")
+    seen = census(isolated_env, "default")
+    assert seen.consistent() and "pending" not in seen.states.values()
+
+
+# A real subprocess against a running API.
+
+
+@pytest.fixture
+def api(ingest_env: dict[str, str], tmp_path: Path) -> Iterator[Server]:
+    server = start_api(tmp_path, ingest_env, ready_path="/v1/collections")
+    yield server
+    server.stop()
+
+
+@pytest.mark.integration
+def test_subprocess_sends_to_the_running_api(api: Server, ingest_env: dict[str, str], tmp_path: Path, isolated_env: Path) -> None:
+    root = tmp_path / "corpus"
+    files = make_corpus(root)
+    port = api.url.rsplit(":", 1)[1]
+    env = {**ingest_env, "RAG_API_HOST": "127.0.0.1", "RAG_API_PORT": port}
+    command = [sys.executable, "-m", "ingest.cli", str(root), "-r", "--json", "--collection", "papers"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["mode"] == "api" and summary["files"]["indexed"] == 3
+    assert "indexed" in done.stderr  # plain progress lines: stderr is not a terminal
+    listing = httpx.get(f"{api.url}/v1/documents", params={"collection": "papers"}).json()
+    assert sorted(d["source"] for d in listing["documents"]) == sorted(
+        str(files[k].resolve()) for k in ("a", "b", "pdf")
+    )
+    expected = expected_chunks([files["a"], files["b"], files["pdf"]], Settings(data_dir=isolated_env))
+    assert {d["id"]: d["chunks"] for d in listing["documents"]} == expected
+
+    # --server explicitly, with --sync after a file is removed; the API port env points nowhere.
+    files["b"].unlink()
+    env["RAG_API_PORT"] = str(free_port())
+    synced = subprocess.run(
+        [*command, "--sync", "--server", api.url], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert synced.returncode == 0, synced.stderr
+    assert json.loads(synced.stdout)["files"] == {"indexed": 0, "unchanged": 2, "failed": 0, "deleted": 1}
+    assert httpx.get(f"{api.url}/v1/documents", params={"collection": "papers"}).json()["total"] == 2
+
+    # Without --server and with the API elsewhere, the CLI refuses to open the store the API holds.
+    refused = subprocess.run([sys.executable, "-m", "ingest.cli", str(root)], env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 1 and "held by the rag API" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
+@pytest.mark.integration
+def test_subprocess_reports_failures_through_the_api(api: Server, ingest_env: dict[str, str], tmp_path: Path) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "ok.txt").write_text("Good text about birds and their songs.")
+    (folder / "scan.pdf").write_bytes(hostile.image_only_pdf())
+    env = {**ingest_env, "RAG_INGEST_SERVER": api.url}
+    done = subprocess.run([sys.executable, "-m", "ingest.cli", str(folder)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    assert "scan.pdf" in done.stderr and "no extractable text" in done.stderr
+    assert "1 indexed, 0 unchanged, 1 failed" in done.stdout and "via api" in done.stdout
+    assert os.environ.get("RAG_INGEST_SERVER") is None
