@@ -92,7 +92,8 @@ const LEADS = {
 export function describeError(error) {
   if (error instanceof TypeError) return "Could not reach the API (network error).";
   if (!(error instanceof ApiError)) return String(error && error.message ? error.message : error);
-  const lead = LEADS[error.code];
+  let lead = LEADS[error.code];
+  if (lead && error.message.toLowerCase().startsWith(lead.toLowerCase())) lead = null; // said already
   const retry = error.code === "busy" && error.detail && error.detail.retry_after
     ? ` Try again in ${error.detail.retry_after} s.` : "";
   const status = error.status ? ` (HTTP ${error.status})` : "";

@@ -31,7 +31,8 @@ function showHealth(state, body) {
     .map(([name, b]) => `${name} ${b.state}${b.reason ? ` (${b.reason})` : ""}`);
   if (state === "ok") {
     const llm = backends.llm || {};
-    box.textContent = `Ready${llm.model ? ` · ${llm.model}` : ""}${llm.n_ctx ? ` · ${llm.n_ctx.toLocaleString("en-US")}-token context` : ""}`;
+    const model = llm.model ? llm.model.split("/").pop() : ""; // a path when the server has no alias
+    box.textContent = `Ready${model ? ` · ${model}` : ""}${llm.n_ctx ? ` · ${llm.n_ctx.toLocaleString("en-US")}-token context` : ""}`;
   } else if (state === "loading") {
     box.textContent = `The backends are loading (${notOk.join(", ")}); questions wait until they are ready.`;
   } else if (state === "down") {
@@ -80,7 +81,7 @@ function initKeyDialog() {
 
 // The chat says when the chosen collection holds nothing to answer from.
 function showCollectionHint() {
-  const empty = library.documentsTotal === 0;
+  const empty = library.indexed === 0;
   $("empty-hint").hidden = !empty;
   $("empty-hint").textContent = empty
     ? `The collection “${library.collection}” is empty: upload documents first, or answers will have no sources.`

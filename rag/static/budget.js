@@ -27,6 +27,11 @@ function segments(b) {
 
 export function renderBudget(b) {
   const box = el("div", "budget");
+  if (!b.n_ctx || !b.limit) {
+    // Nothing retrieved: the API answers without building a prompt.
+    box.append(el("p", "budget-summary", "Budget: no prompt was built (no sources to pack)."));
+    return box;
+  }
   const chunkTotal = b.chunks.reduce((sum, c) => sum + c.tokens, 0);
   const dropped = b.dropped.length ? ` · ${b.dropped.length} dropped` : "";
   box.append(el("p", "budget-summary", `Budget: ${fmt(b.used)} of ${fmt(b.limit)} prompt tokens · `

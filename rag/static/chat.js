@@ -253,7 +253,9 @@ function finishTurn(answer) {
 function doneText(answer) {
   const d = answer.done || {};
   const parts = [];
-  if (d.usage && d.usage.completion_tokens != null) parts.push(`${d.usage.completion_tokens} tokens`);
+  if (d.finish_reason === "no_sources") parts.push("Not sent to the model: no source matched");
+  if (d.finish_reason === "length") parts.push("Cut at the answer length limit");
+  if (d.usage && d.usage.completion_tokens) parts.push(`${d.usage.completion_tokens} tokens`);
   if (d.ttft_ms != null) parts.push(`first token after ${Math.round(d.ttft_ms)} ms`);
   if (d.timings && d.timings.predicted_per_second) parts.push(`${d.timings.predicted_per_second.toFixed(1)} tokens/s`);
   if (d.invalid_citations) parts.push(`${d.invalid_citations} invalid citation${d.invalid_citations === 1 ? "" : "s"} not linked`);

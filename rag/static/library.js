@@ -4,13 +4,14 @@ import { apiJson, authHeaders, describeError, errorFromBody, keyAfter401 } from 
 
 const PAGE = 50;
 const COLLECTION_STORAGE = "rag.collection";
+const FINISHED = ".upload[data-status=indexed], .upload[data-status=unchanged], .upload[data-status=failed]";
 const COLLECTION_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{1,510}[A-Za-z0-9]$/;
 
 const $ = (id) => document.getElementById(id);
 
 export const library = {
   collection: localStorage.getItem(COLLECTION_STORAGE) || "default",
-  documentsTotal: null,
+  indexed: null, // indexed documents of the collection, from /v1/collections
   onChange: () => {},
 };
 
@@ -36,16 +37,21 @@ export function initLibrary(onChange) {
   });
   $("more-documents").addEventListener("click", () => loadDocuments(true));
   $("documents").addEventListener("click", deleteClicked);
+  $("clear-uploads").addEventListener("click", () => {
+    $("uploads").querySelectorAll(FINISHED).forEach((row) => row.remove());
+    $("clear-uploads").hidden = true;
+  });
 }
 
 export async function refreshLibrary() {
   await Promise.all([loadCollections(), loadDocuments()]);
+  library.onChange();
 }
 
 function selectCollection(name) {
   library.collection = name;
   localStorage.setItem(COLLECTION_STORAGE, name);
-  loadDocuments();
+  refreshLibrary();
 }
 
 function addCollection(event) {
@@ -80,6 +86,7 @@ async function loadCollections() {
     addOption(library.collection, null); // a new, still empty collection stays selectable
     const known = collections.find((c) => c.name === library.collection);
     if (known) addOption(known.name, known.documents);
+    library.indexed = known ? known.documents : 0;
     $("collection").value = library.collection;
   } catch (error) {
     addOption(library.collection, null);
@@ -105,13 +112,11 @@ async function loadDocuments(more = false) {
   if (!more) list.replaceChildren();
   for (const doc of page.documents) list.append(documentItem(doc));
   shown = offset + page.documents.length;
-  library.documentsTotal = page.total;
   $("documents-count").textContent = `${page.total} document${page.total === 1 ? "" : "s"} in “${collection}”`;
   $("documents-empty").hidden = page.total > 0;
   $("documents-empty").textContent = `No documents in “${collection}” yet: upload some files to ask about them.`;
   $("more-documents").hidden = shown >= page.total;
   showLibraryError("");
-  library.onChange();
 }
 
 function documentItem(doc) {
@@ -128,7 +133,7 @@ function documentItem(doc) {
   const parts = [`${doc.chunks} chunk${doc.chunks === 1 ? "" : "s"}`];
   if (doc.pages) parts.push(`${doc.pages} page${doc.pages === 1 ? "" : "s"}`);
   if (doc.size != null) parts.push(formatBytes(doc.size));
-  if (doc.state !== "indexed") parts.push(doc.state);
+  if (doc.state !== "indexed") parts.push(doc.error ? `${doc.state}: ${doc.error}` : doc.state);
   meta.textContent = parts.join(" · ");
   const remove = document.createElement("button");
   remove.type = "button";
@@ -246,6 +251,7 @@ function finish(row, file, status, text) {
   row.item.dataset.status = status;
   row.progress.value = status === "failed" ? 0 : 100;
   row.status.textContent = status === "failed" ? `Failed: ${text}` : text;
+  $("clear-uploads").hidden = false;
   announce(`${file.name}: ${row.status.textContent}`);
 }
 

@@ -1,0 +1,511 @@
+"""The chat page in a real browser: Debian's Chromium driven by Playwright, against the real API process
+with the session's llama-server (Gemma 3 270M) and embedding server.
+
+Most tests use the real stack end to end. Two feed the page scripted responses through Playwright's route
+interception, for rules the small model cannot be made to exercise on demand: a citation the API marks
+invalid, an `error` event, an HTTP error, and a model that is still loading. The scripted SSE stream is
+framed exactly as sse-starlette frames the real one (CRLF lines, keep-alive comments).
+
+Screenshots of the main states go to artifacts/screenshots/ (git-ignored).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.servers import Server, start_api
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+SCREENSHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
+ANSWER_TIMEOUT_MS = 120_000
+UPLOAD_TIMEOUT_MS = 120_000
+FINAL_UPLOAD = re.compile("^(indexed|unchanged|failed)$")
+FINAL_ANSWER = re.compile("^(done|error|stopped)$")
+
+LIGHTHOUSE = (
+    "The lighthouse keeper lives on Skerry Island. She lights the lamp every evening at dusk "
+    "and keeps a logbook of every passing ship. Supplies arrive by boat on Tuesdays.\n"
+)
+
+# Records (text, state) of the last answer at every DOM change, to see tokens arrive while it streams.
+RECORD_STATES = """() => {
+  window.__states = [];
+  const list = document.getElementById("messages");
+  new MutationObserver(() => {
+    const item = list.querySelector("li.message.assistant:last-child");
+    if (!item) return;
+    const entry = { t: item.querySelector(".answer").textContent, s: item.dataset.state };
+    const last = window.__states[window.__states.length - 1];
+    if (!last || last.t !== entry.t || last.s !== entry.s) window.__states.push(entry);
+  }).observe(list, { subtree: true, childList: true, characterData: true, attributes: true });
+}"""
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        pytest.skip("Debian's Chromium is missing at /usr/bin/chromium (apt-get install -y chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+def _api(tmp_path: Path, env: dict[str, str]) -> Iterator[Server]:
+    server = start_api(tmp_path, env)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def api(backend_env: dict[str, str], tmp_path: Path) -> Iterator[Server]:
+    yield from _api(tmp_path, backend_env)
+
+
+@pytest.fixture
+def keyed_api(backend_env: dict[str, str], tmp_path: Path) -> Iterator[Server]:
+    yield from _api(tmp_path, {**backend_env, "RAG_API_KEY": "correct-horse"})
+
+
+@pytest.fixture
+def context(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    context.set_default_timeout(15_000)
+    yield context
+    context.close()
+
+
+def open_page(context: Any, api: Server, *, ready: bool = True) -> tuple[Any, list[str]]:
+    """A new page on the API's `/`; the list collects uncaught script errors (a test ends expecting none)."""
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(f"{api.url}/")
+    if ready:
+        expect(page.locator("#health")).to_have_attribute("data-state", "ok")
+    return page, errors
+
+
+def expect(locator: Any) -> Any:
+    from playwright.sync_api import expect as playwright_expect
+
+    return playwright_expect(locator)
+
+
+def shot(page: Any, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
+
+
+def upload(page: Any, path: Path) -> Any:
+    """Choose one file in the page; returns its upload row once the API has answered."""
+    page.set_input_files("#file-input", str(path))
+    row = page.locator(".upload", has_text=path.name).first
+    expect(row).to_have_attribute("data-status", FINAL_UPLOAD, timeout=UPLOAD_TIMEOUT_MS)
+    return row
+
+
+def ask(page: Any, question: str, *, max_tokens: int | None = None) -> Any:
+    """Type a question and send it with Enter; returns the new answer's list item."""
+    if max_tokens is not None:
+        if not page.locator("#max-tokens").is_visible():
+            page.click(".options summary")
+        page.fill("#max-tokens", str(max_tokens))
+    answers = page.locator("li.message.assistant")
+    before = answers.count()
+    page.fill("#question", question)
+    page.press("#question", "Enter")
+    expect(answers).to_have_count(before + 1)
+    return answers.nth(before)
+
+
+def wait_finished(answer: Any) -> None:
+    expect(answer).to_have_attribute("data-state", FINAL_ANSWER, timeout=ANSWER_TIMEOUT_MS)
+
+
+def sse_events(body: bytes) -> list[tuple[str, dict[str, Any]]]:
+    events = []
+    for block in body.decode().replace("\r\n", "\n").split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line and not line.startswith(":"))
+        if "event" in lines:
+            events.append((lines["event"], json.loads(lines["data"])))
+    return events
+
+
+def slots_busy(llama_url: str) -> bool:
+    return any(slot["is_processing"] for slot in httpx.get(f"{llama_url}/slots", timeout=5).json())
+
+
+def test_upload_then_answer_streams_with_sources_budget_and_citation(context, api, tmp_path):
+    page, errors = open_page(context, api)
+    doc = tmp_path / "lighthouse.txt"
+    doc.write_text(LIGHTHOUSE)
+
+    row = upload(page, doc)
+    expect(row).to_have_attribute("data-status", "indexed")
+    expect(row.locator(".upload-status")).to_contain_text("Indexed")
+    expect(page.locator("#documents li", has_text="lighthouse.txt")).to_be_visible()
+    expect(page.locator("#documents-count")).to_have_text("1 document in “default”")
+    shot(page, "upload-indexed")
+
+    page.evaluate(RECORD_STATES)
+    with page.expect_response(lambda r: r.url.endswith("/v1/chat")) as chat:
+        answer = ask(page, "Repeat exactly: The keeper lives on Skerry Island [S1].", max_tokens=64)
+    # Functions, not expression strings: the page's policy forbids eval, which Playwright uses for those.
+    page.wait_for_function("() => window.__states.filter(s => s.s === 'streaming' && s.t).length >= 2",
+                           timeout=ANSWER_TIMEOUT_MS)
+    shot(page, "answer-streaming")
+    wait_finished(answer)
+    expect(answer).to_have_attribute("data-state", "done")
+
+    states = page.evaluate("window.__states")
+    streamed = [s["t"] for s in states if s["s"] == "streaming" and s["t"]]
+    assert len(set(streamed)) >= 2, f"no intermediate states before the end: {states}"
+    assert states[-1]["s"] == "done"
+
+    expect(answer.locator(".sources summary")).to_contain_text("Sources (")
+    expect(answer.locator(".budget-summary")).to_contain_text("prompt tokens")
+    assert answer.locator(".budget-bar .seg-chunk").count() >= 1
+    shot(page, "answer-done")
+
+    # The page links a citation exactly when the API's `citations` event vouches for it.
+    events = sse_events(chat.value.body())
+    verdict = next(data for name, data in events if name == "citations")
+    valid = {c["id"] for c in verdict["citations"]}
+    linked = set(answer.locator("a.cite").evaluate_all("els => els.map(e => e.dataset.source)"))
+    assert linked == valid - set(verdict["invalid"])
+    if "S1" in linked:
+        answer.locator("a.cite[data-source=S1]").first.click()
+    else:  # the model did not write [S1] this time: the source list opens the same panel
+        answer.locator(".sources summary").click()
+        answer.locator("a.source-link[data-source=S1]").click()
+    panel = page.locator("#source-panel")
+    expect(panel).to_be_visible()
+    expect(panel.locator("#source-title")).to_contain_text("lighthouse.txt")
+    expect(panel.locator("#source-text")).to_contain_text("Skerry Island")
+    shot(page, "source-panel")
+    page.keyboard.press("Escape")
+    expect(panel).to_be_hidden()
+    assert not errors
+
+
+def test_stop_ends_the_stream_and_frees_the_slot(context, api, llama_server, tmp_path):
+    page, errors = open_page(context, api)
+    doc = tmp_path / "numbers.txt"
+    doc.write_text("Counting practice: one, two, three, four, five, six, seven, eight, nine, ten.\n")
+    expect(upload(page, doc)).to_have_attribute("data-status", "indexed")
+
+    answer = ask(page, "Count from 1 to 1000, separated by commas, and never stop.", max_tokens=2000)
+    page.wait_for_function(
+        "() => document.querySelector('li.message.assistant:last-child .answer').textContent.length > 20",
+        timeout=ANSWER_TIMEOUT_MS,
+    )
+    assert slots_busy(llama_server.url), "the model should be generating before Stop"
+    expect(page.locator("#stop")).to_be_visible()
+    page.click("#stop")
+    expect(answer).to_have_attribute("data-state", "stopped")
+    expect(answer.locator(".status")).to_have_text("Stopped.")
+    shot(page, "stopped")
+
+    text = answer.locator(".answer").text_content()
+    deadline = time.monotonic() + 15
+    while slots_busy(llama_server.url):
+        assert time.monotonic() < deadline, "llama-server kept generating after Stop"
+        time.sleep(0.2)
+    time.sleep(1)
+    assert answer.locator(".answer").text_content() == text  # nothing arrives after Stop
+    expect(page.locator("#send")).to_be_enabled()
+
+    # The page and the server both take the next question.
+    follow_up = ask(page, "Repeat exactly: counting.", max_tokens=16)
+    wait_finished(follow_up)
+    expect(follow_up).to_have_attribute("data-state", "done")
+    assert not errors
+
+
+def test_bad_uploads_show_the_api_reason_and_empty_collection_and_delete(context, api, tmp_path):
+    page, errors = open_page(context, api)
+    page.fill("#new-collection", "empty-shelf")
+    page.click("#new-collection-form button[type=submit]")
+    expect(page.locator("#collection")).to_have_value("empty-shelf")
+    expect(page.locator("#documents-empty")).to_have_text("No documents in “empty-shelf” yet: upload some files to ask about them.")
+    expect(page.locator("#empty-hint")).to_contain_text("is empty")
+    shot(page, "empty-collection")
+
+    binary = tmp_path / "random.bin"
+    binary.write_bytes(bytes(range(256)) * 64)
+    empty = tmp_path / "blank.txt"
+    empty.write_text("   \n")
+    for bad in (binary, empty):
+        response = httpx.post(f"{api.url}/v1/documents", data={"collection": "scratch-checks"},
+                              files={"files": (bad.name, bad.read_bytes())}, timeout=60)
+        assert response.status_code in (413, 415, 422), response.text
+        reason = response.json()["error"]["message"]
+        row = upload(page, bad)
+        expect(row).to_have_attribute("data-status", "failed")
+        expect(row.locator(".upload-status")).to_contain_text(reason)
+        expect(row.locator(".upload-status")).to_contain_text(f"HTTP {response.status_code}")
+        # A failed file stays listed with its reason, and can be deleted.
+        expect(page.locator("#documents li", has_text=bad.name)).to_contain_text(reason)
+    shot(page, "upload-failed")
+
+    good = tmp_path / "shelf.txt"
+    good.write_text("The shelf holds three jars of honey and a lantern.\n")
+    expect(upload(page, good)).to_have_attribute("data-status", "indexed")
+    item = page.locator("#documents li", has_text="shelf.txt")
+    expect(item).to_be_visible()
+    expect(page.locator("#empty-hint")).to_be_hidden()
+    item.locator("button.delete").click()
+    expect(item.locator("button.delete")).to_have_text("Confirm delete")
+    item.locator("button.delete").click()
+    expect(page.locator("#documents li", has_text="shelf.txt")).to_have_count(0)
+    expect(page.locator("#empty-hint")).to_be_visible()
+    assert not errors
+
+
+def test_markup_in_documents_and_answers_never_runs(context, api, tmp_path):
+    page, errors = open_page(context, api)
+    requests: list[str] = []
+    page.on("request", lambda request: requests.append(request.url))
+    doc = tmp_path / "harbour.txt"
+    doc.write_text(
+        "Harbour notes. The harbour gate opens at six.\n"
+        "<script>window.__pwned=1</script>\n"
+        "<img src=x onerror=\"window.__pwned=2\">\n"
+        "![tracker](http://tracker.invalid/pixel.png)\n"
+    )
+    expect(upload(page, doc)).to_have_attribute("data-status", "indexed")
+
+    answer = ask(page, "Repeat exactly: <script>window.__pwned=3</script><img src=x onerror=window.__pwned=4> "
+                       "When does the harbour gate open?", max_tokens=80)
+    wait_finished(answer)
+    answer.locator(".sources summary").click()
+    expect(answer.locator(".snippet").first).to_be_visible()
+    answer.locator("a.source-link").first.click()
+    expect(page.locator("#source-text")).to_contain_text("<script>window.__pwned=1</script>")
+    expect(page.locator("#source-text")).to_contain_text("<img src=x onerror=")
+    shot(page, "markup-as-text")
+
+    assert page.evaluate("window.__pwned") is None
+    assert page.locator("#messages script, #messages img, #source-panel script, #source-panel img").count() == 0
+    assert not [url for url in requests if url.endswith("/x") or "tracker.invalid" in url]
+    assert not errors
+
+
+SOURCES = [
+    {"id": "S1", "chunk_id": "d1:0", "doc_id": "d1", "source": "router-guide.md", "page": 3, "heading": "Setup > Power",
+     "text": "To restart the router, hold the power button for five seconds until the light turns amber.",
+     "snippet": "To restart the router, hold the power button…", "score": 0.81},
+    {"id": "S2", "chunk_id": "d2:4", "doc_id": "d2", "source": "router-faq.md",
+     "text": "A factory reset clears <b>all</b> settings, including the Wi-Fi password.",
+     "snippet": "A factory reset clears all settings…", "score": 0.64},
+]
+BUDGET = {"n_ctx": 4096, "reserve": 512, "limit": 3584, "used": 301, "system": 120, "history": 0, "question": 21,
+          "chunks": [{"id": "S1", "chunk_id": "d1:0", "tokens": 60, "cut": False},
+                     {"id": "S2", "chunk_id": "d2:4", "tokens": 40, "cut": True}],
+          "dropped": [{"chunk_id": "d3:1", "reason": "over budget"}], "dropped_turns": 0}
+CITATIONS = {"citations": [{"id": "S1", "chunk_id": "d1:0", "doc_id": "d1", "source": "router-guide.md", "page": 3},
+                           {"id": "S2", "chunk_id": "d2:4", "doc_id": "d2", "source": "router-faq.md"}],
+             "invalid": ["S9"]}
+DONE = {"usage": {"completion_tokens": 42}, "timings": {"predicted_per_second": 55.5}, "ttft_ms": 240,
+        "invalid_citations": 1, "cache_n": 0}
+MARKUP = ["<script>window.__pwned=1</script> <img src=x onerror=window.__pwned=2> ",
+          "![pixel](http://tracker.invalid/p.png) [bad](javascript:window.__pwned=3) ",
+          "[manual](https://example.invalid/manual) `code <i>`"]
+
+
+def sse(events: list[tuple[str, Any]]) -> str:
+    """Frames events as sse-starlette does, with a keep-alive comment first."""
+    return ": ping\r\n\r\n" + "".join(f"event: {name}\r\ndata: {json.dumps(data)}\r\n\r\n" for name, data in events)
+
+
+def scripted_answer(tokens: list[str]) -> dict[str, Any]:
+    events: list[tuple[str, Any]] = [("sources", {"sources": SOURCES}), ("budget", BUDGET)]
+    events += [("token", {"text": t}) for t in tokens] + [("citations", CITATIONS), ("done", DONE)]
+    return {"status": 200, "content_type": "text/event-stream", "body": sse(events)}
+
+
+def json_error(status: int, error: dict[str, Any]) -> dict[str, Any]:
+    return {"status": status, "content_type": "application/json", "body": json.dumps({"error": error})}
+
+
+def test_scripted_stream_renders_markdown_citations_budget_and_errors_safely(context, api, tmp_path):
+    page, errors = open_page(context, api)
+    page.set_viewport_size({"width": 1440, "height": 900})  # wide enough for the chat beside the source
+    for name, text in [("router-guide.md", "# Setup\n## Power\nHold the power button for five seconds.\n"),
+                       ("router-faq.md", "A factory reset clears all settings.\n")]:
+        (tmp_path / name).write_text(text)
+        expect(upload(page, tmp_path / name)).to_have_attribute("data-status", "indexed")
+    requests: list[str] = []
+    page.on("request", lambda request: requests.append(request.url))
+    bodies: list[dict[str, Any]] = []
+    replies = [
+        scripted_answer(["## Restarting\n", "1. Hold **power** for *five* seconds [S1].\n",
+                         "2. If that fails, a factory reset [S2] clears every setting; ask support [S9] first.\n"]),
+        scripted_answer(MARKUP),
+        {"status": 200, "content_type": "text/event-stream",
+         "body": sse([("sources", {"sources": []}),
+                      ("error", {"code": "upstream_error", "message": "llama-server closed the stream"})])},
+        json_error(503, {"code": "llm_unavailable", "message": "llama-server is loading its model"}),
+        json_error(429, {"code": "busy", "message": "8 questions are waiting", "detail": {"retry_after": 3}}),
+    ]
+
+    def reply(route: Any) -> None:
+        bodies.append(json.loads(route.request.post_data))
+        route.fulfill(**replies[len(bodies) - 1])
+
+    page.route("**/v1/chat", reply)
+
+    answer = ask(page, "How do I restart the router?")
+    wait_finished(answer)
+    expect(answer).to_have_attribute("data-state", "done")
+    body = answer.locator(".answer")
+    expect(body.locator("h4")).to_have_text("Restarting")
+    expect(body.locator("ol > li")).to_have_count(2)
+    expect(body.locator("strong")).to_have_text("power")
+    expect(body.locator("em")).to_have_text("five")
+    expect(body.locator("a.cite")).to_have_count(2)
+    expect(body.locator("a.cite[data-source=S9]")).to_have_count(0)
+    expect(body.locator(".cite-invalid")).to_have_text("S9")
+    expect(answer.locator(".budget-summary")).to_have_text("Budget: 301 of 3,584 prompt tokens · 2 chunks 100 · 1 dropped")
+    answer.locator(".budget-details summary").click()
+    expect(answer.locator(".budget-dropped")).to_have_text("d3:1: over budget")
+    expect(answer.locator(".budget-chunks")).to_contain_text("cut to fit")
+    expect(answer.locator(".status")).to_contain_text("1 invalid citation not linked")
+    answer.locator(".budget-details summary").click()
+
+    body.locator("a.cite[data-source=S2]").click()
+    expect(page.locator("#source-title")).to_have_text("S2: router-faq.md")
+    expect(page.locator("#source-text")).to_have_text("A factory reset clears <b>all</b> settings, including the Wi-Fi password.")
+    body.locator("a.cite[data-source=S1]").click()
+    expect(page.locator("#source-meta")).to_contain_text("Page3")
+    expect(page.locator("#source-meta")).to_contain_text("Setup > Power")
+    answer.locator(".sources summary").click()
+    page.click("#clear-uploads")
+    expect(page.locator("#uploads li")).to_have_count(0)
+    shot(page, "scripted-answer")
+    page.click("#close-source")
+
+    markup = ask(page, "Show me the raw notes.")
+    wait_finished(markup)
+    body = markup.locator(".answer")
+    expect(body).to_contain_text("<script>window.__pwned=1</script>")
+    expect(body).to_contain_text("[image: pixel]")
+    expect(body.locator("a[href^='https://example.invalid']")).to_have_text("manual")
+    expect(body.locator("a[href^='javascript']")).to_have_count(0)
+    expect(body.locator("code")).to_have_text("code <i>")
+
+    failed = ask(page, "And then?")
+    wait_finished(failed)
+    expect(failed).to_have_attribute("data-state", "error")
+    expect(failed.locator(".status")).to_have_text("The answer failed. llama-server closed the stream.")
+    unavailable = ask(page, "Still there?")
+    wait_finished(unavailable)
+    expect(unavailable.locator(".status")).to_have_text(
+        "The language model is not available: llama-server is loading its model (HTTP 503).")
+    busy = ask(page, "Now?")
+    wait_finished(busy)
+    expect(busy.locator(".status")).to_have_text("The server is busy: 8 questions are waiting (HTTP 429). Try again in 3 s.")
+    shot(page, "scripted-errors")
+
+    # The conversation is kept and sent whole; questions that got no answer leave it.
+    questions = ["How do I restart the router?", "Show me the raw notes."]
+    assert [m["role"] for m in bodies[0]["messages"]] == ["user"]
+    assert [m["content"] for m in bodies[1]["messages"]][::2] == questions
+    assert bodies[1]["messages"][1]["role"] == "assistant" and "[S1]" in bodies[1]["messages"][1]["content"]
+    assert [m["content"] for m in bodies[3]["messages"]][::2] == [*questions, "Still there?"]
+    assert [m["content"] for m in bodies[4]["messages"]][::2] == [*questions, "Now?"]
+    assert all(b["stream"] is True and b["collection"] == "default" for b in bodies)
+    assert page.evaluate("window.__pwned") is None
+    assert page.locator("#messages script, #messages img").count() == 0
+    assert not [url for url in requests if url.endswith("/x") or ".invalid" in url]
+    assert not errors
+
+
+def test_loading_backend_blocks_asking_until_ready(context, api):
+    loading = {"status": "loading", "backends": {"llm": {"state": "loading", "reason": "loading model"},
+                                                 "embedder": {"state": "ok"}, "store": {"state": "ok"}}}
+    calls = []
+
+    def health(route: Any) -> None:
+        calls.append(1)
+        if len(calls) <= 2:
+            route.fulfill(status=503, content_type="application/json", body=json.dumps(loading))
+        else:
+            route.continue_()
+
+    context.route("**/health", health)
+    page, errors = open_page(context, api, ready=False)
+    expect(page.locator("#health")).to_have_attribute("data-state", "loading")
+    expect(page.locator("#health")).to_contain_text("llm loading (loading model)")
+    expect(page.locator("#send")).to_be_disabled()
+    shot(page, "backend-loading")
+    expect(page.locator("#health")).to_have_attribute("data-state", "ok", timeout=20_000)
+    expect(page.locator("#send")).to_be_enabled()
+    assert not errors
+
+
+def test_api_key_is_asked_once_and_kept_for_the_tab(context, keyed_api, tmp_path):
+    page, errors = open_page(context, keyed_api)
+    dialog = page.locator("#key-dialog")
+    expect(dialog).to_be_visible()
+    expect(page.locator("#key-reason")).to_contain_text("API key")
+    shot(page, "api-key")
+    page.fill("#key-input", "wrong")
+    page.keyboard.press("Enter")
+    expect(dialog).to_be_visible()  # a 401 again: asked again
+    page.fill("#key-input", "correct-horse")
+    page.click("#key-save")
+    expect(dialog).to_be_hidden()
+    expect(page.locator("#documents-count")).to_have_text("0 documents in “default”")
+    assert page.evaluate("sessionStorage.getItem('rag.apiKey')") == "correct-horse"
+
+    doc = tmp_path / "keyed.txt"
+    doc.write_text("Only key holders may read this note about the garden shed.\n")
+    expect(upload(page, doc)).to_have_attribute("data-status", "indexed")  # the upload (XHR) sends the key too
+    page.reload()
+    expect(page.locator("#documents li", has_text="keyed.txt")).to_be_visible()
+    expect(dialog).to_be_hidden()
+    assert not errors
+
+
+def test_narrow_screen_keyboard_and_labels(browser, api):
+    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    try:
+        page, errors = open_page(context, api)
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
+        unlabelled = page.evaluate("""() => [...document.querySelectorAll('input, select, textarea, button')]
+            .filter(el => !el.hidden && !(el.labels && el.labels.length) && !el.getAttribute('aria-label')
+                          && !el.textContent.trim())
+            .map(el => el.id || el.outerHTML)""")
+        assert unlabelled == []
+
+        page.keyboard.press("Tab")
+        assert page.evaluate("document.activeElement.className") == "skip-link"
+        page.keyboard.press("Enter")
+        assert page.evaluate("document.activeElement.id") == "question"
+        page.keyboard.type("What is in this collection?")
+        page.keyboard.press("Enter")
+        answer = page.locator("li.message.assistant").first
+        wait_finished(answer)
+        expect(answer).to_have_attribute("data-state", "done")
+        expect(answer.locator(".sources summary")).to_contain_text("No sources")
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
+        shot(page, "narrow")
+        assert not errors
+    finally:
+        context.close()
