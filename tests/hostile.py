@@ -105,6 +105,7 @@ class PdfWriter:
         self.objects: dict[int, bytes] = {}
         self.streams: set[int] = set()
         self.page_ids: list[int] = []
+        self.outline: int | None = None
         self.objects[3] = b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding >>"
 
     def _next_id(self) -> int:
@@ -129,9 +130,21 @@ class PdfWriter:
             self.streams.add(num)
         return num
 
-    def build(self, security: _Rc4Security | None = None, prev_loop: bool = False) -> bytes:
-        kids = b" ".join(str(p).encode() + b" 0 R" for p in self.page_ids)
-        self.objects[1] = b"<< /Type /Catalog /Pages 2 0 R >>"
+    def add_outline(self, entries: Sequence[tuple[str, int]]) -> None:
+        """Top-level bookmarks: (title, 0-based page index)."""
+        root = self._next_id()
+        ids = list(range(root + 1, root + 1 + len(entries)))
+        self.objects[root] = b"<< /Type /Outlines /First %d 0 R /Last %d 0 R /Count %d >>" % (ids[0], ids[-1], len(ids))
+        for i, (title, page) in enumerate(entries):
+            links = (b" /Prev %d 0 R" % ids[i - 1] if i else b"") + (b" /Next %d 0 R" % ids[i + 1] if i + 1 < len(ids) else b"")
+            dest = b" /Dest [%d 0 R /XYZ 0 792 0]" % self.page_ids[page]
+            self.objects[ids[i]] = b"<< /Title " + _pdf_string(title) + b" /Parent %d 0 R" % root + dest + links + b" >>"
+        self.outline = root
+
+    def build(self, security: _Rc4Security | None = None, prev_loop: bool = False, kids_loop: bool = False) -> bytes:
+        kids = b" ".join(str(p).encode() + b" 0 R" for p in self.page_ids) + (b" 2 0 R" if kids_loop else b"")
+        outlines = b" /Outlines %d 0 R" % self.outline if self.outline else b""
+        self.objects[1] = b"<< /Type /Catalog /Pages 2 0 R" + outlines + b" >>"
         self.objects[2] = b"<< /Type /Pages /Kids [" + kids + b"] /Count " + str(len(self.page_ids)).encode() + b" >>"
         out = bytearray(b"%PDF-1.7\n%\xe2\xe3\xcf\xd3\n")
         offsets: dict[int, int] = {}
@@ -168,11 +181,14 @@ class PdfWriter:
         return bytes(out)
 
 
-def text_pdf(pages: Sequence[Sequence[str] | str]) -> bytes:
-    """A PDF with one page per item, each page a list of text lines (Latin-1 only, Helvetica)."""
+def text_pdf(pages: Sequence[Sequence[str] | str], outline: Sequence[tuple[str, int]] = ()) -> bytes:
+    """A PDF with one page per item, each page a list of text lines (Latin-1 only, Helvetica), and
+    optional top-level bookmarks (title, 0-based page index)."""
     writer = PdfWriter()
     for page in pages:
         writer.add_page(_text_content([page] if isinstance(page, str) else page))
+    if outline:
+        writer.add_outline(outline)
     return writer.build()
 
 
@@ -200,6 +216,13 @@ def circular_xref_pdf(text: str = "A page behind a looping xref chain") -> bytes
     writer = PdfWriter()
     writer.add_page(_text_content([text]))
     return writer.build(prev_loop=True)
+
+
+def page_tree_loop_pdf(text: str = "A page in a looping page tree") -> bytes:
+    """A PDF whose page tree lists itself among its own kids."""
+    writer = PdfWriter()
+    writer.add_page(_text_content([text]))
+    return writer.build(kids_loop=True)
 
 
 def deflate_zeros(inflated_bytes: int, wbits: int = zlib.MAX_WBITS) -> bytes:

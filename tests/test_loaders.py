@@ -268,6 +268,18 @@ def test_circular_xref_pdf_loads_once(load) -> None:
     assert doc.text == "Behind a loop"
 
 
+def test_page_tree_loop_pdf_loads_once(load) -> None:
+    doc = load(hostile.page_tree_loop_pdf("Only once"), "tree.pdf")
+    assert doc.text == "Only once"
+
+
+def test_pdf_outline_gives_heading_paths(load) -> None:
+    data = hostile.text_pdf(["Preface text", "Chapter one text", "More of chapter one"], outline=[("Preface", 0), ("Chapter 1", 1)])
+    doc = load(data, "book.pdf")
+    assert [(s.page, s.headings) for s in doc.sections] == [(1, ("Preface",)), (2, ("Chapter 1",)), (3, ("Chapter 1",))]
+    assert_offsets(doc)
+
+
 def test_garbage_after_pdf_header_is_rejected(load) -> None:
     with pytest.raises(DocumentRejected, match="not a readable PDF"):
         load(b"%PDF-1.7\n" + bytes(range(256)) * 8, "broken.pdf")
