@@ -9,6 +9,7 @@ import click
 
 from rag.config import Settings, get_settings, settings_error_line
 from rag.errors import RagError
+from rag.eval_cli import eval_command
 
 
 def load_settings() -> Settings:
@@ -122,6 +123,9 @@ def models_prepare() -> None:
     from rag.modellock import ensure_bundled_generator
 
     click.echo(ensure_bundled_generator(load_settings()))
+
+
+cli.add_command(eval_command)
 
 
 def main() -> None:
