@@ -23,6 +23,7 @@ class ServerProfile:
     threads: int | None = None
     chat_template: str | None = None
     extra: tuple[str, ...] = field(default_factory=tuple)
+    model: str | None = None  # the models.lock artifact (GGUF) this profile was planned for
 
     def __post_init__(self) -> None:
         # llama.cpp silently uses min(batch, ubatch): refuse a profile that would be clamped.
@@ -58,15 +59,20 @@ PROFILES: dict[str, ServerProfile] = {
         threads=1,  # two threads against the embedder on 2 cores measured slower than one
         chat_template="gemma",
     ),
+    # Derived by the planner (rag.planner.tune on the production model's shape, V100 16 GB, 4,096
+    # tokens, one slot); tests/test_planner.py checks that the planner still derives exactly this.
     "v100-16g": ServerProfile(
         name="v100-16g",
-        description="Qwen3.6-27B on one Tesla V100 16 GB: every layer on the GPU, q8_0 K/V, flash attention.",
+        description="Qwen3.6-27B Q4_K_S on one Tesla V100 16 GB: every layer on the GPU, q8_0 K/V, flash attention.",
+        ctx=4096,
+        parallel=1,
         gpu_layers=999,
         flash_attn="on",
         cache_type_k="q8_0",
         cache_type_v="q8_0",
         batch=512,
         ubatch=512,
+        model="qwen3.6-27b-q4_k_s",
     ),
 }
 

@@ -1,0 +1,93 @@
+"""GPU presets for the planner: memory as CUDA reports it, bandwidth, and measured decode efficiency.
+
+`memory_mib` is the total that `nvidia-smi` shows for the card (what the CUDA driver can hand out is a
+little less: `context_mib` covers the CUDA context, cuBLAS handles and the driver's own reservations,
+none of which llama-server's log lines report).
+
+`efficiency` is the measured share of the bandwidth ceiling that llama.cpp's single-stream decode
+reaches on that card, as a (low, high) band. Only two cards have anchors of our own or from public
+measurements; the others get the band that spans both anchors, and say so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Measured: a V100 decodes a dense 27B Q4_K_M at 31-33 tok/s, about 58% of 900 GB/s / 16 GB.
+V100_BAND = (0.55, 0.60)
+# Measured on an H200 machine, 27B-shaped Q4_K_M (16.19 GB): llama-server 67.8-74.1 tok/s and
+# llama-bench 75.9-82.0 tok/s against a 265.6 tok/s ceiling at the measured 4.30 TB/s.
+H200_BAND = (0.255, 0.31)
+UNMEASURED_BAND = (H200_BAND[0], V100_BAND[1])
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One card as the planner sees it."""
+
+    name: str
+    label: str
+    memory_mib: int
+    bandwidth_gbs: float
+    compute_capability: tuple[int, int] = (8, 0)
+    context_mib: int = 400
+    efficiency: tuple[float, float] = UNMEASURED_BAND
+    efficiency_source: str = "no anchor on this card: band spans the V100 and H200 anchors"
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.memory_mib * 1024 * 1024
+
+    @property
+    def dequantizes_for_prefill(self) -> bool:
+        """Volta has fp16 tensor cores but not the int8 MMA that llama.cpp's quantized matmul wants.
+
+        For batches of 64 tokens and more llama.cpp then dequantizes each weight matrix to fp16 in its
+        CUDA pool and calls cuBLAS, so the pool grows to the largest matrix in fp16.
+        """
+        return (7, 0) <= self.compute_capability < (7, 5)
+
+
+def custom_gpu(memory_mib: int, bandwidth_gbs: float, compute_capability: tuple[int, int] = (8, 0)) -> GPU:
+    """A card given by `--vram`/`--bandwidth` rather than by preset."""
+    return GPU(
+        name="custom",
+        label=f"custom {memory_mib} MiB, {bandwidth_gbs:g} GB/s",
+        memory_mib=memory_mib,
+        bandwidth_gbs=bandwidth_gbs,
+        compute_capability=compute_capability,
+    )
+
+
+GPUS: dict[str, GPU] = {
+    gpu.name: gpu
+    for gpu in (
+        GPU(
+            "v100-16g", "Tesla V100 16 GB", 16_160, 900, (7, 0), context_mib=300,
+            efficiency=V100_BAND, efficiency_source="measured: dense 27B Q4_K_M at 31-33 tok/s",
+        ),
+        GPU(
+            "v100-32g", "Tesla V100 32 GB", 32_510, 900, (7, 0), context_mib=300,
+            efficiency=V100_BAND, efficiency_source="V100 16 GB anchor (same memory system)",
+        ),
+        GPU("t4", "Tesla T4 16 GB", 15_360, 320, (7, 5), context_mib=300),
+        GPU("a10", "A10 24 GB", 23_028, 600, (8, 6)),
+        GPU("l4", "L4 24 GB", 23_034, 300, (8, 9)),
+        GPU("a100-40g", "A100 40 GB", 40_960, 1_555, (8, 0)),
+        GPU("a100-80g", "A100 80 GB SXM", 81_920, 2_039, (8, 0)),
+        GPU("h100", "H100 80 GB SXM", 81_559, 3_350, (9, 0), context_mib=520),
+        GPU(
+            "h200", "H200 141 GB", 143_771, 4_300, (9, 0), context_mib=520,
+            efficiency=H200_BAND, efficiency_source="measured on an H200 machine: 27B-shaped Q4_K_M, 67.8-82.0 tok/s",
+        ),
+        GPU("rtx3090", "GeForce RTX 3090 24 GB", 24_576, 936, (8, 6)),
+        GPU("rtx4090", "GeForce RTX 4090 24 GB", 24_564, 1_008, (8, 9)),
+    )
+}
+
+
+def get_gpu(name: str) -> GPU:
+    try:
+        return GPUS[name]
+    except KeyError:
+        raise ValueError(f"unknown GPU preset {name!r}; known: {', '.join(GPUS)}") from None
