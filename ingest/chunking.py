@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 
 SEPARATORS = ["\n\n", "\n", "。", "！", "？", "；", ". ", "! ", "? ", "; ", "，", ", ", " ", ""]
 _CACHE_SIZE = 1 << 16
-# No tokenizer packs 16 characters of text into one token on average, so a longer text cannot fit
-# and we skip counting it whole.
+# Past 16 characters a token on average a text almost surely does not fit, so we do not count it
+# whole before splitting (a speed shortcut only: the splitter returns one chunk if it does fit).
 _MAX_CHARS_PER_TOKEN = 16
 
 

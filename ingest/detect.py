@@ -80,7 +80,7 @@ _MD_EXTS = {".md", ".markdown", ".mdown", ".mkd", ".mdx"}
 _HTML_EXTS = {".html", ".htm", ".xhtml", ".shtml"}
 _CHARSET_DECL = re.compile(rb"""(?:<meta[^>]{0,200}?charset|<\?xml[^>]{0,100}?encoding)\s*=\s*["']?([A-Za-z0-9_.:-]{1,40})""", re.I)
 _PREFERRED_ON_TIE = ("cp1252", "latin_1", "iso8859_15", "gb18030", "big5", "shift_jis", "euc_kr")
-_HEAD = 1 << 16  # bytes of the head sniffed for text-kind signals
+_HEAD = 1 << 16  # characters at the head sniffed for text-kind signals
 
 
 @dataclass(frozen=True, slots=True)
