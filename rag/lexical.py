@@ -113,8 +113,13 @@ class LexicalIndex:
         self._db.executescript(_SCHEMA)
         with self._transaction():
             self._retokenize_if_needed()
+        # Searches read through their own connection: under WAL they see the last commit and never
+        # wait for an ingest's write transaction.
+        self._reader = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._read_lock = threading.Lock()
 
     def close(self) -> None:
+        self._reader.close()
         self._db.close()
 
     @contextmanager
@@ -167,15 +172,15 @@ class LexicalIndex:
             return self._delete_rows("WHERE collection = ?", (collection,))
 
     def count_document(self, collection: str, doc_id: str) -> int:
-        with self._lock:
-            row = self._db.execute(
+        with self._read_lock:
+            row = self._reader.execute(
                 "SELECT count(*) FROM chunks WHERE collection = ? AND doc_id = ?", (collection, doc_id)
             ).fetchone()
         return int(row[0])
 
     def count(self, collection: str) -> int:
-        with self._lock:
-            row = self._db.execute("SELECT count(*) FROM chunks WHERE collection = ?", (collection,)).fetchone()
+        with self._read_lock:
+            row = self._reader.execute("SELECT count(*) FROM chunks WHERE collection = ?", (collection,)).fetchone()
         return int(row[0])
 
     def search(self, collection: str, query: str, k: int, doc_ids: list[str] | None = None) -> list[LexicalHit]:
@@ -194,8 +199,8 @@ class LexicalIndex:
             params += doc_ids
         sql += " ORDER BY f.rank LIMIT ?"
         params.append(k)
-        with self._lock:
-            rows = self._db.execute(sql, params).fetchall()
+        with self._read_lock:
+            rows = self._reader.execute(sql, params).fetchall()
         # FTS5's rank is bm25() negated so that smaller sorts first.
         return [LexicalHit(cid, did, -score) for cid, did, score in rows]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -125,6 +126,14 @@ def test_failed_add_leaves_nothing_behind(index: LexicalIndex) -> None:
         index.add("docs", rows)  # type: ignore[arg-type]
     assert index.count_document("docs", "d") == 0
     assert index.search("docs", "volcano", 5) == []
+
+
+def test_searches_do_not_wait_for_a_write_in_progress(index: LexicalIndex) -> None:
+    with index._transaction():  # an ingest's transaction, held open
+        index._db.execute("DELETE FROM chunks_fts")
+        with ThreadPoolExecutor(1) as pool:
+            hits = pool.submit(index.search, "docs", "Rockefeller", 5).result(timeout=5)
+    assert ids(hits) == ["a:0"]  # the last committed state
 
 
 def test_persisted_and_retokenized_when_the_tokenizer_changes(index: LexicalIndex, tmp_path: Path) -> None:
