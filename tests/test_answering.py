@@ -1,0 +1,138 @@
+"""The answering core on its own: a word-overlap retriever and a llama-server that replays a fixed reply."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rag.answering import Answerer, ChatQuery, split_question
+from rag.citations import check_citations, cited_ids
+from rag.config import Settings
+from rag.errors import InvalidRequest
+from rag.llm_client import LlamaServerClient
+from rag.prompt import no_sources_answer
+from tests.chat_helpers import OverlapRetriever, ReplayLlamaServer
+
+CHUNKS = [
+    ("eiffel.txt", "The Eiffel Tower is in Paris. It was completed in 1889."),
+    ("louvre.txt", "The Louvre is a museum in Paris. It opened in 1793."),
+    ("tower.txt", "A tower is a tall structure. Paris has many."),
+]
+
+
+def answer(reply: str, question: str = "When was the tower in Paris completed?", *, chunks=CHUNKS,
+           settings: Settings | None = None, server: ReplayLlamaServer | None = None, max_tokens: int = 64):
+    server = server or ReplayLlamaServer(reply)
+    retriever = OverlapRetriever(list(chunks))
+
+    async def go():
+        llm = LlamaServerClient("http://llama.test", transport=server.transport())
+        answerer = Answerer(llm, retriever, settings or Settings())
+        try:
+            started = await answerer.start(ChatQuery([{"role": "user", "content": question}], "default", 8, max_tokens))
+            return [e async for e in started.events()], answerer
+        finally:
+            await llm.aclose()
+
+    events, answerer = asyncio.run(go())
+    return events, server, retriever, answerer
+
+
+def by_name(events):
+    return {e.name: e.data for e in events}
+
+
+def test_events_come_in_order_with_the_reply_as_tokens():
+    events, server, _, _ = answer("It was completed in 1889 [S1].")
+    names = [e.name for e in events]
+    assert names[:2] == ["sources", "budget"] and names[-2:] == ["citations", "done"]
+    assert set(names[2:-2]) == {"token"}
+    assert "".join(e.data["text"] for e in events if e.name == "token") == "It was completed in 1889 [S1]."
+    data = by_name(events)
+    assert [s["id"] for s in data["sources"]["sources"]] == ["S1", "S2", "S3"]
+    assert data["citations"] == {"citations": [{"id": "S1", "chunk_id": "eiffel.txt:0", "doc_id": "eiffel.txt",
+                                                "source": "eiffel.txt"}], "invalid": []}
+    assert data["done"]["invalid_citations"] == 0 and data["done"]["usage"]["completion_tokens"] == 6
+    assert len(server.prompts) == 1
+
+
+def test_citations_of_sources_not_in_the_prompt_are_removed_and_counted():
+    events, *_ = answer("Paris [S1]. Also [S2, S9] and [S1][S12].")
+    data = by_name(events)
+    assert [c["id"] for c in data["citations"]["citations"]] == ["S1", "S2"]
+    assert data["citations"]["invalid"] == ["S9", "S12"]
+    assert data["done"]["invalid_citations"] == 2
+
+
+def test_a_retrieved_chunk_that_the_budget_dropped_cannot_be_cited():
+    long_chunks = [(f"doc{i}.txt", f"Paris tower fact {i}. " + "More words here. " * 60) for i in range(6)]
+    server = ReplayLlamaServer("See [S1] and [S6].", n_ctx=600)
+    events, *_ = answer("", chunks=long_chunks, server=server, max_tokens=100)
+    data = by_name(events)
+    in_prompt = {c["id"] for c in data["budget"]["chunks"]}
+    assert "S6" not in in_prompt and data["budget"]["dropped"]
+    assert [c["id"] for c in data["citations"]["citations"]] == ["S1"]
+    assert data["citations"]["invalid"] == ["S6"]
+    assert {s["id"] for s in data["sources"]["sources"]} == in_prompt
+
+
+def test_no_sources_means_a_fixed_answer_and_no_model_call():
+    events, server, retriever, _ = answer("should never be said", question="Quantum chromodynamics?")
+    data = by_name(events)
+    assert retriever.calls == 1
+    assert server.prompts == []
+    assert data["sources"] == {"sources": []}
+    assert "".join(e.data["text"] for e in events if e.name == "token") == no_sources_answer("default")
+    assert data["citations"] == {"citations": [], "invalid": []}
+    assert data["done"]["no_sources"] == "nothing_retrieved"
+
+
+def test_hits_below_min_score_count_as_no_sources():
+    events, server, _, _ = answer("x", settings=Settings(min_score=0.99))
+    data = by_name(events)
+    assert server.prompts == [] and data["done"]["no_sources"] == "no_match"
+    assert {d["reason"] for d in data["budget"]["dropped"]} == {"below_min_score"}
+
+
+def test_a_prompt_the_server_refuses_is_packed_again_with_its_numbers():
+    class Shrunk(ReplayLlamaServer):
+        """Says n_ctx 4096 in /props (read before a restart, say) but holds only 300."""
+
+        def handle(self, request):
+            import json
+
+            import httpx
+
+            if request.url.path == "/v1/chat/completions":
+                body = json.loads(request.content)
+                n = len(self._tokens(self._template(body["messages"]))) + 1
+                if n >= 300:
+                    return httpx.Response(400, json={"error": {"code": 400, "type": "exceed_context_size_error",
+                                                               "message": "too long", "n_prompt_tokens": n, "n_ctx": 300}})
+            return super().handle(request)
+
+    long_chunks = [(f"doc{i}.txt", f"Paris tower fact {i}. " + "More words here. " * 20) for i in range(6)]
+    events, server, _, _ = answer("Fact [S1].", chunks=long_chunks, server=Shrunk("Fact [S1]."), max_tokens=40)
+    names = [e.name for e in events]
+    assert names[:4] == ["sources", "budget", "sources", "budget"], "a fresh pair before the first token"
+    budgets = [e.data for e in events if e.name == "budget"]
+    assert budgets[0]["n_ctx"] == 4096 and not budgets[0]["repacked"]
+    assert budgets[1]["n_ctx"] == 300 and budgets[1]["repacked"] and budgets[1]["used"] <= 300 - 40
+    assert len(server.prompts) == 1 and by_name(events)["done"]["invalid_citations"] == 0
+
+
+def test_the_question_must_be_the_last_user_message():
+    with pytest.raises(InvalidRequest):
+        split_question([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
+    with pytest.raises(InvalidRequest):
+        split_question([{"role": "user", "content": "   "}])
+    with pytest.raises(InvalidRequest):
+        split_question([])
+
+
+def test_cited_ids_in_their_forms():
+    assert cited_ids("a [S1] b [S2, S3] c [s4][S1] d 【S5】 e [S6，S7] f [S] [1] S8") == \
+        ["S1", "S2", "S3", "S4", "S5", "S6", "S7"]
+    check = check_citations("x [S1] [S3]", {"S1", "S2"})
+    assert check.valid == ["S1"] and check.invalid == ["S3"]

@@ -1,0 +1,209 @@
+"""POST /v1/chat against the real llama-server, embedding server and Chroma, over real HTTP."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rag.config import Settings
+from rag.prompt import no_sources_answer
+from tests.chat_helpers import changed, ask, chat_events, parse_sse, prompt_tokens_total, serve, upload
+from tests.servers import Server, free_port, start_llama_server
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def api(backend_settings: Settings) -> Iterator[str]:
+    with serve(backend_settings) as url:
+        upload(url)
+        yield url
+
+
+def test_the_stream_sends_sources_budget_tokens_citations_done_in_order(api: str):
+    events = chat_events(api, ask("When was the Eiffel Tower completed?"))
+    names = [e.event for e in events]
+    assert names[:2] == ["sources", "budget"]
+    assert names[-2:] == ["citations", "done"]
+    assert set(names[2:-2]) == {"token"} and len(names) > 5
+    data = {e.event: e.data for e in events}
+    sources = data["sources"]["sources"]
+    assert sources and sources[0]["id"] == "S1" and sources[0]["source"] == "eiffel.txt"
+    assert {"chunk_id", "doc_id", "text", "snippet", "score"} <= set(sources[0])
+    budget = data["budget"]
+    assert budget["n_ctx"] == 4096 and budget["reserve"] == 12 and budget["used"] <= budget["limit"] == 4096 - 12
+    assert [c["id"] for c in budget["chunks"]] == [s["id"] for s in sources]
+    done = data["done"]
+    assert done["usage"]["completion_tokens"] <= 12
+    assert done["usage"]["prompt_tokens"] == budget["used"], "the prompt sent is the one counted"
+    assert done["timings"]["predicted_n"] == done["usage"]["completion_tokens"]
+    assert "cache_n" in done and done["ttft_ms"] > 0 and done["retrieval_ms"] >= 0
+    cited = {c["id"] for c in data["citations"]["citations"]}
+    assert cited <= {c["id"] for c in budget["chunks"]}
+    assert done["invalid_citations"] == len(data["citations"]["invalid"])
+
+
+def test_non_stream_returns_the_same_as_one_document(api: str):
+    response = httpx.post(f"{api}/v1/chat", json=ask("How tall is the Eiffel Tower?", stream=False), timeout=300)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert set(body) == {"answer", "sources", "budget", "citations", "done"}
+    assert body["answer"] and body["sources"][0]["id"] == "S1"
+    assert body["done"]["usage"]["completion_tokens"] <= 12
+    assert body["citations"]["invalid"] == [] or body["done"]["invalid_citations"] == len(body["citations"]["invalid"])
+
+
+def test_a_follow_up_reuses_the_cached_prompt_prefix(api: str):
+    first = chat_events(api, ask("When was the Eiffel Tower completed?"))
+    answer = "".join(e.data["text"] for e in first if e.event == "token")
+    follow_up = {
+        "messages": [
+            {"role": "user", "content": "When was the Eiffel Tower completed?"},
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "And who built the Eiffel Tower?"},
+        ],
+        "max_tokens": 8, "temperature": 0,
+    }
+    events = chat_events(api, follow_up)
+    done = next(e.data for e in events if e.event == "done")
+    budget = next(e.data for e in events if e.event == "budget")
+    # At least the fixed system prompt came from llama-server's cache.
+    assert done["cache_n"] >= budget["system"] - 10 > 50
+    assert done["timings"]["prompt_n"] < budget["used"]
+
+
+def test_an_empty_collection_gets_a_plain_answer_without_calling_the_model(api: str, llama_server: Server):
+    before = prompt_tokens_total(llama_server.url)
+    events = chat_events(api, ask("When was the Eiffel Tower completed?", collection="empty-one"))
+    data = {e.event: e.data for e in events}
+    assert data["sources"] == {"sources": []}
+    assert "".join(e.data["text"] for e in events if e.event == "token") == no_sources_answer("empty-one")
+    assert data["citations"] == {"citations": [], "invalid": []}
+    assert data["done"]["no_sources"] == "nothing_retrieved"
+    assert prompt_tokens_total(llama_server.url) == before, "llama-server processed no prompt"
+
+
+def test_nothing_above_min_score_is_no_sources(backend_settings: Settings):
+    with serve(changed(backend_settings, min_score=5.0)) as url:
+        upload(url)
+        body = httpx.post(f"{url}/v1/chat", json=ask("Eiffel Tower?", stream=False), timeout=300).json()
+    assert body["sources"] == [] and body["citations"]["citations"] == []
+    assert body["done"]["no_sources"] == "no_match"
+
+
+def test_citations_outside_the_prompt_are_dropped_and_counted(api: str):
+    # The small model copies what it is told to repeat; a reply citing S1 and a made-up S42 is checked.
+    question = 'Repeat exactly this sentence and nothing else: "The tower is in Paris [S1] [S42]."'
+    body = httpx.post(f"{api}/v1/chat", json={**ask(question, stream=False), "max_tokens": 40, "top_k": 2},
+                      timeout=300).json()
+    in_prompt = {c["id"] for c in body["budget"]["chunks"]}
+    assert {c["id"] for c in body["citations"]["citations"]} <= in_prompt
+    assert body["done"]["invalid_citations"] == len(body["citations"]["invalid"])
+    assert set(body["citations"]["invalid"]).isdisjoint(in_prompt)
+    if "[S42]" in body["answer"]:
+        assert "S42" in body["citations"]["invalid"]
+
+
+def test_a_question_over_the_budget_is_a_400_with_the_numbers(api: str):
+    question = "Why is the tower in Paris? " * 700
+    response = httpx.post(f"{api}/v1/chat", json=ask(question, stream=False), timeout=300)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "question_too_long"
+    assert error["detail"]["prompt_tokens"] > error["detail"]["limit"] == 4096 - 12
+    assert error["detail"]["n_ctx"] == 4096
+
+
+def test_bad_requests_are_400(api: str):
+    for body in ({"messages": []}, {"messages": [{"role": "assistant", "content": "hi"}]},
+                 {"messages": [{"role": "user", "content": "x"}], "top_k": 0}):
+        response = httpx.post(f"{api}/v1/chat", json=body, timeout=60)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["code"] == "invalid_request"
+
+
+def test_llama_server_down_is_a_503_with_a_reason(backend_settings: Settings):
+    settings = changed(backend_settings, llm_url=f"http://127.0.0.1:{free_port()}")
+    with serve(settings) as url:
+        upload(url)
+        response = httpx.post(f"{url}/v1/chat", json=ask("When was the Eiffel Tower completed?"), timeout=60)
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "llm_unavailable"
+    assert "unreachable" in response.json()["error"]["message"]
+
+
+def test_embedder_down_is_a_503(backend_settings: Settings, embedding_server: Server):
+    with serve(backend_settings) as url:
+        upload(url)
+        settings_down = changed(backend_settings, embed_url=f"http://127.0.0.1:{free_port()}")
+    with serve(settings_down) as url:
+        response = httpx.post(f"{url}/v1/chat", json=ask("When was the Eiffel Tower completed?"), timeout=60)
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "embedder_unavailable"
+
+
+@pytest.fixture
+def private_llama(generator_model: Path, tmp_path: Path) -> Iterator[Server]:
+    """A llama-server of this test's own, free to be killed or restarted."""
+    server = start_llama_server(generator_model, tmp_path)
+    yield server
+    server.stop()
+
+
+def test_a_restarted_llama_server_with_a_smaller_context_gets_a_repacked_prompt(
+    backend_settings: Settings, generator_model: Path, private_llama: Server, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """The honest overflow: n_ctx is read from /props and kept a while; llama-server restarts on the same
+    port with -c 1024 meanwhile, so the next prompt is packed for 4,096 and refused; it is packed again
+    with the numbers of the refusal and sent once more."""
+    monkeypatch.setattr("rag.answering.PROPS_TTL_S", 3600.0)  # the restart falls inside the props' lifetime
+    settings = changed(backend_settings, llm_url=private_llama.url, top_k=12)
+    with serve(settings) as url:
+        upload(url, {f"part{i}.txt": (f"Fact {i}: the Eiffel Tower in Paris is made of iron. " * 20) for i in range(5)})
+        first = chat_events(url, ask("Eiffel Tower iron Paris?", max_tokens=8))
+        assert next(e.data for e in first if e.event == "budget")["n_ctx"] == 4096
+        port = int(private_llama.url.rsplit(":", 1)[1])
+        private_llama.stop()
+        from rag.profiles import get_profile
+        from tests.servers import llama_server_binary, start_server
+
+        command = get_profile("cpu").command(llama_server_binary(), generator_model, "127.0.0.1", port)
+        restarted = start_server("llama-server-small", [*command, "-c", "1024"], port, tmp_path)
+        try:
+            events = chat_events(url, ask("Eiffel Tower iron Paris?", max_tokens=8))
+        finally:
+            restarted.stop()
+    names = [e.event for e in events]
+    assert names[:4] == ["sources", "budget", "sources", "budget"], names[:6]
+    budgets = [e.data for e in events if e.event == "budget"]
+    assert budgets[0]["n_ctx"] == 4096 and budgets[0]["used"] > 1024
+    assert budgets[1]["n_ctx"] == 1024 and budgets[1]["repacked"] and budgets[1]["used"] <= 1024 - 8
+    done = events[-1].data
+    assert events[-1].event == "done" and done["usage"]["prompt_tokens"] == budgets[1]["used"]
+
+
+def test_a_backend_killed_mid_stream_ends_the_stream_with_an_error_event(
+    backend_settings: Settings, private_llama: Server
+):
+    settings = changed(backend_settings, llm_url=private_llama.url)
+    with serve(settings) as url:
+        upload(url)
+        body = ask("Write a very long story about the Eiffel Tower.", max_tokens=400)
+        events = []
+        with httpx.stream("POST", f"{url}/v1/chat", json=body, timeout=120) as response:
+            assert response.status_code == 200
+            for event in parse_sse(response.iter_lines()):
+                events.append(event)
+                if event.event == "token" and sum(e.event == "token" for e in events) == 3:
+                    os.killpg(private_llama.pid, signal.SIGKILL)
+    names = [e.event for e in events]
+    assert names[-1] == "error", names[-5:]
+    assert "done" not in names
+    assert events[-1].data["code"] in ("llm_unavailable", "upstream_error")
+    assert events[-1].data["message"]
