@@ -10,6 +10,7 @@ import click
 from rag.config import Settings, get_settings, settings_error_line
 from rag.errors import RagError
 from rag.eval_cli import eval_command
+from rag.plan_cli import plan_command
 
 
 def load_settings() -> Settings:
@@ -126,6 +127,7 @@ def models_prepare() -> None:
 
 
 cli.add_command(eval_command)
+cli.add_command(plan_command)
 
 
 def main() -> None:

@@ -38,6 +38,7 @@ from rag.profiles import ServerProfile
 MIB = 1024 * 1024
 GIB = 1024 * MIB
 
+UNITEMIZED = "output.unitemized"  # stands for bytes a published file has beyond its described tensors
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
 
 # --- reading a GGUF header ------------------------------------------------------------------------
@@ -152,6 +153,12 @@ class Architecture:
     ssm_conv_dim: int = 0
     n_expert: int = 0
     tied_output: bool = False
+    n_layer_all: int = 0  # with MTP/NextN blocks: what -ngl counts against
+
+    def first_gpu_layer(self, gpu_layers: int | None) -> int:
+        """llama.cpp offloads the output head first, then layers from the last one down."""
+        n_gpu = self.n_layer_all + 1 if gpu_layers is None else max(0, gpu_layers)
+        return max(self.n_layer_all + 1 - n_gpu, 0)
 
     def kv_values_per_token(self, layers: tuple[int, ...] | None = None) -> tuple[int, int]:
         """K and V values per token (per cell) over the attention layers."""
@@ -216,6 +223,7 @@ def architecture(model: ModelSpec) -> Architecture:
         ssm_conv_dim=conv_dim if recurrent else 0,
         n_expert=int(key("expert_count", 0) or 0),
         tied_output=not any(t.name == "output.weight" for t in model.tensors),
+        n_layer_all=n_layer + n_nextn,
     )
 
 
@@ -342,9 +350,8 @@ class Memory:
 
 def weight_bytes(model: ModelSpec, arch: Architecture, gpu_layers: int | None) -> tuple[int, int, dict[str, int]]:
     """(bytes on the GPU, bytes in host memory, GPU bytes by tensor type)."""
-    n_gpu = arch.n_layer + 1 if gpu_layers is None else max(0, gpu_layers)
-    first_gpu_layer = max(arch.n_layer + 1 - n_gpu, 0)
-    output_on_gpu = n_gpu > arch.n_layer
+    first_gpu_layer = arch.first_gpu_layer(gpu_layers)
+    output_on_gpu = first_gpu_layer <= arch.n_layer_all
     on_gpu = on_host = 0
     by_type: dict[str, int] = {}
     for t in model.tensors:
@@ -359,7 +366,8 @@ def weight_bytes(model: ModelSpec, arch: Architecture, gpu_layers: int | None) -
             gpu = output_on_gpu
         if gpu:
             on_gpu += t.n_bytes
-            by_type[t.type_name] = by_type.get(t.type_name, 0) + t.n_bytes
+            kind = "unitemized" if t.name == UNITEMIZED else t.type_name
+            by_type[kind] = by_type.get(kind, 0) + t.n_bytes
         else:
             on_host += t.n_bytes
     if arch.tied_output and output_on_gpu:
@@ -473,8 +481,7 @@ def estimate(model: ModelSpec, flags: Flags, gpu: GPU | None = None, arch: Archi
             output_host=output_host,
         )
     on_gpu, on_host, _ = weight_bytes(model, arch, flags.gpu_layers)
-    n_gpu = arch.n_layer + 1 if flags.gpu_layers is None else flags.gpu_layers
-    first = max(arch.n_layer + 1 - n_gpu, 0)
+    first = arch.first_gpu_layer(flags.gpu_layers)
     gpu_attn = tuple(il for il in arch.attention_layers if il >= first)
     gpu_recr = tuple(il for il in arch.recurrent_layers if il >= first)
     host_attn = tuple(il for il in arch.attention_layers if il < first)
@@ -615,7 +622,7 @@ def plan(model: ModelSpec, gpu: GPU, flags: Flags, margin: int | None = None, ex
             result.advice += _what_to_change(model, arch, flags, gpu, margin, memory)
     final = result.suggested or flags
     final_memory = estimate(model, final, gpu, arch) if result.suggested else memory
-    if final.gpu_layers is None or final.gpu_layers > arch.n_layer:
+    if arch.first_gpu_layer(final.gpu_layers) == 0:
         result.speed = decode_speed(final_memory, arch, final, gpu)
     return result
 
@@ -624,7 +631,7 @@ def _with_extra(model: ModelSpec, extra: int) -> ModelSpec:
     if extra <= 0:
         return model
     # one unnamed F32 tensor stands for the weights the tensor table does not itemize
-    filler = TensorSpec("output.unitemized", (extra // 4,), "F32")
+    filler = TensorSpec(UNITEMIZED, (extra // 4,), "F32")
     return replace(model, tensors=model.tensors + (filler,))
 
 
@@ -683,12 +690,12 @@ def _what_to_change(model: ModelSpec, arch: Architecture, flags: Flags, gpu: GPU
         if _check(model, arch, cand, gpu, margin)[1]:
             advice.append(f"a shorter context: -c {ctx} with -ctk q4_0 -ctv q4_0 -ub {cand.n_ubatch} fits")
             break
-    for ngl in range(arch.n_layer, -1, -1):
+    for ngl in range(arch.n_layer_all, -1, -1):
         cand = replace(flags, gpu_layers=ngl)
         if _check(model, arch, cand, gpu, margin)[1]:
             host = estimate(model, cand, gpu, arch).weights_host
             advice.append(
-                f"partial offload: -ngl {ngl} (of {arch.n_layer + 1}: the layers, then the output head) fits; "
+                f"partial offload: -ngl {ngl} (the output head and the last {ngl - 1} of {arch.n_layer} layers) fits; "
                 f"{host / GIB:.1f} GiB of weights stay in system memory and decode slows to its bandwidth for them"
             )
             break
