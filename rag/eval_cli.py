@@ -49,18 +49,20 @@ than --max-drop below the baseline.
 
 
 class RichProgress:
-    """A progress bar per stage on stderr (shown on a terminal only)."""
+    """A progress bar per stage on a terminal; elsewhere (a log file) a line at every tenth of a stage."""
 
     def __init__(self) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
         console = Console(stderr=True)
+        self.plain = not console.is_terminal
         self.bar = Progress(
             TextColumn("{task.description:<9}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TimeRemainingColumn(), console=console, disable=not console.is_terminal,
+            TimeRemainingColumn(), console=console, disable=self.plain,
         )
         self._task: Any = None
+        self._line = ("", 0, 0)  # stage, total, done (plain mode)
 
     def __enter__(self) -> "RichProgress":
         self.bar.start()
@@ -73,9 +75,16 @@ class RichProgress:
         if self._task is not None:
             self.bar.update(self._task, completed=self.bar.tasks[-1].total)
         self._task = self.bar.add_task(name, total=total)
+        self._line = (name, total, 0)
+        if self.plain:
+            click.echo(f"{name}: 0/{total}", err=True)
 
     def advance(self, n: int = 1) -> None:
         self.bar.advance(self._task, n)
+        name, total, done = self._line
+        self._line = (name, total, done + n)
+        if self.plain and (done + n) * 10 // max(total, 1) > done * 10 // max(total, 1):
+            click.echo(f"{name}: {done + n}/{total}", err=True)
 
 
 def _settings() -> Settings:
