@@ -160,11 +160,13 @@ class PromptBudget:
         self._counter = counter
         self._memo = _Memo(counter)
         self._per_message: int | None = None  # template tokens around one history message
+        self._skeleton_tokens: int | None = None  # the prompt with no sources, no history, no question
 
     def forget(self) -> None:
         """Drop remembered counts (the server may have changed its model)."""
         self._memo.clear()
         self._per_message = None
+        self._skeleton_tokens = None
 
     async def pack(
         self,
@@ -184,18 +186,19 @@ class PromptBudget:
                 f"max_tokens {reserve} leaves no room for a prompt in a context of {n_ctx} tokens",
                 n_ctx=n_ctx, reserve=reserve,
             )
-        base = await self._counter.count_chat_tokens(build_messages([], [], question))
-        question_tokens = await self._memo.count(defuse(question))
-        if base > limit:
-            raise QuestionTooLong(
-                f"the question needs {base} prompt tokens with the system prompt; the limit is {limit} "
-                f"(n_ctx {n_ctx} - {reserve} reserved for the answer)",
-                question_tokens=question_tokens, prompt_tokens=base, limit=limit, n_ctx=n_ctx, reserve=reserve,
-            )
         rendered = [render_source(c.source_id, c.text, c.metadata) for c in candidates]
-        chunk_tokens = await self._memo.count_all(rendered)
         turns = split_turns(history)
-        per_message = await self._per_message_overhead(question) if turns else 0
+        # One round of concurrent /tokenize calls (remembered pieces cost none), then one exact count.
+        skeleton, question_tokens, chunk_tokens, per_message = await asyncio.gather(
+            self._skeleton(), self._memo.count(defuse(question)), self._memo.count_all(rendered),
+            self._per_message_overhead() if turns else _zero(),
+        )
+        base = skeleton + question_tokens  # the system prompt, the template and the question
+        numbers = {"question_tokens": question_tokens, "limit": limit, "n_ctx": n_ctx, "reserve": reserve}
+        if base > limit:
+            base = await self._counter.count_chat_tokens(build_messages([], [], question))
+            if base > limit:
+                raise _too_long(base, numbers)
 
         target = limit
         for round_no in range(1, MAX_ROUNDS + 1):
@@ -210,14 +213,20 @@ class PromptBudget:
             if used <= limit:
                 return PackedPrompt(
                     messages=messages, n_ctx=n_ctx, reserve=reserve, limit=limit, used=used,
-                    system=base - question_tokens, question=question_tokens, history=history_tokens,
+                    system=skeleton, question=question_tokens, history=history_tokens,
                     chunks=chunks, dropped=dropped, dropped_turns=len(turns) - len(kept_turns), rounds=round_no,
                 )
+            if not chunks and not kept_history:
+                raise _too_long(used, numbers)  # nothing left to drop: the question alone is over
             target -= used - limit
-        # Seams kept adding tokens: fall back to the prompt counted exactly above.
+        # Seams kept adding tokens: send the question alone, counted exactly.
+        messages = build_messages([], [], question)
+        used = await self._counter.count_chat_tokens(messages)
+        if used > limit:
+            raise _too_long(used, numbers)
         return PackedPrompt(
-            messages=build_messages([], [], question), n_ctx=n_ctx, reserve=reserve, limit=limit, used=base,
-            system=base - question_tokens, question=question_tokens, history=0, chunks=[],
+            messages=messages, n_ctx=n_ctx, reserve=reserve, limit=limit, used=used,
+            system=skeleton, question=question_tokens, history=0, chunks=[],
             dropped=[{"chunk_id": c.chunk_id, "reason": "budget"} for c in candidates],
             dropped_turns=len(turns), rounds=MAX_ROUNDS + 1,
         )
@@ -273,12 +282,31 @@ class PromptBudget:
             used += cost
         return kept, used
 
-    async def _per_message_overhead(self, question: str) -> int:
-        """Template tokens around one history message (measured once per budget)."""
+    async def _skeleton(self) -> int:
+        """Tokens of a prompt with no sources and no history, less its question (measured once)."""
+        if self._skeleton_tokens is None:
+            probe = await self._counter.count_chat_tokens(build_messages([], [], "x"))
+            self._skeleton_tokens = probe - await self._memo.count("x")
+        return self._skeleton_tokens
+
+    async def _per_message_overhead(self) -> int:
+        """Template tokens around one history message (measured once)."""
         if self._per_message is None:
             probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "x"}]
-            with_turn = await self._counter.count_chat_tokens(build_messages([], probe, question))
-            without = await self._counter.count_chat_tokens(build_messages([], [], question))
+            with_turn = await self._counter.count_chat_tokens(build_messages([], probe, "x"))
+            without = await self._counter.count_chat_tokens(build_messages([], [], "x"))
             x = await self._memo.count("x")
             self._per_message = max(0, -(-(with_turn - without - 2 * x) // 2))  # rounded up
         return self._per_message
+
+
+async def _zero() -> int:
+    return 0
+
+
+def _too_long(prompt_tokens: int, numbers: dict[str, int]) -> QuestionTooLong:
+    return QuestionTooLong(
+        f"the question needs {prompt_tokens} prompt tokens with the system prompt; the limit is {numbers['limit']} "
+        f"(n_ctx {numbers['n_ctx']} - {numbers['reserve']} reserved for the answer)",
+        prompt_tokens=prompt_tokens, **numbers,
+    )

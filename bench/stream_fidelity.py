@@ -1,0 +1,275 @@
+"""Stream fidelity: decode speed and time to first token through POST /v1/chat vs llama-server directly.
+
+Both paths get the same final prompt in the same run, one after the other, the order alternating per
+question. The prompt that the API sent is rebuilt here from its `sources` event (the texts, ids and
+labels that were packed) with rag.prompt, and checked token for token against the API's `budget.used`
+by llama-server's own count, so the direct call is the same request minus our stack.
+
+Both calls find the prompt in llama-server's cache (a warm-up call per question primes it; cache_n
+is printed), so the difference in time to first token is our own cost: the HTTP hop, packing (tokenize
+calls), the generation gate and SSE framing. "added" = API TTFT - the API's retrieval time - direct
+TTFT. Decode speed is measured at the client, first token to last: (tokens - 1) / seconds.
+
+    .venv/bin/python -m bench.stream_fidelity                       # starts llama-server and the embedder
+    .venv/bin/python -m bench.stream_fidelity --questions 20 --max-tokens 128
+    .venv/bin/python -m bench.stream_fidelity --llm-url http://127.0.0.1:8081 --embed-url http://127.0.0.1:8082
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from rag.llm_client import LlamaServerClient
+from rag.prompt import build_messages, render_source
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@dataclass
+class Run:
+    path: str  # "api" or "direct"
+    ttft_ms: float
+    tokens: int
+    decode_tps: float
+    server_tps: float | None  # llama-server's own timings.predicted_per_second
+    cache_n: int | None
+    retrieval_ms: float = 0.0
+    pack_ms: float = 0.0
+    server_ttft_ms: float = 0.0  # the API's own: from the request's start in the answering core
+    upstream_ttft_ms: float = 0.0  # the API's client of llama-server: request to first token
+
+
+def squad_documents(n_articles: int, rng: random.Random) -> tuple[dict[str, str], list[str]]:
+    """Some SQuAD articles as text files, and questions about them."""
+    raw = json.loads((DATA / "squad-v1.1-dev.json").read_text(encoding="utf-8"))
+    articles = rng.sample(raw["data"], n_articles)
+    docs = {f"{a['title']}.txt": "\n\n".join(p["context"] for p in a["paragraphs"]) for a in articles}
+    questions = [qa["question"] for a in articles for p in a["paragraphs"] for qa in p["qas"]]
+    return docs, questions
+
+
+def parse_sse_line(line: str, state: dict[str, Any]) -> tuple[str, Any] | None:
+    """Feed one SSE line; returns (event, data) when an event is complete."""
+    if line.startswith("event:"):
+        state["event"] = line[6:].strip()
+    elif line.startswith("data:"):
+        state.setdefault("data", []).append(line[5:].lstrip())
+    elif line == "" and state.get("data"):
+        raw = "\n".join(state.pop("data"))
+        event = state.pop("event", "message")
+        return event, (raw if raw == "[DONE]" else json.loads(raw))
+    return None
+
+
+def rates(started: float, stamps: list[float]) -> tuple[float, float]:
+    ttft = (stamps[0] - started) * 1000 if stamps else float("nan")
+    span = stamps[-1] - stamps[0] if len(stamps) > 1 else 0.0
+    return ttft, ((len(stamps) - 1) / span if span > 0 else float("nan"))
+
+
+async def through_api(http: httpx.AsyncClient, api: str, question: str, max_tokens: int) -> tuple[Run, dict]:
+    body = {"messages": [{"role": "user", "content": question}], "max_tokens": max_tokens, "temperature": 0,
+            "stream": True}
+    stamps: list[float] = []
+    events: dict[str, Any] = {}
+    state: dict[str, Any] = {}
+    started = time.perf_counter()
+    async with http.stream("POST", f"{api}/v1/chat", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            got = parse_sse_line(line, state)
+            if got is None:
+                continue
+            if got[0] == "token":
+                stamps.append(time.perf_counter())
+            else:
+                events[got[0]] = got[1]
+    if "done" not in events:
+        raise RuntimeError(f"the API stream ended without done: {events.get('error')}")
+    done = events["done"]
+    ttft, tps = rates(started, stamps)
+    run = Run("api", ttft, len(stamps), tps, done["timings"].get("predicted_per_second"), done.get("cache_n"),
+              done.get("retrieval_ms", 0.0), done.get("pack_ms", 0.0), done.get("ttft_ms") or 0.0,
+              done.get("upstream_ttft_ms") or 0.0)
+    return run, events
+
+
+async def direct(http: httpx.AsyncClient, llm_url: str, messages: list[dict[str, str]], max_tokens: int) -> Run:
+    """The request LlamaServerClient.stream_chat makes, sent straight to llama-server."""
+    body = {"model": "gemma", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, "cache_prompt": True}
+    stamps: list[float] = []
+    final: dict[str, Any] = {}
+    state: dict[str, Any] = {}
+    started = time.perf_counter()
+    async with http.stream("POST", f"{llm_url}/v1/chat/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            got = parse_sse_line(line, state)
+            if got is None or got[1] == "[DONE]":
+                continue
+            chunk = got[1]
+            if chunk.get("choices") and (chunk["choices"][0].get("delta") or {}).get("content"):
+                stamps.append(time.perf_counter())
+            if "timings" in chunk:
+                final = chunk["timings"]
+    ttft, tps = rates(started, stamps)
+    return Run("direct", ttft, len(stamps), tps, final.get("predicted_per_second"), final.get("cache_n"))
+
+
+def prompt_of(question: str, events: dict[str, Any]) -> list[dict[str, str]]:
+    """The messages the API sent, rebuilt from its sources event."""
+    rendered = []
+    for source in events["sources"]["sources"]:
+        meta = {k: source[k] for k in ("source", "page", "heading") if k in source}
+        rendered.append(render_source(source["id"], source["text"], meta))
+    return build_messages(rendered, [], question)
+
+
+async def measure(args: argparse.Namespace, api: str, llm_url: str, questions: list[str]) -> list[tuple[Run, Run]]:
+    pairs = []
+    llm = LlamaServerClient(llm_url)
+    async with httpx.AsyncClient(timeout=600) as http:
+        for i, question in enumerate(questions):
+            # Warm-up: the API call retrieves and packs; its prompt then sits in the slot's cache.
+            _, events = await through_api(http, api, question, 1)
+            messages = prompt_of(question, events)
+            counted = await llm.count_chat_tokens(messages)
+            if counted != events["budget"]["used"]:
+                raise RuntimeError(f"rebuilt prompt has {counted} tokens, the API sent {events['budget']['used']}")
+            if i % 2 == 0:
+                api_run, _ = await through_api(http, api, question, args.max_tokens)
+                direct_run = await direct(http, llm_url, messages, args.max_tokens)
+            else:
+                direct_run = await direct(http, llm_url, messages, args.max_tokens)
+                api_run, _ = await through_api(http, api, question, args.max_tokens)
+            pairs.append((api_run, direct_run))
+            added = api_run.ttft_ms - api_run.retrieval_ms - direct_run.ttft_ms
+            print(f"q{i + 1:<3} prompt {counted:5d} tok | api ttft {api_run.ttft_ms:7.1f} ms (retrieval "
+                  f"{api_run.retrieval_ms:5.1f}, pack {api_run.pack_ms:5.1f}, upstream {api_run.upstream_ttft_ms:5.1f}, "
+                  f"in-API {api_run.server_ttft_ms:6.1f}) {api_run.decode_tps:6.1f} tok/s "
+                  f"cache_n {api_run.cache_n} | direct ttft {direct_run.ttft_ms:7.1f} ms "
+                  f"{direct_run.decode_tps:6.1f} tok/s cache_n {direct_run.cache_n} | added {added:6.1f} ms "
+                  f"| tokens {api_run.tokens}/{direct_run.tokens}", flush=True)
+    await llm.aclose()
+    return pairs
+
+
+def summary(pairs: list[tuple[Run, Run]]) -> dict[str, float]:
+    med = statistics.median
+    api_tps = med(a.decode_tps for a, _ in pairs)
+    direct_tps = med(d.decode_tps for _, d in pairs)
+    added = [a.ttft_ms - a.retrieval_ms - d.ttft_ms for a, d in pairs]
+    ratios = [a.decode_tps / d.decode_tps for a, d in pairs]
+    return {
+        "api_decode_tps_median": api_tps,
+        "direct_decode_tps_median": direct_tps,
+        "decode_ratio_median": med(ratios),
+        "decode_ratio_of_medians": api_tps / direct_tps,
+        "api_ttft_ms_median": med(a.ttft_ms for a, _ in pairs),
+        "direct_ttft_ms_median": med(d.ttft_ms for _, d in pairs),
+        "retrieval_ms_median": med(a.retrieval_ms for a, _ in pairs),
+        "pack_ms_median": med(a.pack_ms for a, _ in pairs),
+        "upstream_ttft_ms_median": med(a.upstream_ttft_ms for a, _ in pairs),
+        "outside_core_ms_median": med(a.ttft_ms - a.server_ttft_ms for a, _ in pairs),
+        "added_ttft_ms_median": med(added),
+        "added_ttft_ms_max": max(added),
+        # How much of llama-server's own decode speed reaches the client, per path: free of the server's
+        # speed changing between the two calls (other work on a shared CPU).
+        "delivery_api_median": med(a.decode_tps / a.server_tps for a, _ in pairs if a.server_tps),
+        "delivery_direct_median": med(d.decode_tps / d.server_tps for _, d in pairs if d.server_tps),
+        "server_tps_api_median": med(a.server_tps or 0 for a, _ in pairs),
+        "server_tps_direct_median": med(d.server_tps or 0 for _, d in pairs),
+    }
+
+
+def start_backends(args: argparse.Namespace, workdir: Path) -> tuple[str, str, list[Any]]:
+    from tests.servers import start_embedding_server, start_llama_server
+
+    started = []
+    llm_url, embed_url = args.llm_url, args.embed_url
+    if not llm_url:
+        from rag.config import Settings
+        from rag.modellock import cache_dir, ensure_bundled_generator
+
+        model = ensure_bundled_generator(Settings(data_dir=workdir, models_dir=cache_dir() / "models"))
+        started.append(start_llama_server(model, workdir))
+        llm_url = started[-1].url
+    if not embed_url:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
+        env.update(RAG_DATA_DIR=str(workdir / "embedder"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        started.append(start_embedding_server(workdir, env))
+        embed_url = started[-1].url
+    return llm_url, embed_url, started
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--questions", type=int, default=10)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--articles", type=int, default=3, help="SQuAD articles indexed as documents")
+    parser.add_argument("--top-k", type=int, default=4)
+    parser.add_argument("--llm-url", default=None, help="a running llama-server (default: start one)")
+    parser.add_argument("--embed-url", default=None, help="a running embedding server (default: start one)")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--seed", type=int, default=11)
+    args = parser.parse_args(argv)
+
+    from tests.servers import start_api
+
+    rng = random.Random(args.seed)
+    docs, questions = squad_documents(args.articles, rng)
+    questions = rng.sample(questions, args.questions)
+    with tempfile.TemporaryDirectory(prefix="rag-fidelity-") as tmp:
+        workdir = Path(tmp)
+        llm_url, embed_url, started = start_backends(args, workdir)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
+        env.update(RAG_DATA_DIR=str(workdir / "api"), RAG_LLM_URL=llm_url, RAG_EMBED_URL=embed_url,
+                   RAG_TOP_K=str(args.top_k), HF_HUB_OFFLINE="1")
+        api = start_api(workdir, env)
+        started.append(api)
+        try:
+            files = [("files", (name, text.encode(), "text/plain")) for name, text in docs.items()]
+            httpx.post(f"{api.url}/v1/documents", files=files, timeout=600).raise_for_status()
+            print(f"indexed {len(docs)} SQuAD articles; {len(questions)} questions, max_tokens {args.max_tokens}",
+                  file=sys.stderr)
+            pairs = asyncio.run(measure(args, api.url, llm_url, questions))
+        finally:
+            for server in reversed(started):
+                server.stop()
+    result = summary(pairs)
+    print()
+    print(f"decode tok/s (client, median)   api {result['api_decode_tps_median']:.1f}   direct "
+          f"{result['direct_decode_tps_median']:.1f}   ratio {result['decode_ratio_median']:.3f} "
+          f"(target >= 0.98)")
+    print(f"decode tok/s (llama-server)     api {result['server_tps_api_median']:.1f}   direct "
+          f"{result['server_tps_direct_median']:.1f}")
+    print(f"client / llama-server decode    api {result['delivery_api_median']:.3f}   direct "
+          f"{result['delivery_direct_median']:.3f}   ratio "
+          f"{result['delivery_api_median'] / result['delivery_direct_median']:.3f}")
+    print(f"TTFT ms (median)                api {result['api_ttft_ms_median']:.1f}   direct "
+          f"{result['direct_ttft_ms_median']:.1f}   retrieval {result['retrieval_ms_median']:.1f}   pack "
+          f"{result['pack_ms_median']:.1f}   upstream {result['upstream_ttft_ms_median']:.1f}   HTTP+routing "
+          f"{result['outside_core_ms_median']:.1f}")
+    print(f"added TTFT beyond retrieval     median {result['added_ttft_ms_median']:.1f} ms   max "
+          f"{result['added_ttft_ms_max']:.1f} ms (target <= 25)")
+    if args.json:
+        args.json.write_text(json.dumps({"summary": result, "runs": [[asdict(a), asdict(d)] for a, d in pairs]},
+                                        indent=2))
+
+
+if __name__ == "__main__":
+    main()
