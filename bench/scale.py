@@ -3,6 +3,8 @@ query latency (embed + hybrid search, and search alone) and the API's memory.
 
     .venv/bin/python -m bench.scale                                   # 10k, 30k, 100k (~20-40 min here)
     .venv/bin/python -m bench.scale --sizes 2000 5000 --real 300 --queries 50   # a quick look
+    .venv/bin/python -m bench.scale --workdir /var/tmp/scale --keep           # keep the stores, then
+    .venv/bin/python -m bench.scale --workdir /var/tmp/scale --keep --reuse   # measure them again
 
 What is real and what is derived (embedding 100k chunks with the bundled MiniLM on this 2-core CPU
 would take well over an hour):
@@ -266,10 +268,20 @@ async def _size_job(settings: Settings, size: int, real_path: Path, cosine: floa
     return {**built, "stored": count, "latency_ms": latency}
 
 
+async def _measure_job(settings: Settings, queries: list[str]) -> dict[str, Any]:
+    """Latency again on a store built by an earlier run (--reuse)."""
+    parts = Parts(settings)
+    try:
+        return {"stored": parts.store.count(COLLECTION), "latency_ms": await _latency(parts, queries, settings.top_k)}
+    finally:
+        await parts.aclose()
+
+
 def _child(job: str, kwargs: dict[str, Any], result: Path) -> None:
     """Run one job in a fresh process and leave its result as JSON."""
     settings = Settings(**kwargs.pop("settings"))
-    coro = _embed_real(settings, **kwargs) if job == "real" else _size_job(settings, **kwargs)
+    jobs = {"real": _embed_real, "size": _size_job, "measure": _measure_job}
+    coro = jobs[job](settings, **kwargs)
     result.write_text(json.dumps(asyncio.run(coro)))
 
 
@@ -378,10 +390,12 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     try:
         base = {"embed_url": embed_url, "llm_url": llm_url}
         real_path = workdir / "real.npz"
-        print(f"embedding {args.real} real chunks through the pipeline and the embedding server ...", file=sys.stderr)
-        settings = {**base, "data_dir": str(workdir / "real")}
-        results["real"] = in_child("real", workdir / "real.json", settings=settings, paragraphs=paragraphs,
-                                   target=args.real, out=real_path)
+        if args.reuse and (workdir / "real.json").exists():
+            results["real"] = json.loads((workdir / "real.json").read_text())
+        else:
+            print(f"embedding {args.real} real chunks through the pipeline and the embedding server ...", file=sys.stderr)
+            results["real"] = in_child("real", workdir / "real.json", settings={**base, "data_dir": str(workdir / "real")},
+                                       paragraphs=paragraphs, target=args.real, out=real_path)
         rate = results["real"]["chunks_per_s"]
         print(f"  {results['real']['chunks']} chunks in {results['real']['seconds']} s: {rate} chunks/s", file=sys.stderr)
         results["settings"] = Settings(**base, data_dir=workdir).model_dump(
@@ -391,8 +405,15 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         for size in sorted(args.sizes):
             print(f"size {size}:", file=sys.stderr)
             data_dir = workdir / f"size-{size}"
-            one = in_child("size", workdir / f"size-{size}.json", settings={**base, "data_dir": str(data_dir)},
-                           size=size, real_path=real_path, cosine=args.cosine, queries=queries)
+            settings = {**base, "data_dir": str(data_dir)}
+            done = workdir / f"size-{size}.json"
+            if args.reuse and done.exists() and data_dir.exists():
+                one = json.loads(done.read_text())
+                one.update(in_child("measure", workdir / f"measure-{size}.json", settings=settings, queries=queries))
+                one["remeasured_at"] = time.strftime("%Y-%m-%d %H:%M")
+            else:
+                one = in_child("size", done, settings=settings, size=size, real_path=real_path, cosine=args.cosine,
+                               queries=queries)
             one["disk_mb"] = disk_mb(data_dir)
             one["projected_build_s"] = round(one["write_seconds"] + size / rate, 1)
             one["api"] = asyncio.run(api_memory(data_dir, embed_url, llm_url, queries[: args.chat_queries], workdir))
@@ -438,6 +459,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--embed-url", default=None, help="a running embedding server (default: start one)")
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary directory")
     parser.add_argument("--keep", action="store_true", help="keep the built stores in --workdir")
+    parser.add_argument("--reuse", action="store_true",
+                        help="with --workdir: measure again the stores an earlier --keep run built there")
     parser.add_argument("--json", type=Path, default=RESULTS / "scale.json")
     parser.add_argument("--plot", type=Path, default=RESULTS / "scale-latency.png")
     args = parser.parse_args(argv)
