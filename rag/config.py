@@ -68,7 +68,7 @@ class Settings(BaseSettings):
     min_score: float = Field(default=0.0, ge=0)
     # Retrieval: hybrid fusion weights (dense share; the CJK one for queries in Chinese/Japanese/Korean,
     # which the bundled English-only MiniLM cannot read), candidates per method, the optional reranker.
-    hybrid_dense_weight: float = Field(default=0.3, ge=0, le=1)
+    hybrid_dense_weight: float = Field(default=0.4, ge=0, le=1)
     hybrid_dense_weight_cjk: float = Field(default=0.0, ge=0, le=1)
     retrieval_depth: int = Field(default=50, ge=1, le=1000)
     reranker_url: str | None = None
