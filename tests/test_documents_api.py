@@ -392,3 +392,42 @@ def test_api_key_guards_the_documents_routes(ingest_settings: Settings) -> None:
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def test_chroma_server_down_is_503_never_500(ingest_settings: Settings, tmp_path: Path) -> None:
+    import sys
+
+    from tests.servers import start_server
+
+    port = free_port()
+    command = [str(Path(sys.executable).parent / "chroma"), "run", "--path", str(tmp_path / "chroma"),
+               "--host", "127.0.0.1", "--port", str(port)]
+    chroma = start_server("chroma", command, port, tmp_path, ready_path="/api/v2/heartbeat")
+    settings = ingest_settings.model_copy(update={"chroma_mode": "server", "chroma_url": chroma.url})
+    server, thread, url, app = serve(settings)
+    try:
+        with httpx.Client(base_url=url, timeout=60) as client:
+            first = client.post("/v1/documents", files={"files": ("a.txt", text_of(2, "a"))})
+            assert first.status_code == 200, first.text
+            chroma.stop()
+            second = client.post("/v1/documents", files={"files": ("b.txt", text_of(2, "b"))})
+            assert second.status_code == 503, second.text
+            assert second.json()["error"]["code"] == "store_unavailable"
+            doc_id = first.json()["results"][0]["document_id"]
+            deleted = client.delete(f"/v1/documents/{doc_id}")
+            assert deleted.status_code == 503 and deleted.json()["error"]["code"] == "store_unavailable"
+            states = {d["source"]: d["state"] for d in client.get("/v1/documents").json()["documents"]}
+            # Neither is searchable now; their chunks could not be deleted while the store was away.
+            assert states == {"a.txt": "deleting", "b.txt": "pending"}
+
+            chroma = start_server("chroma", command, port, tmp_path, ready_path="/api/v2/heartbeat")
+            again = client.post("/v1/documents", files={"files": ("b.txt", text_of(2, "b"))})
+            assert again.status_code == 200 and again.json()["results"][0]["status"] == "indexed"
+            assert client.delete(f"/v1/documents/{doc_id}").status_code == 204
+            seen = census(settings.data_dir, "default", app.state.services.store)  # type: ignore[attr-defined]
+            (result,) = again.json()["results"]
+            assert seen.consistent() and seen.indexed() == {result["document_id"]: result["chunks"]}
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        chroma.stop()
