@@ -1,8 +1,10 @@
 """GPU presets for the planner: memory as CUDA reports it, bandwidth, and measured decode efficiency.
 
-`memory_mib` is the total that `nvidia-smi` shows for the card (what the CUDA driver can hand out is a
-little less: `context_mib` covers the CUDA context, cuBLAS handles and the driver's own reservations,
-none of which llama-server's log lines report).
+`memory_mib` is the total that `nvidia-smi` shows for the card. `context_mib` is what llama-server's
+process holds beyond the buffers its log lines report: the CUDA context, cuBLAS and CUDA graphs.
+Measured on an H200 machine (CUDA 13): 525 MiB at context creation, 598 MiB once the model is loaded
+(16,160 MiB window, bench/gpu/results-h200.json). Other cards are estimates scaled from it by their
+number of multiprocessors (the context's per-thread local memory grows with them), rounded up.
 
 `efficiency` is the measured share of the bandwidth ceiling that llama.cpp's single-stream decode
 reaches on that card, as a (low, high) band. Only two cards have anchors of our own or from public
@@ -30,7 +32,7 @@ class GPU:
     memory_mib: int
     bandwidth_gbs: float
     compute_capability: tuple[int, int] = (8, 0)
-    context_mib: int = 400
+    context_mib: int = 500
     efficiency: tuple[float, float] = UNMEASURED_BAND
     efficiency_source: str = "no anchor on this card: band spans the V100 and H200 anchors"
 
@@ -63,25 +65,25 @@ GPUS: dict[str, GPU] = {
     gpu.name: gpu
     for gpu in (
         GPU(
-            "v100-16g", "Tesla V100 16 GB", 16_160, 900, (7, 0), context_mib=300,
+            "v100-16g", "Tesla V100 16 GB", 16_160, 900, (7, 0), context_mib=400,
             efficiency=V100_BAND, efficiency_source="measured: dense 27B Q4_K_M at 31-33 tok/s",
         ),
         GPU(
-            "v100-32g", "Tesla V100 32 GB", 32_510, 900, (7, 0), context_mib=300,
+            "v100-32g", "Tesla V100 32 GB", 32_510, 900, (7, 0), context_mib=400,
             efficiency=V100_BAND, efficiency_source="V100 16 GB anchor (same memory system)",
         ),
         GPU("t4", "Tesla T4 16 GB", 15_360, 320, (7, 5), context_mib=300),
-        GPU("a10", "A10 24 GB", 23_028, 600, (8, 6)),
-        GPU("l4", "L4 24 GB", 23_034, 300, (8, 9)),
-        GPU("a100-40g", "A100 40 GB", 40_960, 1_555, (8, 0)),
-        GPU("a100-80g", "A100 80 GB SXM", 81_920, 2_039, (8, 0)),
-        GPU("h100", "H100 80 GB SXM", 81_559, 3_350, (9, 0), context_mib=520),
+        GPU("a10", "A10 24 GB", 23_028, 600, (8, 6), context_mib=450),
+        GPU("l4", "L4 24 GB", 23_034, 300, (8, 9), context_mib=400),
+        GPU("a100-40g", "A100 40 GB", 40_960, 1_555, (8, 0), context_mib=500),
+        GPU("a100-80g", "A100 80 GB SXM", 81_920, 2_039, (8, 0), context_mib=500),
+        GPU("h100", "H100 80 GB SXM", 81_559, 3_350, (9, 0), context_mib=600),
         GPU(
-            "h200", "H200 141 GB", 143_771, 4_300, (9, 0), context_mib=520,
+            "h200", "H200 141 GB", 143_771, 4_300, (9, 0), context_mib=600,
             efficiency=H200_BAND, efficiency_source="measured on an H200 machine: 27B-shaped Q4_K_M, 67.8-82.0 tok/s",
         ),
-        GPU("rtx3090", "GeForce RTX 3090 24 GB", 24_576, 936, (8, 6)),
-        GPU("rtx4090", "GeForce RTX 4090 24 GB", 24_564, 1_008, (8, 9)),
+        GPU("rtx3090", "GeForce RTX 3090 24 GB", 24_576, 936, (8, 6), context_mib=450),
+        GPU("rtx4090", "GeForce RTX 4090 24 GB", 24_564, 1_008, (8, 9), context_mib=550),
     )
 }
 

@@ -99,7 +99,7 @@ def render(p: Plan) -> str:
         f"  recurrent     {m.recurrent / MIB:>9,.0f} MiB",
         f"  compute       {m.compute / MIB:>9,.0f} MiB (micro-batch {f.n_ubatch}, flash attention {'on' if f.flash_attn else 'off'})",
         f"  CUDA pool     {m.pool / MIB:>9,.0f} MiB",
-        f"  CUDA context  {m.context / MIB:>9,.0f} MiB (estimate for this card)",
+        f"  CUDA context  {m.context / MIB:>9,.0f} MiB (not in llama-server's lines; per card, rag/gpus.py)",
         f"  total         {m.total_gpu / MIB:>9,.0f} MiB of {p.gpu.memory_mib:,}: {p.free / MIB:,.0f} MiB free "
         f"(llama-server's own lines: {m.reported_gpu / MIB:,.0f}; keep {p.margin / MIB:,.0f} free)",
         f"  verdict       {p.verdict}",

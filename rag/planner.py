@@ -294,6 +294,15 @@ class Flags:
             gpu_layers=profile.gpu_layers,
         )
 
+    @classmethod
+    def from_server_args(cls, args: list[str]) -> "Flags":
+        """The memory-sizing flags of a llama-server argument list (short spellings, as ServerProfile writes them)."""
+        values = {a: b for a, b in zip(args, args[1:]) if a.startswith("-")}
+        get = values.get
+        return cls(ctx=int(get("-c", 4096)), parallel=int(get("-np", 1)), cache_type_k=get("-ctk", "f16"),
+                   cache_type_v=get("-ctv", "f16"), batch=int(get("-b", 2048)), ubatch=int(get("-ub", 512)),
+                   flash_attn=get("-fa", "auto") != "off", gpu_layers=int(get("-ngl", -1)) if "-ngl" in values else None)
+
     def profile(self, name: str, description: str, model: str | None = None) -> ServerProfile:
         return ServerProfile(
             name=name,
@@ -491,7 +500,8 @@ def estimate(model: ModelSpec, flags: Flags, gpu: GPU | None = None, arch: Archi
         kv=kv_bytes(arch, flags, gpu_attn),
         kv_host=kv_bytes(arch, flags, host_attn),
         recurrent=recurrent_bytes(arch, flags, gpu_recr),
-        compute=compute_bytes(arch, flags),
+        # token_embd lives in host memory, so the input embeddings of a micro-batch are computed there
+        compute=compute_bytes(arch, flags) - arch.n_embd * min(flags.n_ctx, flags.n_ubatch) * 4,
         pool=pool_bytes(model, arch, flags, gpu),
         context=gpu.context_mib * MIB,
         output_host=output_host,

@@ -279,3 +279,36 @@ def test_production_shape_loads_as_predicted(tmp_path: Path) -> None:
     assert predicted.kv / MIB == pytest.approx(measured["KV"], rel=0.005)
     assert predicted.recurrent / MIB == pytest.approx(measured["RS"], rel=0.005)
     assert predicted.compute / MIB == pytest.approx(measured["compute"], rel=0.03)
+
+
+# --- against the GPU measurements (bench/gpu/results-h200.json, an H200 machine holding all but 16,160 MiB) ---
+
+H200_RESULTS = Path(__file__).resolve().parent.parent / "bench" / "gpu" / "results-h200.json"
+
+
+def emulation_entries() -> list[tuple[str, dict]]:
+    if not H200_RESULTS.exists():
+        return []
+    return sorted(json.loads(H200_RESULTS.read_text()).get("emulation", {}).items())
+
+
+@pytest.mark.parametrize("name, entry", emulation_entries(), ids=lambda v: v if isinstance(v, str) else "")
+def test_prediction_matches_the_16gb_emulation(name: str, entry: dict) -> None:
+    """CUDA buffers within 3% of llama-server's lines; free memory within 100 MiB; the verdict agrees."""
+    window = replace(get_gpu("h200"), memory_mib=16_160)
+    spec = qwen35_model(QWEN36_27B, entry["quant"])  # the file the benchmark wrote from the same description
+    assert spec.tensor_bytes <= entry["file_bytes"] < spec.tensor_bytes + 16 * MIB
+    flags = Flags.from_server_args(entry["flags"])
+    result = plan(spec, window, flags)
+    m, measured = result.memory, entry["buffers_mib"]
+    assert m.weights_gpu / MIB == pytest.approx(measured["CUDA0 model"], rel=0.001)
+    assert m.weights_host / MIB == pytest.approx(measured["CPU_Mapped model"], rel=0.001)
+    assert m.kv / MIB == pytest.approx(measured["CUDA0 KV"], rel=0.001)
+    assert m.recurrent / MIB == pytest.approx(measured["CUDA0 RS"], rel=0.001)
+    if "CUDA0 compute" in measured:
+        assert m.compute / MIB == pytest.approx(measured["CUDA0 compute"], rel=0.03)
+    served = bool(entry.get("served_ok")) and bool(entry.get("alive_after_serving"))
+    if served:
+        assert result.free / MIB == pytest.approx(entry["free_after_serving_mib"], abs=100)
+    assert (result.free > 0) == served
+    assert result.fits == (served and entry["free_after_serving_mib"] >= result.margin / MIB)

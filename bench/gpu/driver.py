@@ -251,15 +251,6 @@ EMULATIONS = [
 ]
 
 
-def flags_from_args(args: list[str]) -> Flags:
-    """The planner's view of a llama-server argument list."""
-    values = {a: b for a, b in zip(args, args[1:]) if a.startswith("-")}
-    get = values.get
-    return Flags(ctx=int(get("-c", 4096)), parallel=int(get("-np", 1)), cache_type_k=get("-ctk", "f16"),
-                 cache_type_v=get("-ctv", "f16"), batch=int(get("-b", 2048)), ubatch=int(get("-ub", 512)),
-                 flash_attn=get("-fa", "auto") != "off", gpu_layers=int(get("-ngl", 999)))
-
-
 def emulate(run: Run) -> None:
     """Which profiles load and serve a full 4,096-token context in 16,160 MiB, against the planner's verdicts."""
     gpu = emulated_gpu()
@@ -271,9 +262,9 @@ def emulate(run: Run) -> None:
             continue
         model = run.model(quant)
         spec = read_gguf(model)
-        planned = plan(spec, gpu, flags_from_args(flags))
+        planned = plan(spec, gpu, Flags.from_server_args(flags))
         extra = 0 if run.dry else published_extra_bytes(qwen35_model(ftype=quant), quant)
-        published = plan(spec, gpu, flags_from_args(flags), extra_weight_bytes=extra)
+        published = plan(spec, gpu, Flags.from_server_args(flags), extra_weight_bytes=extra)
         entry: dict[str, Any] = {
             "quant": quant, "file_bytes": model.stat().st_size, "flags": flags,
             "planner": {"verdict": planned.verdict, "reported_mib": round(planned.memory.reported_gpu / MIB, 1),
