@@ -26,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,17 @@ def parse_sse_line(line: str, state: dict[str, Any]) -> tuple[str, Any] | None:
     return None
 
 
+async def sse(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> AsyncIterator[tuple[str, Any]]:
+    """POST and yield the (event, data) pairs of the SSE answer as they arrive."""
+    state: dict[str, Any] = {}
+    async with http.stream("POST", url, json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            got = parse_sse_line(line, state)
+            if got is not None:
+                yield got
+
+
 def rates(started: float, stamps: list[float]) -> tuple[float, float]:
     ttft = (stamps[0] - started) * 1000 if stamps else float("nan")
     span = stamps[-1] - stamps[0] if len(stamps) > 1 else 0.0
@@ -85,18 +97,12 @@ async def through_api(http: httpx.AsyncClient, api: str, question: str, max_toke
             "stream": True}
     stamps: list[float] = []
     events: dict[str, Any] = {}
-    state: dict[str, Any] = {}
     started = time.perf_counter()
-    async with http.stream("POST", f"{api}/v1/chat", json=body) as response:
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            got = parse_sse_line(line, state)
-            if got is None:
-                continue
-            if got[0] == "token":
-                stamps.append(time.perf_counter())
-            else:
-                events[got[0]] = got[1]
+    async for name, data in sse(http, f"{api}/v1/chat", body):
+        if name == "token":
+            stamps.append(time.perf_counter())
+        else:
+            events[name] = data
     if "done" not in events:
         raise RuntimeError(f"the API stream ended without done: {events.get('error')}")
     done = events["done"]
@@ -113,19 +119,14 @@ async def direct(http: httpx.AsyncClient, llm_url: str, messages: list[dict[str,
             "stream_options": {"include_usage": True}, "cache_prompt": True}
     stamps: list[float] = []
     final: dict[str, Any] = {}
-    state: dict[str, Any] = {}
     started = time.perf_counter()
-    async with http.stream("POST", f"{llm_url}/v1/chat/completions", json=body) as response:
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            got = parse_sse_line(line, state)
-            if got is None or got[1] == "[DONE]":
-                continue
-            chunk = got[1]
-            if chunk.get("choices") and (chunk["choices"][0].get("delta") or {}).get("content"):
-                stamps.append(time.perf_counter())
-            if "timings" in chunk:
-                final = chunk["timings"]
+    async for _, chunk in sse(http, f"{llm_url}/v1/chat/completions", body):
+        if chunk == "[DONE]":
+            continue
+        if chunk.get("choices") and (chunk["choices"][0].get("delta") or {}).get("content"):
+            stamps.append(time.perf_counter())
+        if "timings" in chunk:
+            final = chunk["timings"]
     ttft, tps = rates(started, stamps)
     return Run("direct", ttft, len(stamps), tps, final.get("predicted_per_second"), final.get("cache_n"))
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import time
 from collections import Counter
 
@@ -172,3 +174,33 @@ def test_a_client_that_disconnects_frees_the_llama_server_slot_at_once(backend_s
         again = httpx.post(f"{url}/v1/chat", json=ask("When was the Eiffel Tower completed?", stream=False,
                                                        max_tokens=4), timeout=120)
         assert again.status_code == 200, again.text
+
+
+def _decoded(llama_url: str) -> int:
+    """Tokens generated so far by the busy slot (0 while none is generating)."""
+    slots = httpx.get(f"{llama_url}/slots", timeout=10).json()
+    return max((s["next_token"][0]["n_decoded"] for s in slots if s["is_processing"] and s.get("next_token")),
+               default=0)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("path", ["/v1/chat", "/v1/chat/completions"])
+def test_a_non_streamed_request_whose_client_gives_up_frees_the_slot(backend_settings: Settings,
+                                                                     llama_server: Server, path: str):
+    body = json.dumps({**ask("Write a very long story about the Eiffel Tower.", max_tokens=500), "stream": False})
+    with serve(backend_settings) as url:
+        upload(url)
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                         f"Content-Length: {len(body.encode())}\r\n\r\n{body}".encode())
+            deadline = time.monotonic() + 60
+            while _decoded(llama_server.url) < 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _decoded(llama_server.url) >= 3, "generation is under way"
+        left = time.monotonic()  # the client has closed its connection
+        while _slot_busy(llama_server.url) and time.monotonic() - left < 30:
+            time.sleep(0.05)
+        freed_after = time.monotonic() - left
+    print(f"{path}: slot freed {freed_after * 1000:.0f} ms after the client gave up")
+    assert freed_after < 2.0, f"slot still busy {freed_after:.1f} s after the client left"

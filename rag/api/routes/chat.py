@@ -7,12 +7,14 @@ question too long, a backend down, the queue full) is an HTTP error instead, wit
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, Literal, TypeVar
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field
 from sse_starlette import EventSourceResponse
 from starlette.background import BackgroundTask
@@ -20,6 +22,7 @@ from starlette.background import BackgroundTask
 from rag.answering import Answer, ChatQuery
 from rag.api.deps import AnswererDep, SettingsDep
 from rag.api.errors import error_body
+from rag.catalog import check_collection
 from rag.config import Settings
 from rag.errors import RagError
 
@@ -27,6 +30,10 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 PING_S = 10
+DISCONNECT_POLL_S = 0.25
+CLIENT_CLOSED = 499  # nginx's code for a client that closed the connection; nobody is left to read it
+
+T = TypeVar("T")
 
 
 class ChatMessage(BaseModel):
@@ -49,7 +56,7 @@ def chat_query(messages: list[dict[str, str]], settings: Settings, *, collection
     """A ChatQuery with the settings' defaults filled in (shared with the OpenAI-compatible route)."""
     return ChatQuery(
         messages=messages,
-        collection=collection or settings.collection,
+        collection=check_collection(collection) if collection else settings.collection,
         top_k=top_k or settings.top_k,
         max_tokens=max_tokens or settings.answer_reserve,
         doc_ids=doc_ids or None,
@@ -83,21 +90,41 @@ async def _sse(answer: Answer) -> AsyncIterator[dict[str, str]]:
         yield {"event": "error", "data": json.dumps(error_body(exc)["error"], ensure_ascii=False)}
 
 
+async def unless_disconnected(request: Request, answer: Answer, work: Awaitable[T]) -> T | Response:
+    """Await a whole (non-streamed) answer, but stop generating if the client goes away meanwhile.
+
+    A streamed answer learns of a disconnect from sse-starlette; a plain request is not cancelled by the
+    server, so without this an SDK that timed out would keep the llama-server slot busy to max_tokens.
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                log.info("client went away: generation stopped")
+                return Response(status_code=CLIENT_CLOSED)
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        answer.close()
+
+
 def event_stream(answer: Answer, events: AsyncIterator[dict[str, str]]) -> EventSourceResponse:
     """An SSE response that gives the generation slot back however the stream ends (even unstarted)."""
     return EventSourceResponse(events, ping=PING_S, background=BackgroundTask(answer.close))
 
 
 @router.post("/chat")
-async def chat(request: ChatRequest, answerer: AnswererDep, settings: SettingsDep) -> Any:
+async def chat(body: ChatRequest, request: Request, answerer: AnswererDep, settings: SettingsDep) -> Any:
     query = chat_query(
-        [m.model_dump() for m in request.messages], settings, collection=request.collection, top_k=request.top_k,
-        max_tokens=request.max_tokens, doc_ids=request.doc_ids, temperature=request.temperature,
+        [m.model_dump() for m in body.messages], settings, collection=body.collection, top_k=body.top_k,
+        max_tokens=body.max_tokens, doc_ids=body.doc_ids, temperature=body.temperature,
     )
     answer = await answerer.start(query)
-    if request.stream:
+    if body.stream:
         return event_stream(answer, _sse(answer))
-    try:
-        return await collect(answer)
-    finally:
-        answer.close()
+    return await unless_disconnected(request, answer, collect(answer))

@@ -16,13 +16,13 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from rag.answering import Answer, Event
 from rag.api.deps import AnswererDep, SettingsDep
 from rag.api.errors import error_body
-from rag.api.routes.chat import chat_query, event_stream
+from rag.api.routes.chat import chat_query, event_stream, unless_disconnected
 from rag.errors import InvalidRequest, RagError
 
 log = logging.getLogger(__name__)
@@ -140,22 +140,24 @@ async def _chunks(answer: Answer, completion: _Completion, include_usage: bool) 
         yield {"data": json.dumps(error_body(exc), ensure_ascii=False)}
 
 
+async def _whole(answer: Answer, completion: _Completion) -> dict[str, Any]:
+    async for event in answer.events():
+        completion.absorb(event)
+    return completion.response()
+
+
 @router.post("/chat/completions")
-async def chat_completions(request: CompletionRequest, answerer: AnswererDep, settings: SettingsDep) -> Any:
-    messages, ignored = chat_messages(request.messages)
+async def chat_completions(body: CompletionRequest, request: Request, answerer: AnswererDep,
+                           settings: SettingsDep) -> Any:
+    messages, ignored = chat_messages(body.messages)
     query = chat_query(
-        messages, settings, collection=request.collection, top_k=request.top_k,
-        max_tokens=request.max_completion_tokens or request.max_tokens, doc_ids=request.doc_ids,
-        temperature=request.temperature,
+        messages, settings, collection=body.collection, top_k=body.top_k,
+        max_tokens=body.max_completion_tokens or body.max_tokens, doc_ids=body.doc_ids,
+        temperature=body.temperature,
     )
     answer = await answerer.start(query)
-    completion = _Completion(request.model or settings.llm_model, ignored)
-    if request.stream:
-        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+    completion = _Completion(body.model or settings.llm_model, ignored)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return event_stream(answer, _chunks(answer, completion, include_usage))
-    try:
-        async for event in answer.events():
-            completion.absorb(event)
-    finally:
-        answer.close()
-    return completion.response()
+    return await unless_disconnected(request, answer, _whole(answer, completion))
