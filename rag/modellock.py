@@ -126,6 +126,7 @@ def pull(
         raise IntegrityError(f"{artifact.name} has no download URL in models.lock")
     dest_dir.mkdir(parents=True, exist_ok=True)
     final = dest_dir / artifact.file
+    final.parent.mkdir(parents=True, exist_ok=True)  # files of a model folder (bge-m3/1_Pooling/config.json)
     part = final.with_name(final.name + ".part")
 
     @retry(

@@ -1,0 +1,22 @@
+# The Python side of the stack: the API (`rag serve-api`), the embedding server (`rag serve-embeddings`),
+# the Chroma server (`chroma run`) and the one-shot model download (`rag models pull`).
+# torch comes from the CPU index (the V100 is the generator's; see docs/deployment.md); build with
+# --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu121 to run the embedder on a second GPU.
+FROM python:3.11-slim
+
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+RUN useradd --system --uid 10001 --create-home rag
+WORKDIR /app
+COPY pyproject.toml README.md models.lock /app/
+COPY rag /app/rag
+COPY ingest /app/ingest
+# Editable: rag/modellock.py finds models.lock beside the package, in /app.
+RUN pip install --index-url "$TORCH_INDEX" torch==2.13.0 \
+ && pip install -e /app
+
+USER rag
+ENV RAG_DATA_DIR=/data RAG_MODELS_DIR=/models
+EXPOSE 8000
+CMD ["rag", "--help"]

@@ -1,0 +1,160 @@
+"""compose.yaml checked statically (no Docker engine here): schema, services, the llm flags, volumes, ports."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+
+from rag.config import Settings
+from rag.modellock import find_artifact, load_lock
+from rag.profiles import PROFILES
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "compose.yaml"
+ONE_SHOT = {"models"}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict) -> dict:
+    return compose["services"]
+
+
+def environment(service: dict) -> dict[str, str]:
+    env = service.get("environment", {})
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {k: str(v) for k, v in env.items()}
+
+
+def named_volumes(service: dict) -> list[tuple[str, str, bool]]:
+    """(volume, mount point, read-only) for each named volume a service mounts."""
+    out = []
+    for spec in service.get("volumes", []):
+        parts = spec.split(":")
+        if not parts[0].startswith((".", "/")):
+            out.append((parts[0], parts[1], len(parts) > 2 and "ro" in parts[2].split(",")))
+    return out
+
+
+def test_valid_against_the_compose_specification() -> None:
+    tool = shutil.which("check-jsonschema") or str(Path(sys.executable).with_name("check-jsonschema"))
+    done = subprocess.run([tool, "--builtin-schema", "vendor.compose-spec", str(COMPOSE)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_services_are_there(services: dict) -> None:
+    assert {"models", "llm", "embed", "chroma", "api"} <= set(services)
+
+
+def test_every_long_running_service_has_a_healthcheck_and_restarts(services: dict) -> None:
+    for name, service in services.items():
+        if name in ONE_SHOT:
+            assert service.get("restart") == "no"
+            continue
+        test = service.get("healthcheck", {}).get("test")
+        assert test and test[0] in ("CMD", "CMD-SHELL"), name
+        assert service.get("restart") in ("unless-stopped", "always", "on-failure"), name
+
+
+def test_llm_command_is_the_v100_profile(services: dict) -> None:
+    profile = PROFILES["v100-16g"]
+    artifact = find_artifact(profile.model)
+    assert artifact.profile == "production" and artifact.role == "generator"
+    expected = profile.command("llama-server", f"/models/{artifact.file}", "0.0.0.0", 8080)
+    assert services["llm"]["command"] == expected
+    assert "--metrics" in expected
+
+
+def test_llm_has_the_gpu_the_model_and_a_health_check(services: dict) -> None:
+    llm = services["llm"]
+    devices = llm["deploy"]["resources"]["reservations"]["devices"]
+    assert any(d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", []) for d in devices)
+    assert ("models", "/models", True) in named_volumes(llm)
+    assert any("127.0.0.1:8080/health" in part for part in llm["healthcheck"]["test"])
+
+
+def test_dockerfiles_exist_and_build_llama_server_for_volta(services: dict) -> None:
+    for name, service in services.items():
+        build = service.get("build")
+        assert build, name
+        assert (ROOT / build["context"] / build["dockerfile"]).is_file(), name
+    llm = (ROOT / services["llm"]["build"]["dockerfile"]).read_text()
+    assert "nvidia/cuda:${CUDA_VERSION}-devel" in llm and "ARG CUDA_VERSION=12." in llm
+    assert "scripts/build-llama-server.sh" in llm
+    assert "GGML_CUDA=ON" in llm and "CMAKE_CUDA_ARCHITECTURES=70" in llm
+    assert "EXTRA_TARGETS" not in llm  # llama-server only
+
+
+def test_volumes_are_declared_and_used(compose: dict, services: dict) -> None:
+    declared = set(compose.get("volumes", {}))
+    used = {v for s in services.values() for v, _, _ in named_volumes(s)}
+    assert used == declared
+    # only the one-shot download writes the models
+    for name, service in services.items():
+        for volume, mount, read_only in named_volumes(service):
+            if volume == "models":
+                assert read_only == (name not in ONE_SHOT), name
+                assert mount == environment(service).get("RAG_MODELS_DIR", "/models")
+
+
+def test_depends_on_names_defined_services_with_conditions(services: dict) -> None:
+    for name, service in services.items():
+        for dep, spec in service.get("depends_on", {}).items():
+            assert dep in services and dep != name
+            want = "service_completed_successfully" if dep in ONE_SHOT else "service_healthy"
+            assert spec["condition"] == want, (name, dep)
+    assert set(services["api"]["depends_on"]) == {"llm", "embed", "chroma"}
+
+
+def container_port(service: dict, command_flag: str) -> int:
+    command = service["command"]
+    return int(command[command.index(command_flag) + 1])
+
+
+def test_urls_and_ports_agree(services: dict) -> None:
+    api_env = environment(services["api"])
+    targets = {
+        "RAG_LLM_URL": ("llm", container_port(services["llm"], "--port")),
+        "RAG_EMBED_URL": ("embed", container_port(services["embed"], "--port")),
+        "RAG_CHROMA_URL": ("chroma", container_port(services["chroma"], "--port")),
+    }
+    for key, (host, port) in targets.items():
+        url = urlparse(api_env[key])
+        assert (url.hostname, url.port) == (host, port), key
+    assert environment(services["embed"])["RAG_EMBED_URL"] == api_env["RAG_EMBED_URL"]
+    published = services["api"]["ports"][0].rsplit(":", 1)[1]
+    assert int(published) == int(api_env["RAG_API_PORT"])
+    for name in ("llm", "embed", "chroma"):
+        assert "ports" not in services[name], f"{name} stays on the compose network"
+
+
+def test_api_environment_is_valid_settings(services: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in environment(services["api"]).items():
+        monkeypatch.setenv(key, value)
+    settings = Settings(_env_file=None)
+    assert settings.chroma_mode == "server" and settings.chroma_url == "http://chroma:8000"
+    assert settings.context_budget == PROFILES[settings.llm_profile].ctx
+
+
+def test_models_service_pulls_every_production_file(services: dict) -> None:
+    command = " ".join(services["models"]["command"])
+    production = {a.name for a in load_lock() if a.profile == "production"}
+    pulled = set(command.split("for name in", 1)[1].split(";", 1)[0].split())
+    assert pulled == production
+    assert all(find_artifact(name).url for name in pulled)
+    embed_dir = environment(services["embed"])["RAG_EMBED_MODEL_PATH"]
+    embedder_files = [a.file for a in load_lock() if a.profile == "production" and a.role == "embedder"]
+    assert embedder_files and all(f"/models/{f}".startswith(embed_dir + "/") for f in embedder_files)
+    assert any(f.endswith("modules.json") for f in embedder_files)  # a sentence-transformers folder
