@@ -271,6 +271,7 @@ class Flags:
     flash_attn: bool = True
     gpu_layers: int | None = None  # None: every layer and the output head
     kv_unified: bool = False
+    swa_full: bool = False  # --swa-full: sliding-window layers get a full-size cache
 
     @property
     def n_ubatch(self) -> int:
@@ -292,6 +293,7 @@ class Flags:
             ubatch=profile.ubatch,
             flash_attn=profile.flash_attn != "off",
             gpu_layers=profile.gpu_layers,
+            swa_full="--swa-full" in profile.extra,
         )
 
     @classmethod
@@ -301,7 +303,8 @@ class Flags:
         get = values.get
         return cls(ctx=int(get("-c", 4096)), parallel=int(get("-np", 1)), cache_type_k=get("-ctk", "f16"),
                    cache_type_v=get("-ctv", "f16"), batch=int(get("-b", 2048)), ubatch=int(get("-ub", 512)),
-                   flash_attn=get("-fa", "auto") != "off", gpu_layers=int(get("-ngl", -1)) if "-ngl" in values else None)
+                   flash_attn=get("-fa", "auto") != "off", gpu_layers=int(get("-ngl", -1)) if "-ngl" in values else None,
+                   swa_full="--swa-full" in args)
 
     def profile(self, name: str, description: str, model: str | None = None) -> ServerProfile:
         return ServerProfile(
@@ -315,6 +318,7 @@ class Flags:
             cache_type_v=self.cache_type_v,
             batch=self.batch,
             ubatch=self.n_ubatch,
+            extra=("--swa-full",) if self.swa_full else (),
             model=model,
         )
 
@@ -396,7 +400,7 @@ def kv_cells(arch: Architecture, flags: Flags) -> tuple[int, int]:
     swa = 0
     if arch.swa_layers:
         window = arch.n_swa * (n_seq if flags.kv_unified else 1) + flags.n_ubatch
-        swa = _pad(min(per_stream, window), 256)
+        swa = per_stream if flags.swa_full else _pad(min(per_stream, window), 256)
     return per_stream * streams, swa * streams
 
 

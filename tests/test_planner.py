@@ -225,6 +225,7 @@ CASES = [
     (GEMMA, Flags(ctx=4096, batch=512, ubatch=512, flash_attn=False)),
     (GEMMA, Flags(ctx=8192, cache_type_k="q4_0", cache_type_v="q4_0", batch=512, ubatch=256)),
     (GEMMA, Flags(ctx=4096, parallel=2, cache_type_k="q8_0", cache_type_v="q8_0", batch=512, ubatch=512)),
+    (GEMMA, Flags(ctx=4096, batch=512, ubatch=512, swa_full=True)),
     ("llama", Flags(ctx=4096, cache_type_k="q8_0", cache_type_v="q8_0", batch=512, ubatch=512)),
     ("llama", Flags(ctx=4096, batch=512, ubatch=512, flash_attn=False)),
     ("qwen35", Flags(ctx=4096, cache_type_k="q8_0", cache_type_v="q8_0", batch=512, ubatch=512)),
@@ -245,7 +246,7 @@ def small_models(tmp_path_factory: pytest.TempPathFactory, generator_model: Path
 
 @pytest.mark.integration
 @pytest.mark.parametrize("which, flags", CASES, ids=lambda c: c if isinstance(c, str) else
-                         f"c{c.ctx}-np{c.parallel}-{c.cache_type_k}-fa{int(c.flash_attn)}-ub{c.n_ubatch}")
+                         f"c{c.ctx}-np{c.parallel}-{c.cache_type_k}-fa{int(c.flash_attn)}-ub{c.n_ubatch}{'-swafull' * c.swa_full}")
 def test_prediction_within_3_percent_of_llama_server(which: str, flags: Flags, small_models: dict[str, Path],
                                                      tmp_path: Path) -> None:
     path = small_models[which]
