@@ -1,25 +1,37 @@
-"""The lexical index: BM25 over SQLite FTS5, persisted and updated in place with the chunks.
+"""The lexical index: BM25 over chunks, persisted and updated in place with them.
 
-Text is tokenized by us before FTS5 sees it: CJK runs become character bigrams (Chinese has no spaces;
-bigrams measured better and 6x faster to index than jieba words), other words are lower-cased, English
-stop words dropped and ASCII words Snowball-stemmed ("founded" finds "founding"). FTS5 gives incremental
-inserts and deletes inside SQLite transactions, so an ingest that dies midway leaves no half-written index.
+Text is tokenized by us: CJK runs become character bigrams (Chinese has no spaces; bigrams measured
+better and 6x faster to index than jieba words), other words are lower-cased, English stop words dropped
+and ASCII words Snowball-stemmed ("founded" finds "founding").
 
-The raw chunk text is kept beside the tokens, so that an index written with another tokenizer is
-re-tokenized in place when it is opened, never silently searched with mismatched tokens.
+Two parts on disk, side by side:
+- `lexical.sqlite`: the chunks themselves (collection, chunk id, document id, text), the record that
+  counts and the one the search index is rebuilt from;
+- `lexical.tantivy/`: a tantivy (Rust, Lucene-like) inverted index of the tokens, keyed by the SQLite
+  rowid. Its top-k BM25 skips whole posting blocks that cannot reach the top (block-max WAND): at 100k
+  chunks a query takes about a millisecond, where SQLite FTS5, which scores every matching row, took
+  80 ms at the median and over 200 ms at p95 on this 2-core machine.
+A write changes SQLite (marking the index dirty in the same transaction), then commits tantivy, then
+clears the mark, all under tantivy's writer lock, which is exclusive across processes. An index found
+dirty or out of step on opening, or written with another tokenizer, is rebuilt from SQLite.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import Stemmer
+import tantivy
+
+from rag.errors import StoreLocked
 
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af"
 _TOKEN = re.compile(rf"[{_CJK}]+|[^\W_{_CJK}]+", re.UNICODE)
@@ -96,111 +108,222 @@ CREATE TABLE IF NOT EXISTS chunks (
     UNIQUE (collection, chunk_id)
 );
 CREATE INDEX IF NOT EXISTS chunks_by_doc ON chunks (collection, doc_id);
-CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(tokens, tokenize='unicode61 remove_diacritics 2');
+DROP TABLE IF EXISTS chunks_fts;
 """
+
+_FORMAT = "tantivy-1"  # bump when the search index's schema changes: it is rebuilt from SQLite
+_WRITER_HEAP = 32_000_000
+_WRITER_WAIT_S = 30.0
+_SEP = "\x1f"
+
+
+def _search_schema() -> tantivy.Schema:
+    builder = tantivy.SchemaBuilder()
+    builder.add_text_field("tokens", tokenizer_name="whitespace", index_option="freq")
+    builder.add_unsigned_field("rowid", indexed=True, fast=True)
+    builder.add_text_field("collection", tokenizer_name="raw", index_option="basic")
+    builder.add_text_field("doc_key", tokenizer_name="raw", index_option="basic")
+    return builder.build()
 
 
 class LexicalIndex:
-    """BM25 search over chunks. One FTS5 table shared by all collections, its rowids those of `chunks`."""
+    """BM25 search over chunks of every collection. `path` is the SQLite file; the index lies beside it."""
 
     def __init__(self, path: Path, tokenizer: Tokenizer = lexical_tokens) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.tokenizer = tokenizer
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._schema = _search_schema()
+        self._dir = path.with_suffix(".tantivy")
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30.0)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._lock = threading.Lock()
         self._db.executescript(_SCHEMA)
-        with self._transaction():
-            self._retokenize_if_needed()
-        # Searches read through their own connection: under WAL they see the last commit and never
-        # wait for an ingest's write transaction.
+        # Searches read through their own connection: under WAL they never wait for a write.
         self._reader = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._lock = threading.Lock()
         self._read_lock = threading.Lock()
+        self._seen_version = -1
+        self._index = self._open_index(rebuild=self._meta("format") != f"{_FORMAT}/{tokenizer.name}")
+        self._repair_if_needed()
 
     def close(self) -> None:
         self._reader.close()
         self._db.close()
 
-    @contextmanager
-    def _transaction(self) -> Iterator[None]:
-        """BEGIN ... COMMIT under the index's lock; ROLLBACK on any exception."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
-
-    def _retokenize_if_needed(self) -> None:
-        row = self._db.execute("SELECT value FROM meta WHERE key = 'tokenizer'").fetchone()
-        if row and row[0] == self.tokenizer.name:
-            return
-        if row:  # written by another tokenizer: rebuild the tokens from the stored text
-            self._db.execute("DELETE FROM chunks_fts")
-            rows = self._db.execute("SELECT id, text FROM chunks").fetchall()
-            self._db.executemany(
-                "INSERT INTO chunks_fts (rowid, tokens) VALUES (?, ?)",
-                [(rowid, " ".join(self.tokenizer(text))) for rowid, text in rows],
-            )
-        self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('tokenizer', ?)", (self.tokenizer.name,))
+    # Writes.
 
     def add(self, collection: str, rows: Iterable[tuple[str, str, str]]) -> None:
         """Index (chunk_id, doc_id, text) rows; re-adding a chunk id replaces it."""
         prepared = [(cid, did, text, " ".join(self.tokenizer(text))) for cid, did, text in rows]
-        with self._transaction():
-            for chunk_id, doc_id, text, tokens in prepared:
-                self._delete_rows("WHERE collection = ? AND chunk_id = ?", (collection, chunk_id))
-                cur = self._db.execute(
-                    "INSERT INTO chunks (collection, chunk_id, doc_id, text) VALUES (?, ?, ?, ?)",
-                    (collection, chunk_id, doc_id, text),
-                )
-                self._db.execute("INSERT INTO chunks_fts (rowid, tokens) VALUES (?, ?)", (cur.lastrowid, tokens))
-
-    def _delete_rows(self, where: str, params: tuple[str, ...]) -> int:
-        self._db.execute(f"DELETE FROM chunks_fts WHERE rowid IN (SELECT id FROM chunks {where})", params)
-        return self._db.execute(f"DELETE FROM chunks {where}", params).rowcount
+        if not prepared:
+            return
+        with self._writer() as writer:
+            with self._sqlite() as db:
+                old = self._rowids(db, collection, [cid for cid, *_ in prepared])
+                db.executemany("DELETE FROM chunks WHERE id = ?", [(r,) for r in old])
+                new = [
+                    db.execute(
+                        "INSERT INTO chunks (collection, chunk_id, doc_id, text) VALUES (?, ?, ?, ?)",
+                        (collection, cid, did, text),
+                    ).lastrowid
+                    for cid, did, text, _ in prepared
+                ]
+            if old:
+                writer.delete_documents_by_query(tantivy.Query.term_set_query(self._schema, "rowid", old))
+            for rowid, (_, doc_id, _, tokens) in zip(new, prepared):
+                writer.add_document(self._document(int(rowid or 0), collection, doc_id, tokens))
 
     def delete_document(self, collection: str, doc_id: str) -> int:
-        with self._transaction():
-            return self._delete_rows("WHERE collection = ? AND doc_id = ?", (collection, doc_id))
+        with self._writer() as writer:
+            with self._sqlite() as db:
+                n = db.execute("DELETE FROM chunks WHERE collection = ? AND doc_id = ?", (collection, doc_id)).rowcount
+            writer.delete_documents_by_term("doc_key", collection + _SEP + doc_id)
+        return n
 
     def delete_collection(self, collection: str) -> int:
-        with self._transaction():
-            return self._delete_rows("WHERE collection = ?", (collection,))
+        with self._writer() as writer:
+            with self._sqlite() as db:
+                n = db.execute("DELETE FROM chunks WHERE collection = ?", (collection,)).rowcount
+            writer.delete_documents_by_term("collection", collection)
+        return n
+
+    # Reads.
 
     def count_document(self, collection: str, doc_id: str) -> int:
-        with self._read_lock:
-            row = self._reader.execute(
-                "SELECT count(*) FROM chunks WHERE collection = ? AND doc_id = ?", (collection, doc_id)
-            ).fetchone()
-        return int(row[0])
+        return self._count("SELECT count(*) FROM chunks WHERE collection = ? AND doc_id = ?", (collection, doc_id))
 
     def count(self, collection: str) -> int:
-        with self._read_lock:
-            row = self._reader.execute("SELECT count(*) FROM chunks WHERE collection = ?", (collection,)).fetchone()
-        return int(row[0])
+        return self._count("SELECT count(*) FROM chunks WHERE collection = ?", (collection,))
 
     def search(self, collection: str, query: str, k: int, doc_ids: list[str] | None = None) -> list[LexicalHit]:
         """The k best chunks by BM25 for any of the query's terms, optionally within some documents."""
         terms = sorted(set(self.tokenizer(query)))
         if not terms or k <= 0:
             return []
-        match = " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
-        sql = (
-            "SELECT c.chunk_id, c.doc_id, f.rank FROM chunks_fts f JOIN chunks c ON c.id = f.rowid"
-            " WHERE chunks_fts MATCH ? AND c.collection = ?"
-        )
-        params: list[object] = [match, collection]
+        Q, Occur = tantivy.Query, tantivy.Occur
+        any_term = Q.boolean_query([(Occur.Should, Q.term_query(self._schema, "tokens", t, "freq")) for t in terms])
+        clauses = [(Occur.Must, any_term), (Occur.Must, self._filter("collection", [collection]))]
         if doc_ids:
-            sql += f" AND c.doc_id IN ({','.join('?' * len(doc_ids))})"
-            params += doc_ids
-        sql += " ORDER BY f.rank LIMIT ?"
-        params.append(k)
+            clauses.append((Occur.Must, self._filter("doc_key", [collection + _SEP + d for d in doc_ids])))
+        self._follow_other_writers()
+        searcher = self._index.searcher()
+        hits = searcher.search(Q.boolean_query(clauses), k, count=False).hits
+        if not hits:
+            return []
+        rowids = searcher.fast_field_values("rowid", [address for _, address in hits])
         with self._read_lock:
-            rows = self._reader.execute(sql, params).fetchall()
-        # FTS5's rank is bm25() negated so that smaller sorts first.
-        return [LexicalHit(cid, did, -score) for cid, did, score in rows]
+            found = {
+                rowid: (chunk_id, doc_id)
+                for rowid, chunk_id, doc_id in self._reader.execute(
+                    f"SELECT id, chunk_id, doc_id FROM chunks WHERE id IN ({','.join('?' * len(rowids))})", rowids
+                )
+            }
+        return [LexicalHit(*found[rowid], score) for (score, _), rowid in zip(hits, rowids) if rowid in found]
 
+    # Internals.
+
+    def _follow_other_writers(self) -> None:
+        """Reload the searcher at once when SQLite changed; tantivy alone would notice within ~0.5 s.
+
+        Another process's write ends by clearing the dirty mark after its index commit, so the last
+        change SQLite reports comes after the index is committed.
+        """
+        with self._read_lock:
+            version = self._reader.execute("PRAGMA data_version").fetchone()[0]
+            if version != self._seen_version:
+                self._index.reload()
+                self._seen_version = version
+
+    def _filter(self, field: str, values: list[str]) -> tantivy.Query:
+        """Matches documents with one of the values, adding nothing to the BM25 score."""
+        return tantivy.Query.const_score_query(tantivy.Query.term_set_query(self._schema, field, values), 0.0)
+
+    def _document(self, rowid: int, collection: str, doc_id: str, tokens: str) -> tantivy.Document:
+        doc = tantivy.Document()
+        doc.add_text("tokens", tokens)
+        doc.add_unsigned("rowid", rowid)
+        doc.add_text("collection", collection)
+        doc.add_text("doc_key", collection + _SEP + doc_id)
+        return doc
+
+    @staticmethod
+    def _rowids(db: sqlite3.Connection, collection: str, chunk_ids: list[str]) -> list[int]:
+        out: list[int] = []
+        for start in range(0, len(chunk_ids), 500):
+            part = chunk_ids[start : start + 500]
+            sql = f"SELECT id FROM chunks WHERE collection = ? AND chunk_id IN ({','.join('?' * len(part))})"
+            out += [r[0] for r in db.execute(sql, (collection, *part))]
+        return out
+
+    def _count(self, sql: str, params: tuple[str, ...]) -> int:
+        with self._read_lock:
+            return int(self._reader.execute(sql, params).fetchone()[0])
+
+    def _meta(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    @contextmanager
+    def _sqlite(self) -> Iterator[sqlite3.Connection]:
+        """One SQLite transaction that also marks the search index dirty until the writer commits."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+            self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('dirty', '1')")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    @contextmanager
+    def _writer(self) -> Iterator[tantivy.IndexWriter]:
+        """The index's writer (exclusive across processes); commits, then clears the dirty mark."""
+        with self._lock:
+            writer = self._acquire_writer()
+            try:
+                yield writer
+            except BaseException:
+                writer.rollback()
+                writer.wait_merging_threads()
+                raise
+            writer.commit()
+            writer.wait_merging_threads()  # finish merges now: abandoned ones would leave many segments
+            self._db.execute("DELETE FROM meta WHERE key = 'dirty'")
+            self._index.reload()
+
+    def _acquire_writer(self) -> tantivy.IndexWriter:
+        deadline = time.monotonic() + _WRITER_WAIT_S
+        while True:
+            try:
+                return self._index.writer(heap_size=_WRITER_HEAP, num_threads=1)
+            except ValueError as exc:
+                if "LockBusy" not in str(exc) or time.monotonic() > deadline:
+                    raise StoreLocked(f"the lexical index at {self._dir} is being written by another process") from exc
+                time.sleep(0.05)
+
+    def _open_index(self, rebuild: bool) -> tantivy.Index:
+        if rebuild and self._dir.exists():
+            shutil.rmtree(self._dir)
+        self._dir.mkdir(parents=True, exist_ok=True)
+        return tantivy.Index(self._schema, path=str(self._dir), reuse=True)
+
+    def _repair_if_needed(self) -> None:
+        """Rebuild the search index from SQLite when it is new, dirty, out of step or of another tokenizer."""
+        with self._lock:
+            rows = int(self._db.execute("SELECT count(*) FROM chunks").fetchone()[0])
+            fresh = self._meta("format") == f"{_FORMAT}/{self.tokenizer.name}" and self._meta("dirty") is None
+            if fresh and self._index.searcher().num_docs == rows:
+                return
+        with self._writer() as writer:
+            writer.delete_all_documents()
+            for batch in _batches(self._db.execute("SELECT id, collection, doc_id, text FROM chunks"), 2000):
+                for rowid, collection, doc_id, text in batch:
+                    writer.add_document(self._document(rowid, collection, doc_id, " ".join(self.tokenizer(text))))
+            self._db.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('format', ?)", (f"{_FORMAT}/{self.tokenizer.name}",)
+            )
+
+
+def _batches(cursor: sqlite3.Cursor, size: int) -> Iterator[list[tuple]]:
+    while batch := cursor.fetchmany(size):
+        yield batch

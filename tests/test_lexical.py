@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rag.errors import StoreLocked
 from rag.lexical import LexicalIndex, Tokenizer, cjk_fraction, lexical_tokens
 
 
@@ -129,11 +132,45 @@ def test_failed_add_leaves_nothing_behind(index: LexicalIndex) -> None:
 
 
 def test_searches_do_not_wait_for_a_write_in_progress(index: LexicalIndex) -> None:
-    with index._transaction():  # an ingest's transaction, held open
-        index._db.execute("DELETE FROM chunks_fts")
+    with index._writer() as writer:  # an ingest's write, held open
+        writer.delete_all_documents()
         with ThreadPoolExecutor(1) as pool:
             hits = pool.submit(index.search, "docs", "Rockefeller", 5).result(timeout=5)
     assert ids(hits) == ["a:0"]  # the last committed state
+    assert index.search("docs", "Rockefeller", 5) == []  # committed now
+
+
+def test_a_second_writer_waits_for_the_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = LexicalIndex(tmp_path / "lexical.sqlite")
+    second = LexicalIndex(tmp_path / "lexical.sqlite")  # as another process would open it
+    with ThreadPoolExecutor(1) as pool:
+        with first._writer():
+            waiting = pool.submit(second.add, "docs", [("w:0", "w", "written while another writer held the lock")])
+            time.sleep(0.3)
+            assert not waiting.done()
+        waiting.result(timeout=10)
+    assert ids(first.search("docs", "lock", 5)) == ["w:0"]
+    monkeypatch.setattr("rag.lexical._WRITER_WAIT_S", 0.2)
+    with first._writer(), pytest.raises(StoreLocked):
+        second.delete_document("docs", "w")
+
+
+@pytest.mark.parametrize("damage", ["dirty", "index gone", "index emptied"])
+def test_an_index_out_of_step_is_rebuilt_on_opening(index: LexicalIndex, tmp_path: Path, damage: str) -> None:
+    index.close()
+    if damage == "dirty":  # a crash between the SQLite commit and the index commit
+        with sqlite3.connect(tmp_path / "lexical.sqlite") as db:
+            db.execute("INSERT INTO meta (key, value) VALUES ('dirty', '1')")
+    elif damage == "index gone":
+        shutil.rmtree(tmp_path / "lexical.tantivy")
+    else:
+        index = LexicalIndex(tmp_path / "lexical.sqlite")
+        with index._writer() as writer:
+            writer.delete_all_documents()
+        index.close()
+    reopened = LexicalIndex(tmp_path / "lexical.sqlite")
+    assert ids(reopened.search("docs", "Rockefeller", 5)) == ["a:0"]
+    assert ids(reopened.search("other", "Chicago", 5)) == ["z:0"]
 
 
 def test_persisted_and_retokenized_when_the_tokenizer_changes(index: LexicalIndex, tmp_path: Path) -> None:
