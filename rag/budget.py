@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rag.errors import InvalidRequest, QuestionTooLong
-from rag.prompt import Message, build_messages, defuse, render_source
+from rag.prompt import SOURCES_SEPARATOR, Message, build_messages, defuse, render_source, sources_block
 
 MAX_ROUNDS = 4  # assembled prompt over the limit -> lower the target and pack again, at most this often
 
@@ -189,9 +189,10 @@ class PromptBudget:
         rendered = [render_source(c.source_id, c.text, c.metadata) for c in candidates]
         turns = split_turns(history)
         # One round of concurrent /tokenize calls (remembered pieces cost none), then one exact count.
-        skeleton, question_tokens, chunk_tokens, per_message = await asyncio.gather(
+        skeleton, question_tokens, chunk_tokens, per_message, wrapper = await asyncio.gather(
             self._skeleton(), self._memo.count(defuse(question)), self._memo.count_all(rendered),
             self._per_message_overhead() if turns else _zero(),
+            self._memo.count(sources_block([]) + SOURCES_SEPARATOR) if candidates else _zero(),
         )
         base = skeleton + question_tokens  # the system prompt, the template and the question
         numbers = {"question_tokens": question_tokens, "limit": limit, "n_ctx": n_ctx, "reserve": reserve}
@@ -202,7 +203,7 @@ class PromptBudget:
 
         target = limit
         for round_no in range(1, MAX_ROUNDS + 1):
-            room = target - base
+            room = target - base - wrapper
             chunks, dropped, room = await self._pack_chunks(candidates, rendered, chunk_tokens, room)
             kept_turns, history_tokens = await self._pack_history(turns, room, per_message)
             kept_history = [m for turn in kept_turns for m in turn]

@@ -58,6 +58,10 @@ PROFILES: dict[str, ServerProfile] = {
         description="Embedded default: the bundled Gemma 3 270M on 2 CPU cores beside the embedder.",
         threads=1,  # two threads against the embedder on 2 cores measured slower than one
         chat_template="gemma",
+        # Gemma 3 attends through a sliding window: without a full-size SWA cache llama-server cannot
+        # roll its cache back to a shared prefix, and every prompt whose sources changed was processed
+        # from token 0 (cache_n 0) instead of reusing the fixed system prompt. ~70 MB more at 4,096.
+        extra=("--swa-full",),
     ),
     # Derived by the planner (rag.planner.tune on the production model's shape, V100 16 GB, 4,096
     # tokens, one slot); tests/test_planner.py checks that the planner still derives exactly this.

@@ -9,7 +9,7 @@ import pytest
 from rag.answering import Answerer, ChatQuery, split_question
 from rag.citations import check_citations, cited_ids
 from rag.config import Settings
-from rag.errors import InvalidRequest
+from rag.errors import InvalidRequest, LLMUnavailable
 from rag.llm_client import LlamaServerClient
 from rag.prompt import no_sources_answer
 from tests.chat_helpers import OverlapRetriever, ReplayLlamaServer
@@ -136,3 +136,15 @@ def test_cited_ids_in_their_forms():
         ["S1", "S2", "S3", "S4", "S5", "S6", "S7"]
     check = check_citations("x [S1] [S3]", {"S1", "S2"})
     assert check.valid == ["S1"] and check.invalid == ["S3"]
+
+
+def test_a_loading_llama_server_is_a_503_with_the_reason():
+    class Loading(ReplayLlamaServer):
+        def handle(self, request):
+            import httpx
+
+            return httpx.Response(503, json={"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}})
+
+    with pytest.raises(LLMUnavailable) as caught:
+        answer("x", server=Loading("x"))
+    assert caught.value.status == 503 and "loading" in caught.value.message

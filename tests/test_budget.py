@@ -61,15 +61,17 @@ def test_everything_fits_in_rank_order():
     assert [c.source_id for c in packed.chunks] == ["S1", "S2", "S3"]
     assert not any(c.cut for c in packed.chunks) and packed.dropped == [] and packed.dropped_turns == 0
     assert packed.used <= packed.limit == 1990
-    assert packed.messages[0]["role"] == "system" and packed.messages[0]["content"].startswith(SYSTEM_PROMPT)
+    assert packed.messages[0] == {"role": "system", "content": SYSTEM_PROMPT}, "byte-identical in every request"
     assert [m["role"] for m in packed.messages[1:]] == ["user", "assistant", "user"]
+    first_user = packed.messages[1]["content"]
+    assert first_user.startswith("<sources>\n<source id=\"S1\"") and first_user.endswith("</sources>\n\nhi")
     assert packed.messages[-1]["content"] == "What is it?"
 
 
 def base_tokens(counter: WordCounter, question: str = "What is it?") -> int:
-    """The prompt with no sources and no history."""
-    return run(counter.count_chat_tokens([{"role": "system", "content": f"{SYSTEM_PROMPT}\n\n<sources>\n</sources>"},
-                                          {"role": "user", "content": question}]))
+    """The prompt with an empty sources block and no history."""
+    return run(counter.count_chat_tokens([{"role": "system", "content": SYSTEM_PROMPT},
+                                          {"role": "user", "content": f"<sources>\n</sources>\n\n{question}"}]))
 
 
 def source_tokens(counter: WordCounter, i: int, text: str) -> int:
@@ -110,7 +112,7 @@ def test_history_keeps_the_newest_whole_turns():
     for i in range(6):
         history += [{"role": "user", "content": f"question {i} " + "pad " * 30},
                     {"role": "assistant", "content": f"answer {i} " + "pad " * 30}]
-    packed = pack(WordCounter(), n_ctx=400, reserve=10, history=history)
+    packed = pack(WordCounter(), n_ctx=450, reserve=10, history=history)
     kept = packed.messages[1:-1]
     assert kept, "some history fits"
     assert kept == history[-len(kept):] and len(kept) % 2 == 0
@@ -248,7 +250,8 @@ def test_the_prompt_sent_never_exceeds_n_ctx_minus_max_tokens(llama_server: Serv
     event("turns dropped" if packed.dropped_turns else "no turn dropped")
     assert measured == packed.used
     assert measured <= min(n_ctx, ceiling) - reserve
-    assert packed.messages[-1]["content"] == defuse(q), "the question is never cut"
+    assert packed.messages[-1]["content"].endswith(defuse(q)), "the question is never cut"
+    assert packed.messages[0] == {"role": "system", "content": SYSTEM_PROMPT}
     ids = [c.source_id for c in packed.chunks]
     assert ids == [f"S{i}" for i in range(1, len(ids) + 1)], "only the lowest-ranked chunks are dropped"
     for c in packed.chunks:

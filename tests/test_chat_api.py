@@ -58,23 +58,27 @@ def test_non_stream_returns_the_same_as_one_document(api: str):
     assert body["citations"]["invalid"] == [] or body["done"]["invalid_citations"] == len(body["citations"]["invalid"])
 
 
-def test_a_follow_up_reuses_the_cached_prompt_prefix(api: str):
-    first = chat_events(api, ask("When was the Eiffel Tower completed?"))
+def test_a_follow_up_reprocesses_only_what_changed(api: str):
+    question = "When was the Eiffel Tower completed?"
+    first = chat_events(api, ask(question))
     answer = "".join(e.data["text"] for e in first if e.event == "token")
-    follow_up = {
-        "messages": [
-            {"role": "user", "content": "When was the Eiffel Tower completed?"},
-            {"role": "assistant", "content": answer},
-            {"role": "user", "content": "And who built the Eiffel Tower?"},
-        ],
-        "max_tokens": 8, "temperature": 0,
-    }
-    events = chat_events(api, follow_up)
-    done = next(e.data for e in events if e.event == "done")
-    budget = next(e.data for e in events if e.event == "budget")
-    # At least the fixed system prompt came from llama-server's cache.
-    assert done["cache_n"] >= budget["system"] - 10 > 50
-    assert done["timings"]["prompt_n"] < budget["used"]
+
+    def follow_up(text: str) -> dict:
+        history = [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+        events = chat_events(api, {"messages": [*history, {"role": "user", "content": text}], "max_tokens": 8,
+                                   "temperature": 0})
+        return {e.event: e.data for e in events}
+
+    # The same sources come back: the previous prompt and answer are cached, only the new turn is processed.
+    same = follow_up("And when was the Eiffel Tower completed, again?")
+    first_chunks = [c["chunk_id"] for c in next(e.data for e in first if e.event == "budget")["chunks"]]
+    assert [c["chunk_id"] for c in same["budget"]["chunks"]] == first_chunks
+    assert same["done"]["timings"]["prompt_n"] < 40 < same["done"]["cache_n"]
+    # Other sources: the fixed system prompt at the head still comes from the cache.
+    other = follow_up("Which countries does the Amazon River flow through?")
+    assert [c["chunk_id"] for c in other["budget"]["chunks"]] != first_chunks
+    assert other["done"]["cache_n"] >= other["budget"]["system"] - 8 > 100
+    assert other["done"]["timings"]["prompt_n"] < other["budget"]["used"] - 100
 
 
 def test_an_empty_collection_gets_a_plain_answer_without_calling_the_model(api: str, llama_server: Server):
