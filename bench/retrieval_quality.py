@@ -54,6 +54,7 @@ class Corpus:
     name: str
     chunks: dict[str, tuple[str, str]]  # chunk_id -> (doc_id, text)
     questions: list[Question]
+    titles: dict[str, str]  # doc_id -> its article's title
 
 
 @dataclass
@@ -71,10 +72,12 @@ def load_corpus(name: str, split: Callable[[str], list[str]], limit: int | None)
     raw = json.loads((DATA / DATASETS[name]).read_text(encoding="utf-8"))
     chunks: dict[str, tuple[str, str]] = {}
     questions: list[Question] = []
+    titles: dict[str, str] = {}
     n = 0
     for article in raw["data"]:
         for paragraph in article["paragraphs"]:
             doc_id = f"p{n:05d}"
+            titles[doc_id] = article.get("title", "").replace("_", " ")
             n += 1
             for i, text in enumerate(split(paragraph["context"])):
                 chunks[f"{doc_id}:{i}"] = (doc_id, text)
@@ -85,7 +88,7 @@ def load_corpus(name: str, split: Callable[[str], list[str]], limit: int | None)
     if limit:
         # A spread-out sample: the same for every run with the same limit.
         questions = sorted(questions, key=lambda q: _hash(q.qid))[:limit]
-    return Corpus(name, chunks, questions)
+    return Corpus(name, chunks, questions, titles)
 
 
 def make_splitter(model_path: str, chunk_tokens: int, overlap: int) -> Callable[[str], list[str]]:
@@ -180,7 +183,7 @@ def rrf(dense: Sequence[tuple[str, float]], lexical: Sequence[tuple[str, float]]
 # ---------------------------------------------------------------- runs
 
 
-def build_indexes(corpus: Corpus, vectors: np.ndarray, workdir: Path, tokenizers: dict[str, Tokenizer]):
+def build_indexes(corpus: Corpus, vectors: np.ndarray, workdir: Path, variants: dict[str, tuple[Tokenizer, bool]]):
     import chromadb
     from chromadb.config import Settings as ChromaSettings
 
@@ -189,9 +192,9 @@ def build_indexes(corpus: Corpus, vectors: np.ndarray, workdir: Path, tokenizers
     ids = list(corpus.chunks)
     metadatas = [{"doc_id": corpus.chunks[i][0], "chunk_index": int(i.rsplit(":", 1)[1])} for i in ids]
     store.upsert(COLLECTION, ids, vectors.tolist(), [corpus.chunks[i][1] for i in ids], metadatas)
-    rows = [(i, corpus.chunks[i][0], corpus.chunks[i][1]) for i in ids]
     lexicals = {}
-    for name, tokenizer in tokenizers.items():
+    for name, (tokenizer, with_title) in variants.items():
+        rows = [(i, d, text, corpus.titles[d] if with_title else "") for i, (d, text) in corpus.chunks.items()]
         started = time.perf_counter()
         lexicals[name] = LexicalIndex(workdir / f"lexical-{name}.sqlite", tokenizer)
         lexicals[name].add(COLLECTION, rows)
@@ -273,38 +276,52 @@ def run_dataset(name: str, args: argparse.Namespace, split, encode) -> dict:
           f"{len(corpus.questions)} questions", file=sys.stderr)
     vectors = cache.embed(chunk_texts)
     qvectors = cache.embed([q.text for q in corpus.questions])
-    tokenizers = {"stem+stop": Tokenizer(), "stop": Tokenizer(stem=False), "plain": Tokenizer(stem=False, stopwords=False)}
+    # BM25 variants: the tokenizer, and whether the article's title is indexed with each chunk (the
+    # pipeline's chunk context: a document title or heading path).
+    variants = {
+        "stem+stop+title": (Tokenizer(), True),
+        "stem+stop": (Tokenizer(), False),
+        "stop": (Tokenizer(stem=False), False),
+        "plain": (Tokenizer(stem=False, stopwords=False), False),
+    }
+    fused_over = ("stem+stop", "stem+stop+title")
     with tempfile.TemporaryDirectory(prefix="rag-bench-") as tmp:
         workdir = Path(tmp)
-        store, lexicals = build_indexes(corpus, vectors, workdir, tokenizers)
+        store, lexicals = build_indexes(corpus, vectors, workdir, variants)
         started = time.perf_counter()
         runs = collect_runs(corpus, qvectors, store, lexicals, args.depth)
         print(f"  retrieved in {time.perf_counter() - started:.1f} s", file=sys.stderr)
         everyone = range(len(corpus.questions))
         tune = [i for i in everyone if int(_hash(corpus.questions[i].qid), 16) % 2 == 0]
         held = [i for i in everyone if int(_hash(corpus.questions[i].qid), 16) % 2 == 1]
-        lexical = "stem+stop"
-        best, table = tune_weight(corpus, runs, lexical, tune)
-        results = {"tuned_dense_weight": best, "weights": {str(w): m for w, m in table.items()}, "methods": {}}
+        tuned = {lex: tune_weight(corpus, runs, lex, tune) for lex in fused_over}
+        results: dict = {"tuned_dense_weight": {lex: best for lex, (best, _) in tuned.items()},
+                         "sweep": {lex: {str(w): m for w, m in t.items()} for lex, (_, t) in tuned.items()},
+                         "methods": {}, "production_check_held_out": {}}
         methods: dict[str, Callable[[int], Sequence[str]]] = {"dense (MiniLM, Chroma cosine)": lambda i: [c for c, _ in runs.dense[i]]}
-        for tok in tokenizers:
-            methods[f"BM25 ({tok})"] = lambda i, tok=tok: [c for c, _ in runs.lexical[tok][i]]
-        methods["RRF k=60, equal weights"] = lambda i: rrf(runs.dense[i], runs.lexical[lexical][i])
-        for w in sorted({0.1, 0.2, 0.3, best}):
-            methods[f"hybrid w={w:.2f}"] = lambda i, w=w: [c for c, _ in fuse(runs.dense[i], runs.lexical[lexical][i], w)]
+        for lex in variants:
+            methods[f"BM25 ({lex})"] = lambda i, lex=lex: [c for c, _ in runs.lexical[lex][i]]
+        for lex in fused_over:
+            methods[f"RRF k=60 equal, {lex}"] = lambda i, lex=lex: rrf(runs.dense[i], runs.lexical[lex][i])
+            fixed = args.cjk_weight if name == "cmrc" else args.weight
+            for w in sorted({tuned[lex][0], fixed}):
+                methods[f"hybrid w={w:.2f}, {lex}"] = lambda i, w=w, lex=lex: [
+                    c for c, _ in fuse(runs.dense[i], runs.lexical[lex][i], w)
+                ]
         for part, subset in (("tuning half", tune), ("held-out half", held), ("all", list(everyone))):
-            print(f"\n{name}: {part} ({len(subset)} questions); tuned dense weight {best:.2f}\n{header()}")
+            print(f"\n{name}: {part} ({len(subset)} questions)\n{header()}")
             for method, ranked in methods.items():
                 m = evaluate(corpus, (ranked(i) for i in everyone), subset)
                 results["methods"].setdefault(part, {})[method] = m
                 print(row(method, m))
-        cjk = args.cjk_weight if name == "cmrc" else args.weight
-        weights = (args.weight if args.weight is not None else best, cjk if cjk is not None else best)
-        check = asyncio.run(production_check(corpus, qvectors, store, lexicals[lexical], weights, held, workdir))
-        results["production_check_held_out"] = check
-        print(row(f"Retriever.search held-out w={weights}", check))
-        print("\n  dense weight sweep on the tuning half (R@1 / R@5):")
-        print("  " + "  ".join(f"{w:.2f}:{m['R@1']:.3f}/{m['R@5']:.3f}" for w, m in table.items()))
+        for lex in fused_over:
+            weights = (args.weight, args.cjk_weight)
+            check = asyncio.run(production_check(corpus, qvectors, store, lexicals[lex], weights, held, workdir))
+            results["production_check_held_out"][lex] = check
+            print(row(f"Retriever.search held-out, {lex}", check))
+        for lex, (best, table) in tuned.items():
+            print(f"\n  dense weight sweep, {lex}, tuning half (R@1 / R@5); best {best:.2f}:")
+            print("  " + "  ".join(f"{w:.2f}:{m['R@1']:.3f}/{m['R@5']:.3f}" for w, m in table.items()))
     return results
 
 
@@ -315,8 +332,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--depth", type=int, default=50, help="candidates per method (RAG_RETRIEVAL_DEPTH)")
     parser.add_argument("--chunk-tokens", type=int, default=200)
     parser.add_argument("--overlap", type=int, default=32)
-    parser.add_argument("--weight", type=float, default=None, help="dense weight for the production check (default: tuned)")
-    parser.add_argument("--cjk-weight", type=float, default=None, help="CJK dense weight for the production check")
+    defaults = Settings()
+    parser.add_argument("--weight", type=float, default=defaults.hybrid_dense_weight,
+                        help="the dense weight of the production check (default: RAG_HYBRID_DENSE_WEIGHT's)")
+    parser.add_argument("--cjk-weight", type=float, default=defaults.hybrid_dense_weight_cjk,
+                        help="the CJK dense weight of the production check (default: RAG_HYBRID_DENSE_WEIGHT_CJK's)")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "rag-stack" / "bench")
     parser.add_argument("--json", type=Path, default=None, help="write all numbers here")
     args = parser.parse_args(argv)

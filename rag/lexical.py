@@ -105,6 +105,7 @@ CREATE TABLE IF NOT EXISTS chunks (
     chunk_id TEXT NOT NULL,
     doc_id TEXT NOT NULL,
     text TEXT NOT NULL,
+    context TEXT NOT NULL DEFAULT '',
     UNIQUE (collection, chunk_id)
 );
 CREATE INDEX IF NOT EXISTS chunks_by_doc ON chunks (collection, doc_id);
@@ -138,6 +139,8 @@ class LexicalIndex:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        if "context" not in {row[1] for row in self._db.execute("PRAGMA table_info(chunks)")}:
+            self._db.execute("ALTER TABLE chunks ADD COLUMN context TEXT NOT NULL DEFAULT ''")
         # Searches read through their own connection: under WAL they never wait for a write.
         self._reader = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
@@ -152,9 +155,13 @@ class LexicalIndex:
 
     # Writes.
 
-    def add(self, collection: str, rows: Iterable[tuple[str, str, str]]) -> None:
-        """Index (chunk_id, doc_id, text) rows; re-adding a chunk id replaces it."""
-        prepared = [(cid, did, text, " ".join(self.tokenizer(text))) for cid, did, text in rows]
+    def add(self, collection: str, rows: Iterable[tuple[str, ...]]) -> None:
+        """Index (chunk_id, doc_id, text[, context]) rows; re-adding a chunk id replaces it.
+
+        `context` (the document's title or the chunk's heading path) is searched with the chunk: a
+        chunk that never names its subject is still found by it.
+        """
+        prepared = [(cid, did, text, ctx, self._tokens(text, ctx)) for cid, did, text, ctx in map(_with_context, rows)]
         if not prepared:
             return
         with self._writer() as writer:
@@ -163,14 +170,14 @@ class LexicalIndex:
                 db.executemany("DELETE FROM chunks WHERE id = ?", [(r,) for r in old])
                 new = [
                     db.execute(
-                        "INSERT INTO chunks (collection, chunk_id, doc_id, text) VALUES (?, ?, ?, ?)",
-                        (collection, cid, did, text),
+                        "INSERT INTO chunks (collection, chunk_id, doc_id, text, context) VALUES (?, ?, ?, ?, ?)",
+                        (collection, cid, did, text, ctx),
                     ).lastrowid
-                    for cid, did, text, _ in prepared
+                    for cid, did, text, ctx, _ in prepared
                 ]
             if old:
                 writer.delete_documents_by_query(tantivy.Query.term_set_query(self._schema, "rowid", old))
-            for rowid, (_, doc_id, _, tokens) in zip(new, prepared):
+            for rowid, (_, doc_id, _, _, tokens) in zip(new, prepared):
                 writer.add_document(self._document(int(rowid or 0), collection, doc_id, tokens))
 
     def delete_document(self, collection: str, doc_id: str) -> int:
@@ -221,6 +228,9 @@ class LexicalIndex:
         return [LexicalHit(*found[rowid], score) for (score, _), rowid in zip(hits, rowids) if rowid in found]
 
     # Internals.
+
+    def _tokens(self, text: str, context: str) -> str:
+        return " ".join(self.tokenizer(f"{context}\n{text}" if context else text))
 
     def _follow_other_writers(self) -> None:
         """Reload the searcher at once when SQLite changed; tantivy alone would notice within ~0.5 s.
@@ -316,12 +326,18 @@ class LexicalIndex:
                 return
         with self._writer() as writer:
             writer.delete_all_documents()
-            for batch in _batches(self._db.execute("SELECT id, collection, doc_id, text FROM chunks"), 2000):
-                for rowid, collection, doc_id, text in batch:
-                    writer.add_document(self._document(rowid, collection, doc_id, " ".join(self.tokenizer(text))))
+            rows = self._db.execute("SELECT id, collection, doc_id, text, context FROM chunks")
+            for batch in _batches(rows, 2000):
+                for rowid, collection, doc_id, text, context in batch:
+                    writer.add_document(self._document(rowid, collection, doc_id, self._tokens(text, context)))
             self._db.execute(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES ('format', ?)", (f"{_FORMAT}/{self.tokenizer.name}",)
             )
+
+
+def _with_context(row: tuple[str, ...]) -> tuple[str, str, str, str]:
+    chunk_id, doc_id, text, *context = row
+    return chunk_id, doc_id, text, context[0] if context else ""
 
 
 def _batches(cursor: sqlite3.Cursor, size: int) -> Iterator[list[tuple]]:

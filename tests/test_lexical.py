@@ -114,6 +114,14 @@ def test_readding_a_chunk_replaces_it(index: LexicalIndex) -> None:
     assert ids(index.search("docs", "volcano", 5)) == ["a:0"]
 
 
+def test_context_is_searched_with_the_chunk(index: LexicalIndex, tmp_path: Path) -> None:
+    index.add("docs", [("q:1", "q", "It withdrew from the market in 2017.", "Dairy Queen")])
+    assert ids(index.search("docs", "When did Dairy Queen withdraw?", 1)) == ["q:1"]
+    index.close()
+    rebuilt = LexicalIndex(tmp_path / "lexical.sqlite", Tokenizer(stem=False))  # rebuilt from SQLite
+    assert ids(rebuilt.search("docs", "Dairy Queen", 1)) == ["q:1"]
+
+
 def test_delete_document_and_collection(index: LexicalIndex) -> None:
     assert index.delete_document("docs", "a") == 2
     assert index.count_document("docs", "a") == 0
