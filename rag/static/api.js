@@ -23,8 +23,9 @@ export function authHeaders() {
   return key ? { Authorization: `Bearer ${key}` } : {};
 }
 
-// One dialog for all the requests that got a 401 at the same moment.
-export async function keyAfter401(message) {
+// One dialog for all the requests that got a 401 at the same moment. `sentKey`: the key that was refused.
+export async function keyAfter401(sentKey) {
+  const message = sentKey ? "That key was not accepted: try again." : "This server needs an API key.";
   pendingAsk ??= askKey(message).finally(() => { pendingAsk = null; });
   const key = await pendingAsk;
   if (key) saveKey(key);
@@ -43,11 +44,12 @@ export class ApiError extends Error {
 // fetch() with the key; after a 401 it asks for the key and tries again, until the user gives up.
 export async function apiFetch(path, options = {}) {
   for (;;) {
+    const sentKey = apiKey();
     const headers = { ...(options.headers || {}), ...authHeaders() };
     const response = await fetch(path, { ...options, headers });
     if (response.status !== 401) return response;
     const error = await errorFrom(response);
-    if (!(await keyAfter401(error.message))) throw error;
+    if (!(await keyAfter401(sentKey))) throw error;
   }
 }
 

@@ -1,6 +1,6 @@
 // The document side: the collection selector, uploads (one file per request, with progress) and the list.
 
-import { apiJson, authHeaders, describeError, errorFromBody, keyAfter401 } from "./api.js";
+import { apiJson, apiKey, authHeaders, describeError, errorFromBody, keyAfter401 } from "./api.js";
 
 const PAGE = 50;
 const COLLECTION_STORAGE = "rag.collection";
@@ -205,10 +205,11 @@ function uploadRow(file) {
 
 async function uploadOne(file, collection, row) {
   for (;;) {
+    const sentKey = apiKey();
     const { status, body } = await send(file, collection, row);
     if (status === 401) {
       const error = errorFromBody(status, body);
-      if (await keyAfter401(error.message)) continue;
+      if (await keyAfter401(sentKey)) continue;
       return finish(row, file, "failed", describeError(error));
     }
     if (status === 0) return finish(row, file, "failed", "Could not reach the API (network error).");

@@ -4,13 +4,17 @@
 const LINE_END = /\r\n|\r|\n/;
 
 // Yields {event, data} for each complete event; an incomplete last event is dropped, as the standard says.
+// A caller that stops early (after the last event it needs) leaves the rest to be drained, so that the
+// connection ends as the server ends it rather than whenever the unread body is torn down.
 export async function* readEvents(body) {
   const reader = body.pipeThrough(new TextDecoderStream()).getReader();
   const pending = { event: "message", data: [] };
   let buffer = "";
+  let ended = false;
   try {
     for (;;) {
       const { value, done } = await reader.read();
+      ended = done;
       if (done) return;
       buffer += value;
       // A CR at the very end may be the first half of a CRLF split across two reads: keep it back.
@@ -23,7 +27,16 @@ export async function* readEvents(body) {
       }
     }
   } finally {
-    reader.releaseLock();
+    if (ended) reader.releaseLock();
+    else drain(reader);
+  }
+}
+
+async function drain(reader) {
+  try {
+    while (!(await reader.read()).done);
+  } catch (_) {
+    // aborted by Stop, or the connection dropped: nothing is left to read
   }
 }
 
