@@ -221,7 +221,7 @@ class Report:
 
     def line(self, text: str) -> None:
         if self._bar is not None:
-            self._bar.console.print(text, markup=False, highlight=False)
+            self._bar.console.print(text, markup=False, highlight=False, soft_wrap=True)
         else:
             click.echo(text, err=True)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 import uuid
@@ -10,9 +11,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rag.errors import Conflict, InvalidRequest, NotFound
+from rag.errors import Conflict, InvalidRequest, NotFound, RagError
 
 from .pipeline import FileResult, SourceFile
+
+log = logging.getLogger("ingest")
 
 JOB_ID = re.compile(r"[A-Za-z0-9_-]{8,64}")
 
@@ -79,7 +82,13 @@ class JobRegistry:
     def keep_task(self, task: asyncio.Task[Any]) -> None:
         """Hold a background job's task until it ends (the loop keeps only weak references)."""
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        # The job records the failure; an unexpected one also goes to the log, with its traceback.
+        if not task.cancelled() and (exc := task.exception()) is not None and not isinstance(exc, RagError):
+            log.error("upload job failed", exc_info=exc)
 
     def create(self, collection: str, job_id: str | None = None) -> Job:
         if job_id is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -263,3 +264,26 @@ def test_subprocess_reports_failures_through_the_api(api: Server, ingest_env: di
     assert "scan.pdf" in done.stderr and "no extractable text" in done.stderr
     assert "1 indexed, 0 unchanged, 1 failed" in done.stdout and "via api" in done.stdout
     assert os.environ.get("RAG_INGEST_SERVER") is None
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_on_a_terminal(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from ingest.cli import Report
+    from ingest.pipeline import FileResult, SourceFile
+
+    terminal = FakeTerminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    report = Report(as_json=False, total=2)
+    with report.progress():
+        for name, status in (("a.txt", "indexed"), ("b.pdf", "failed")):
+            report.file_started(SourceFile(tmp_path / name, str(tmp_path / name), name))
+            report.chunks_stored(3 if status == "indexed" else 0)
+            report.file_done(FileResult(name, str(tmp_path / name), "id", status, "broken" if status == "failed" else None, 3))
+    shown = terminal.getvalue()
+    assert "2/2" in shown and "chunks/s" in shown and "ETA" in shown
+    assert f"failed        {tmp_path / 'b.pdf'}: broken" in shown
+    assert "indexed       " not in shown  # on a terminal the bar replaces the per-file lines

@@ -17,6 +17,7 @@ from typing import BinaryIO
 from python_multipart import MultipartParser
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import parse_options_header
+from starlette.requests import ClientDisconnect
 
 from rag.errors import FileTooLarge, InvalidRequest, UnsupportedFileType
 
@@ -161,6 +162,8 @@ async def receive_multipart(
         parser.finalize()
     except MultipartParseError as exc:
         raise InvalidRequest(f"malformed multipart body: {exc}") from None
+    except ClientDisconnect:
+        raise InvalidRequest("the upload was interrupted: the client went away") from None
     finally:
         receiver.close()
     if not receiver.form.files:

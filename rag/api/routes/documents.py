@@ -58,9 +58,9 @@ async def upload_documents(
             handed_over = True
             return JSONResponse({"job_id": job.id, "collection": job.collection, "results": []}, status_code=202)
         results = await _run_job(pipeline, job, files, directory=None)
-    except RagError as exc:
-        if job.state != "failed":
-            job.fail(exc.to_dict())
+    except BaseException as exc:
+        if job.finished is None:
+            job.fail(exc.to_dict() if isinstance(exc, RagError) else {"code": "internal_error", "message": "the upload stopped"})
         raise
     finally:
         if not handed_over:
