@@ -23,7 +23,8 @@ import pytest
 
 from tests.servers import Server, start_api
 
-pytestmark = [pytest.mark.browser, pytest.mark.integration]
+integration = pytest.mark.integration
+pytestmark = [pytest.mark.browser]
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -175,6 +176,7 @@ def slots_busy(llama_url: str) -> bool:
     return any(slot["is_processing"] for slot in httpx.get(f"{llama_url}/slots", timeout=5).json())
 
 
+@integration
 def test_upload_then_answer_streams_with_sources_budget_and_citation(context, api, tmp_path):
     context.add_init_script(TAP_CHAT_STREAMS)
     page, errors = open_page(context, api)
@@ -232,6 +234,7 @@ def test_upload_then_answer_streams_with_sources_budget_and_citation(context, ap
     assert not errors
 
 
+@integration
 def test_stop_ends_the_stream_and_frees_the_slot(context, api, llama_server, tmp_path):
     page, errors = open_page(context, api)
     doc = tmp_path / "numbers.txt"
@@ -266,6 +269,7 @@ def test_stop_ends_the_stream_and_frees_the_slot(context, api, llama_server, tmp
     assert not errors
 
 
+@integration
 def test_bad_uploads_show_the_api_reason_and_empty_collection_and_delete(context, api, tmp_path):
     page, errors = open_page(context, api)
     page.fill("#new-collection", "empty-shelf")
@@ -306,6 +310,7 @@ def test_bad_uploads_show_the_api_reason_and_empty_collection_and_delete(context
     assert not errors
 
 
+@integration
 def test_markup_in_documents_and_answers_never_runs(context, api, tmp_path):
     page, errors = open_page(context, api)
     requests: list[str] = []
@@ -372,6 +377,7 @@ def json_error(status: int, error: dict[str, Any]) -> dict[str, Any]:
     return {"status": status, "content_type": "application/json", "body": json.dumps({"error": error})}
 
 
+@integration
 def test_scripted_stream_renders_markdown_citations_budget_and_errors_safely(context, api, tmp_path):
     page, errors = open_page(context, api)
     page.set_viewport_size({"width": 1440, "height": 900})  # wide enough for the chat beside the source
@@ -465,6 +471,7 @@ def test_scripted_stream_renders_markdown_citations_budget_and_errors_safely(con
     assert not errors
 
 
+@integration
 def test_loading_backend_blocks_asking_until_ready(context, api):
     loading = {"status": "loading", "backends": {"llm": {"state": "loading", "reason": "loading model"},
                                                  "embedder": {"state": "ok"}, "store": {"state": "ok"}}}
@@ -488,6 +495,7 @@ def test_loading_backend_blocks_asking_until_ready(context, api):
     assert not errors
 
 
+@integration
 def test_api_key_is_asked_once_and_kept_for_the_tab(context, keyed_api, tmp_path):
     page, errors = open_page(context, keyed_api)
     dialog = page.locator("#key-dialog")
@@ -513,6 +521,7 @@ def test_api_key_is_asked_once_and_kept_for_the_tab(context, keyed_api, tmp_path
     assert not errors
 
 
+@integration
 def test_narrow_screen_keyboard_and_labels(browser, api):
     context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
     try:
@@ -539,3 +548,69 @@ def test_narrow_screen_keyboard_and_labels(browser, api):
         assert not errors
     finally:
         context.close()
+
+
+# Page-level unit checks of the two parsers, with the static files served straight from the package
+# (same headers as the API, so the same content policy), no backend needed.
+UNIT_ORIGIN = "http://page.test"
+
+
+@pytest.fixture
+def static_page(context: Any) -> Any:
+    from rag.api.routes.web import HEADERS, MEDIA_TYPES, STATIC_DIR
+
+    def serve(route: Any) -> None:
+        name = route.request.url.removeprefix(f"{UNIT_ORIGIN}/static/")
+        if route.request.url == f"{UNIT_ORIGIN}/":
+            route.fulfill(status=200, headers=HEADERS, content_type=MEDIA_TYPES[".html"], body="<!doctype html><title>unit</title>")
+        elif (STATIC_DIR / name).is_file():
+            route.fulfill(status=200, headers=HEADERS, content_type=MEDIA_TYPES[Path(name).suffix],
+                          body=(STATIC_DIR / name).read_bytes())
+        else:
+            route.fulfill(status=404, body="")
+
+    context.route(f"{UNIT_ORIGIN}/**", serve)
+    page = context.new_page()
+    page.goto(f"{UNIT_ORIGIN}/")
+    return page
+
+
+def test_sse_parser_handles_split_crlf_comments_and_multiline_data(static_page):
+    chunks = ["event: a\r", "\ndata: {\"x\":1}\r\n", "\r\n: ping\r\n\r\nevent: b\ndata: 1\ndata:2\n\n",
+              "event: c\rdata:  z\r\r", "data: plain\n\n", "event: partial\ndata: never dispatched"]
+    events = static_page.evaluate("""async (chunks) => {
+        const { readEvents } = await import("/static/sse.js");
+        const bytes = new TextEncoder();
+        const body = new ReadableStream({ start(c) { chunks.forEach((x) => c.enqueue(bytes.encode(x))); c.close(); } });
+        const out = [];
+        for await (const e of readEvents(body)) out.push([e.event, e.data]);
+        return out;
+    }""", chunks)
+    assert events == [["a", '{"x":1}'], ["b", "1\n2"], ["c", " z"], ["message", "plain"]]
+
+
+MARKDOWN_CASES = [
+    ("**a** _b_ *c* `d`", "<p><strong>a</strong> <em>b</em> <em>c</em> <code>d</code></p>"),
+    ("snake_case_name and window.__x__y", "<p>snake_case_name and window.__x__y</p>"),
+    ("<b>bold?</b> <script>x()</script>", "<p>&lt;b&gt;bold?&lt;/b&gt; &lt;script&gt;x()&lt;/script&gt;</p>"),
+    ("[ok](https://a.test/x) [no](javascript:alert(1)) ![alt](http://a.test/i.png)",
+     '<p><a href="https://a.test/x" target="_blank" rel="noopener noreferrer nofollow">ok</a> <span>no</span> '
+     '<span class="image-placeholder">[image: alt]</span></p>'),
+    ("# Title\n- one\n- two\n\n3. three", "<h3>Title</h3><ul><li>one</li><li>two</li></ul><ol start=\"3\"><li>three</li></ol>"),
+    ("```\n<i>code</i>\n```\nafter", "<pre><code>&lt;i&gt;code&lt;/i&gt;</code></pre><p>after</p>"),
+    ("> quoted\nline one\nline two", "<blockquote><p>quoted</p></blockquote><p>line one<br>line two</p>"),
+    ("see [S1, S2] and [S3]", '<p>see <span class="citations">[<a>S1</a>, <a>S2</a>]</span> and '
+     '<span class="citations">[<a>S3</a>]</span></p>'),
+    ("```\nunterminated while streaming", "<pre><code>unterminated while streaming</code></pre>"),
+]
+
+
+@pytest.mark.parametrize(("markdown", "html"), MARKDOWN_CASES)
+def test_markdown_renderer_builds_nodes_from_text(static_page, markdown, html):
+    rendered = static_page.evaluate("""async (text) => {
+        const { renderMarkdown } = await import("/static/markdown.js");
+        const box = document.createElement("div");
+        box.append(renderMarkdown(text, (id) => Object.assign(document.createElement("a"), { textContent: id })));
+        return box.innerHTML;
+    }""", markdown)
+    assert rendered == html

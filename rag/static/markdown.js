@@ -13,14 +13,17 @@ const QUOTE = /^\s*>\s?(.*)$/;
 const RULE = /^\s*([-*_])(?:\s*\1){2,}\s*$/;
 const BLANK = /^\s*$/;
 
+// A link target: no spaces, parentheses only in balanced pairs one deep, as in wiki URLs.
+const TARGET = "(?:[^()\\s]|\\([^()\\s]*\\))+";
+
 const INLINE = new RegExp([
   "(`+)([^`]|[^`][\\s\\S]*?[^`])\\1(?!`)",        // 1, 2: code span
   "\\*\\*(?=\\S)([\\s\\S]*?\\S)\\*\\*",            // 3: bold
   "(?<![A-Za-z0-9_])__(?=\\S)([\\s\\S]*?\\S)__(?![A-Za-z0-9_])", // 4: bold, not inside words
   "\\*(?=[^\\s*])([\\s\\S]*?[^\\s*])\\*",          // 5: italic
   "(?<![A-Za-z0-9_])_(?=[^\\s_])([\\s\\S]*?[^\\s_])_(?![A-Za-z0-9_])", // 6: italic
-  "!\\[([^\\]]*)\\]\\([^)]*\\)",                   // 7: image, never loaded
-  "\\[([^\\]]+)\\]\\(\\s*([^)\\s]+)(?:\\s+\"[^\"]*\")?\\s*\\)", // 8, 9: link
+  `!\\[([^\\]]*)\\]\\(\\s*${TARGET}(?:\\s+"[^"]*")?\\s*\\)`,    // 7: image, never loaded
+  `\\[([^\\]]+)\\]\\(\\s*(${TARGET})(?:\\s+"[^"]*")?\\s*\\)`, // 8, 9: link
   "\\[(S\\d+(?:\\s*[,;]\\s*S\\d+)*)\\]",           // 10: citations
   "(\\n)",                                         // 11: line break inside a paragraph
 ].join("|"), "g");
