@@ -19,6 +19,7 @@ no generation slot, and reads the same in every language of the UI.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -31,7 +32,7 @@ import anyio
 from rag.budget import Candidate, PackedPrompt, PromptBudget
 from rag.citations import check_citations
 from rag.config import Settings
-from rag.errors import ContextOverflow, InvalidRequest, LLMUnavailable
+from rag.errors import ContextOverflow, InvalidRequest, LLMUnavailable, RagError
 from rag.gate import GenerationGate, Permit
 from rag.llm_client import LlamaServerClient, ServerProps, StreamDelta, StreamEnd
 from rag.prompt import Message, no_sources_answer
@@ -161,15 +162,22 @@ class Answerer:
         """Retrieve, pack and take a generation slot; raises the request's error, if any."""
         clock = _Clock()
         history, question = split_question(query.messages)
-        hits = list(
-            await self.searcher.search(question, collection=query.collection, k=query.top_k, doc_ids=query.doc_ids)
-        )
+        # llama-server's numbers and the question's token count are fetched while retrieval runs.
+        ahead = asyncio.ensure_future(asyncio.gather(self.props(), self.budget.warm(question, history=bool(history))))
+        try:
+            hits = list(await self.searcher.search(
+                question, collection=query.collection, k=query.top_k, doc_ids=query.doc_ids
+            ))
+        except BaseException:
+            await _discard(ahead)
+            raise
         clock.mark("retrieved")
         good = [h for h in hits if h.score >= self.settings.min_score]
         below = [{"chunk_id": h.chunk_id, "reason": "below_min_score"} for h in hits if h.score < self.settings.min_score]
         if not good:
+            await _discard(ahead)  # no model call: llama-server may even be down
             return NoSourcesAnswer(query, clock, "no_match" if hits else "nothing_retrieved", below)
-        props = await self.props()
+        props, _ = await ahead
         by_id = {f"S{i}": hit for i, hit in enumerate(good, 1)}
         candidates = [Candidate(sid, h.chunk_id, h.text, h.metadata) for sid, h in by_id.items()]
         packed = await self._pack(query, history, question, candidates, props.n_ctx)
@@ -337,6 +345,13 @@ class NoSourcesAnswer(Answer):
             "timings": {}, "ttft_ms": self.clock.ms(None, "first_token"), "invalid_citations": 0, "cache_n": None,
             "finish_reason": "no_sources", "no_sources": self.reason, "retrieval_ms": self.clock.ms(None, "retrieved"),
         })
+
+
+async def _discard(task: asyncio.Future[Any]) -> None:
+    """Cancel a look-ahead whose result is not needed, and drop its outcome (an error included)."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, RagError):
+        await task
 
 
 async def _close(stream: AsyncIterator[Any]) -> None:

@@ -168,6 +168,13 @@ class PromptBudget:
         self._per_message = None
         self._skeleton_tokens = None
 
+    async def warm(self, question: str, *, history: bool = False) -> None:
+        """Count ahead what every pack of this question needs (run it while retrieval runs)."""
+        await asyncio.gather(
+            self._skeleton(), self._memo.count(defuse(question)), self._memo.count(sources_block([]) + SOURCES_SEPARATOR),
+            self._per_message_overhead() if history else _zero(),
+        )
+
     async def pack(
         self,
         *,
