@@ -260,6 +260,8 @@ class Answer:
             except ContextOverflow as overflow:
                 await _close(upstream)
                 self.packed = await self.answerer.repack(self, overflow)
+                if not self.packed.chunks:
+                    raise overflow  # no source fits the server's real context: never answer without one
                 yield self.sources_event()
                 yield self.budget_event()
                 upstream = self._generate(llm)
