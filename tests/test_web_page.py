@@ -269,8 +269,34 @@ def test_stop_ends_the_stream_and_frees_the_slot(context, api, llama_server, tmp
     assert not errors
 
 
+# Every status (with its time) and progress value each upload row goes through.
+RECORD_UPLOADS = """() => {
+  window.__uploads = {};
+  new MutationObserver(() => {
+    for (const row of document.querySelectorAll("#uploads .upload")) {
+      const name = row.querySelector(".upload-name").textContent.split(" (")[0];
+      const seen = (window.__uploads[name] ??= { statuses: [], times: [], progress: [] });
+      if (seen.statuses.at(-1) !== row.dataset.status) {
+        seen.statuses.push(row.dataset.status);
+        seen.times.push(performance.now());
+      }
+      const value = row.querySelector("progress").getAttribute("value");
+      if (value !== null && seen.progress.at(-1) !== Number(value)) seen.progress.push(Number(value));
+    }
+  }).observe(document.getElementById("uploads"), { subtree: true, childList: true, attributes: true, characterData: true });
+}"""
+
+DROP_FILES = """(files) => {
+  const transfer = new DataTransfer();
+  for (const f of files) transfer.items.add(new File([Uint8Array.from(f.bytes)], f.name));
+  const zone = document.getElementById("dropzone");
+  zone.dispatchEvent(new DragEvent("dragover", { dataTransfer: transfer, bubbles: true, cancelable: true }));
+  zone.dispatchEvent(new DragEvent("drop", { dataTransfer: transfer, bubbles: true, cancelable: true }));
+}"""
+
+
 @integration
-def test_bad_uploads_show_the_api_reason_and_empty_collection_and_delete(context, api, tmp_path):
+def test_dropped_files_upload_one_by_one_with_reasons_empty_collection_and_delete(context, api, tmp_path):
     page, errors = open_page(context, api)
     page.fill("#new-collection", "empty-shelf")
     page.click("#new-collection-form button[type=submit]")
@@ -279,33 +305,49 @@ def test_bad_uploads_show_the_api_reason_and_empty_collection_and_delete(context
     expect(page.locator("#empty-hint")).to_contain_text("is empty")
     shot(page, "empty-collection")
 
-    binary = tmp_path / "random.bin"
-    binary.write_bytes(bytes(range(256)) * 64)
-    empty = tmp_path / "blank.txt"
-    empty.write_text("   \n")
-    for bad in (binary, empty):
+    # Enough text for some seconds of indexing, so that the row shows each stage.
+    notes = "".join(f"Shelf note {i}: jar {i} holds honey from hive {i % 7}, labelled in blue ink.\n" for i in range(600))
+    files = {"random.bin": bytes(range(256)) * 64, "blank.txt": b"   \n", "shelf-notes.txt": notes.encode()}
+    reasons = {}
+    for name in ("random.bin", "blank.txt"):
         response = httpx.post(f"{api.url}/v1/documents", data={"collection": "scratch-checks"},
-                              files={"files": (bad.name, bad.read_bytes())}, timeout=60)
+                              files={"files": (name, files[name])}, timeout=60)
         assert response.status_code in (413, 415, 422), response.text
-        reason = response.json()["error"]["message"]
-        row = upload(page, bad)
-        expect(row).to_have_attribute("data-status", "failed")
-        expect(row.locator(".upload-status")).to_contain_text(reason)
-        expect(row.locator(".upload-status")).to_contain_text(f"HTTP {response.status_code}")
-        # A failed file stays listed with its reason, and can be deleted.
-        expect(page.locator("#documents li", has_text=bad.name)).to_contain_text(reason)
-    shot(page, "upload-failed")
+        reasons[name] = (response.status_code, response.json()["error"]["message"])
 
-    good = tmp_path / "shelf.txt"
-    good.write_text("The shelf holds three jars of honey and a lantern.\n")
-    expect(upload(page, good)).to_have_attribute("data-status", "indexed")
-    item = page.locator("#documents li", has_text="shelf.txt")
+    page.evaluate(RECORD_UPLOADS)
+    page.evaluate(DROP_FILES, [{"name": n, "bytes": list(b)} for n, b in files.items()])
+    rows = page.locator("#uploads .upload")
+    expect(rows).to_have_count(3)
+    for name, (status, reason) in reasons.items():
+        row = rows.filter(has_text=name)
+        expect(row).to_have_attribute("data-status", "failed", timeout=UPLOAD_TIMEOUT_MS)
+        expect(row.locator(".upload-status")).to_contain_text(reason)
+        expect(row.locator(".upload-status")).to_contain_text(f"HTTP {status}")
+        # A failed file stays listed with its reason, and can be deleted.
+        expect(page.locator("#documents li", has_text=name)).to_contain_text(reason)
+    notes_row = rows.filter(has_text="shelf-notes.txt")
+    expect(notes_row).to_have_attribute("data-status", "indexed", timeout=UPLOAD_TIMEOUT_MS)
+    expect(notes_row.locator(".upload-status")).to_contain_text("Indexed")
+    shot(page, "upload-results")
+
+    seen = page.evaluate("window.__uploads")
+    assert seen["shelf-notes.txt"]["statuses"] == ["queued", "uploading", "indexing", "indexed"]
+    assert seen["shelf-notes.txt"]["progress"][-1] == 100
+    assert all(seen[name]["statuses"][-1] == "failed" for name in reasons)
+    # One file per request, in the dropped order: a file starts only after the one before it ended.
+    assert [text.split(" (")[0] for text in rows.locator(".upload-name").all_text_contents()] == list(files)
+    order = [seen[name] for name in files]
+    for before, after in zip(order, order[1:]):
+        assert after["times"][after["statuses"].index("uploading")] >= before["times"][-1]
+
+    item = page.locator("#documents li", has_text="shelf-notes.txt")
     expect(item).to_be_visible()
     expect(page.locator("#empty-hint")).to_be_hidden()
     item.locator("button.delete").click()
     expect(item.locator("button.delete")).to_have_text("Confirm delete")
     item.locator("button.delete").click()
-    expect(page.locator("#documents li", has_text="shelf.txt")).to_have_count(0)
+    expect(page.locator("#documents li", has_text="shelf-notes.txt")).to_have_count(0)
     expect(page.locator("#empty-hint")).to_be_visible()
     assert not errors
 
@@ -472,20 +514,24 @@ def test_scripted_stream_renders_markdown_citations_budget_and_errors_safely(con
 
 
 @integration
-def test_loading_backend_blocks_asking_until_ready(context, api):
+def test_backend_states_loading_blocks_asking_until_ready(context, api):
+    down = {"status": "down", "backends": {"llm": {"state": "ok"}, "store": {"state": "ok"},
+                                           "embedder": {"state": "down", "reason": "connection refused"}}}
     loading = {"status": "loading", "backends": {"llm": {"state": "loading", "reason": "loading model"},
                                                  "embedder": {"state": "ok"}, "store": {"state": "ok"}}}
-    calls = []
+    replies = [down, loading, loading]
 
     def health(route: Any) -> None:
-        calls.append(1)
-        if len(calls) <= 2:
-            route.fulfill(status=503, content_type="application/json", body=json.dumps(loading))
+        if replies:
+            route.fulfill(status=503, content_type="application/json", body=json.dumps(replies.pop(0)))
         else:
             route.continue_()
 
     context.route("**/health", health)
     page, errors = open_page(context, api, ready=False)
+    expect(page.locator("#health")).to_have_attribute("data-state", "down")
+    expect(page.locator("#health")).to_have_text("A backend is down: embedder down (connection refused).")
+    expect(page.locator("#send")).to_be_enabled()  # asking tells why it fails, in the answer
     expect(page.locator("#health")).to_have_attribute("data-state", "loading")
     expect(page.locator("#health")).to_contain_text("llm loading (loading model)")
     expect(page.locator("#send")).to_be_disabled()

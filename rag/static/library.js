@@ -199,7 +199,7 @@ function uploadRow(file) {
   status.className = "upload-status";
   status.textContent = "Waiting…";
   item.append(name, progress, status);
-  $("uploads").prepend(item);
+  $("uploads").append(item);
   return { item, progress, status };
 }
 
