@@ -187,11 +187,12 @@ class PromptBudget:
         correction: int = 0,
     ) -> PackedPrompt:
         """Pack the prompt. `ceiling` caps the context we use; `correction` lowers the limit further."""
-        limit = min(n_ctx, ceiling or n_ctx) - reserve - max(correction, 0)
+        context = min(n_ctx, ceiling or n_ctx)
+        limit = context - reserve - max(correction, 0)
         if limit <= 0:
             raise InvalidRequest(
-                f"max_tokens {reserve} leaves no room for a prompt in a context of {n_ctx} tokens",
-                n_ctx=n_ctx, reserve=reserve,
+                f"max_tokens {reserve} leaves no room for a prompt in a context of {context} tokens",
+                n_ctx=n_ctx, context=context, reserve=reserve,
             )
         rendered = [render_source(c.source_id, c.text, c.metadata) for c in candidates]
         turns = split_turns(history)
