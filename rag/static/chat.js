@@ -84,6 +84,7 @@ async function ask() {
   view.status = el("p", "status", "Searching the documents…");
   view.status.setAttribute("role", "status");
   view.item.append(view.status);
+  view.item.scrollIntoView({ block: "nearest" });
   const answer = {
     controller: new AbortController(), view, user, text: "", sources: new Map(), citations: null,
     state: "streaming", frame: 0,
