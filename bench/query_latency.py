@@ -145,11 +145,13 @@ async def measure(size: int, queries: list[str], embedder: EmbeddingClient, stor
     return results
 
 
-def start_embedder(workdir: Path):
+def start_embedder(workdir: Path, threads: int | None):
     from tests.servers import start_embedding_server
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
     env.update(RAG_DATA_DIR=str(workdir / "embedder"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)  # torch's intra-op threads
     return start_embedding_server(workdir, env)
 
 
@@ -158,7 +160,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict:
     rng = random.Random(7)
     queries = rng.sample(q_en, args.queries - args.queries // 5) + rng.sample(q_zh, args.queries // 5)
     rng.shuffle(queries)
-    server = None if args.embed_url else start_embedder(workdir)
+    server = None if args.embed_url else start_embedder(workdir, args.embed_threads)
     settings = Settings(data_dir=workdir, embed_url=args.embed_url or server.url, retrieval_depth=args.depth)
     embedder = EmbeddingClient(settings.embed_url, model=settings.embed_model)
     store = ChunkStore.open(settings)
@@ -191,6 +193,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--depth", type=int, default=50, help="candidates per method (RAG_RETRIEVAL_DEPTH)")
     parser.add_argument("--embed-url", default=None, help="a running embedding server (default: start one)")
+    parser.add_argument("--embed-threads", type=int, default=None,
+                        help="OMP_NUM_THREADS of the started embedding server (default: torch's own choice)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="rag-latency-") as tmp:
