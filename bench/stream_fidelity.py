@@ -54,6 +54,15 @@ class Run:
     pack_ms: float = 0.0
     server_ttft_ms: float = 0.0  # the API's own: from the request's start in the answering core
     upstream_ttft_ms: float = 0.0  # the API's client of llama-server: request to first token
+    decode_cpu_ms: float = 0.0  # CPU time the API process spent from the first token to the end
+
+
+def cpu_ms(pid: int | None) -> float:
+    """User + system CPU time of a process so far (Linux /proc; 10 ms resolution)."""
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
 
 
 def squad_documents(n_articles: int, rng: random.Random) -> tuple[dict[str, str], list[str]]:
@@ -95,24 +104,29 @@ def rates(started: float, stamps: list[float]) -> tuple[float, float]:
     return ttft, ((len(stamps) - 1) / span if span > 0 else float("nan"))
 
 
-async def through_api(http: httpx.AsyncClient, api: str, question: str, max_tokens: int) -> tuple[Run, dict]:
+async def through_api(http: httpx.AsyncClient, api: str, question: str, max_tokens: int,
+                      api_pid: int | None = None) -> tuple[Run, dict]:
     body = {"messages": [{"role": "user", "content": question}], "max_tokens": max_tokens, "temperature": 0,
             "stream": True}
     stamps: list[float] = []
     events: dict[str, Any] = {}
+    cpu_at_first = 0.0
     started = time.perf_counter()
     async for name, data in sse(http, f"{api}/v1/chat", body):
         if name == "token":
             stamps.append(time.perf_counter())
+            if len(stamps) == 1:
+                cpu_at_first = cpu_ms(api_pid)
         else:
             events[name] = data
+    decode_cpu = cpu_ms(api_pid) - cpu_at_first
     if "done" not in events:
         raise RuntimeError(f"the API stream ended without done: {events.get('error')}")
     done = events["done"]
     ttft, tps = rates(started, stamps)
     run = Run("api", ttft, len(stamps), tps, done["timings"].get("predicted_per_second"), done.get("cache_n"),
               done.get("retrieval_ms", 0.0), done.get("pack_ms", 0.0), done.get("ttft_ms") or 0.0,
-              done.get("upstream_ttft_ms") or 0.0)
+              done.get("upstream_ttft_ms") or 0.0, decode_cpu)
     return run, events
 
 
@@ -143,7 +157,8 @@ def prompt_of(question: str, events: dict[str, Any]) -> list[dict[str, str]]:
     return build_messages(rendered, [], question)
 
 
-async def measure(args: argparse.Namespace, api: str, llm_url: str, questions: list[str]) -> list[tuple[Run, Run]]:
+async def measure(args: argparse.Namespace, api: str, llm_url: str, questions: list[str],
+                  api_pid: int | None) -> list[tuple[Run, Run]]:
     pairs = []
     llm = LlamaServerClient(llm_url)
     async with httpx.AsyncClient(timeout=600) as http:
@@ -155,11 +170,11 @@ async def measure(args: argparse.Namespace, api: str, llm_url: str, questions: l
             if counted != events["budget"]["used"]:
                 raise RuntimeError(f"rebuilt prompt has {counted} tokens, the API sent {events['budget']['used']}")
             if i % 2 == 0:
-                api_run, _ = await through_api(http, api, question, args.max_tokens)
+                api_run, _ = await through_api(http, api, question, args.max_tokens, api_pid)
                 direct_run = await direct(http, llm_url, messages, args.max_tokens)
             else:
                 direct_run = await direct(http, llm_url, messages, args.max_tokens)
-                api_run, _ = await through_api(http, api, question, args.max_tokens)
+                api_run, _ = await through_api(http, api, question, args.max_tokens, api_pid)
             pairs.append((api_run, direct_run))
             added = api_run.ttft_ms - api_run.retrieval_ms - direct_run.ttft_ms
             print(f"q{i + 1:<3} prompt {counted:5d} tok | api ttft {api_run.ttft_ms:7.1f} ms (retrieval "
@@ -195,6 +210,8 @@ def summary(pairs: list[tuple[Run, Run]]) -> dict[str, float]:
         "own_ms_p90": sorted(a.ttft_ms - a.retrieval_ms - a.upstream_ttft_ms for a, _ in pairs)[
             int(0.9 * (len(pairs) - 1))],
         "upstream_vs_direct_ttft_ms_median": med(a.upstream_ttft_ms - d.ttft_ms for a, d in pairs),
+        # The API's CPU per streamed token: what relaying costs, and could take from llama-server on a shared CPU.
+        "api_cpu_ms_per_token": sum(a.decode_cpu_ms for a, _ in pairs) / max(1, sum(a.tokens - 1 for a, _ in pairs)),
         "added_ttft_ms_median": med(added),
         "added_ttft_ms_max": max(added),
         # How much of llama-server's own decode speed reaches the client, per path: free of the server's
@@ -256,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
             httpx.post(f"{api.url}/v1/documents", files=files, timeout=600).raise_for_status()
             print(f"indexed {len(docs)} SQuAD articles; {len(questions)} questions, max_tokens {args.max_tokens}",
                   file=sys.stderr)
-            pairs = asyncio.run(measure(args, api.url, llm_url, questions))
+            pairs = asyncio.run(measure(args, api.url, llm_url, questions, api.pid))
         finally:
             for server in reversed(started):
                 server.stop()
@@ -267,6 +284,7 @@ def main(argv: list[str] | None = None) -> None:
           f"(target >= 0.98)")
     print(f"decode tok/s (llama-server)     api {result['server_tps_api_median']:.1f}   direct "
           f"{result['server_tps_direct_median']:.1f}")
+    print(f"API CPU while relaying tokens   {result['api_cpu_ms_per_token']:.2f} ms per token")
     print(f"client / llama-server decode    api {result['delivery_api_median']:.3f}   direct "
           f"{result['delivery_direct_median']:.3f}   ratio "
           f"{result['delivery_api_median'] / result['delivery_direct_median']:.3f}")
