@@ -20,11 +20,13 @@ import argparse
 import json
 import os
 import random
+import resource
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -152,16 +154,39 @@ class PeakRss:
         return cli, workers
 
 
-def run_ingest(corpus: Path, env: dict[str, str], *extra: str) -> tuple[dict, float, PeakRss]:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a running process and of its children it has waited for."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+@dataclass
+class IngestRun:
+    summary: dict
+    wall: float
+    rss: PeakRss
+    cpu: dict[str, float]  # CPU seconds per process while the CLI ran: embedder, cli, api
+
+
+def run_ingest(corpus: Path, env: dict[str, str], watch: dict[str, int], *extra: str) -> IngestRun:
+    """The `ingest` CLI as a subprocess, with the CPU time it and the `watch`ed processes spent meanwhile."""
     command = [sys.executable, "-m", "ingest.cli", str(corpus), "--recursive", "--json", *extra]
+    before = {name: cpu_seconds(pid) for name, pid in watch.items()}
+    cli_before = children_cpu()
     start = time.perf_counter()
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     rss = PeakRss(process.pid)
     out, err = process.communicate()
     wall = time.perf_counter() - start
+    cpu = {name: cpu_seconds(pid) - before[name] for name, pid in watch.items()} | {"cli": children_cpu() - cli_before}
     if process.returncode != 0:
         raise SystemExit(f"ingest failed ({process.returncode}):\n{err[-3000:]}")
-    return json.loads(out), wall, rss
+    return IngestRun(json.loads(out), wall, rss, cpu)
 
 
 def chunk_texts(corpus: Path) -> list[str]:
@@ -178,28 +203,28 @@ def chunk_texts(corpus: Path) -> list[str]:
     return texts
 
 
-def ingest_once(mode: str, corpus: Path, base_env: dict[str, str], work: Path, measure: bool = False) -> tuple:
-    """Ingest `corpus` into a fresh data dir: (summary, wall seconds, data dir or the CLI's PeakRss)."""
+def ingest_once(mode: str, corpus: Path, base_env: dict[str, str], work: Path, embedder: Server) -> IngestRun:
+    """Ingest `corpus` into a fresh data dir, directly ("local") or through an API started for it ("api")."""
     data_dir = Path(tempfile.mkdtemp(dir=work, prefix=f"{mode}-"))
     env = {**base_env, "RAG_DATA_DIR": str(data_dir), "RAG_EMBED_BATCH": str(BATCH)}
     if mode == "local":
         env["RAG_API_PORT"] = "9"  # nothing listens there: the CLI opens the store itself
-        summary, wall, rss = run_ingest(corpus, env)
-    else:
-        api: Server = start_api(data_dir, env, ready_path="/v1/collections")
-        try:
-            summary, wall, rss = run_ingest(corpus, env, "--server", api.url)
-        finally:
-            api.stop()
-    return summary, wall, rss if measure else data_dir
+        return run_ingest(corpus, env, {"embedder": embedder.pid})
+    api: Server = start_api(data_dir, env, ready_path="/v1/collections")
+    try:
+        return run_ingest(corpus, env, {"embedder": embedder.pid, "api": api.pid}, "--server", api.url)
+    finally:
+        api.stop()
 
 
-def direct_encode(model: object, texts: list[str], rows: list[tuple[str, int, float, float]]) -> float:
+def direct_encode(model: object, texts: list[str], rows: list[tuple[str, int, float, float]]) -> tuple[float, float]:
+    """(chunks/s, CPU seconds per chunk) of SentenceTransformer.encode in this process."""
+    cpu = time.process_time()
     start = time.perf_counter()
     model.encode(texts, batch_size=BATCH, normalize_embeddings=True)  # type: ignore[attr-defined]
     seconds = time.perf_counter() - start
     rows.append(("direct encode", len(texts), seconds, seconds))
-    return len(texts) / seconds
+    return len(texts) / seconds, (time.process_time() - cpu) / len(texts)
 
 
 def main() -> None:
@@ -226,26 +251,32 @@ def main() -> None:
         env["RAG_EMBED_URL"] = server.url
         rows: list[tuple[str, int, float, float]] = []
         ratios: dict[str, list[float]] = {}
+        cpu_rows: list[tuple[str, dict[str, float], float]] = []
         try:
             texts = chunk_texts(corpus)
             model.encode(texts[:BATCH], batch_size=BATCH)  # warm
-            direct_before = direct_encode(model, texts, rows)
+            direct_before, direct_cpu = direct_encode(model, texts, rows)
             for _ in range(args.rounds):
                 for mode in args.modes.split(","):
-                    summary, wall, _ = ingest_once(mode, corpus, env, work)
-                    rows.append((f"ingest CLI, {mode}", summary["chunks"], summary["seconds"], wall))
-                    direct_after = direct_encode(model, texts, rows)
+                    run = ingest_once(mode, corpus, env, work, server)
+                    chunks, seconds = run.summary["chunks"], run.summary["seconds"]
+                    rows.append((f"ingest CLI, {mode}", chunks, seconds, run.wall))
+                    direct_after, cpu_after = direct_encode(model, texts, rows)
                     # Against the encodes just before and after: the machine's load drifts.
-                    ratios.setdefault(mode, []).append(summary["chunks"] / summary["seconds"] / ((direct_before + direct_after) / 2))
-                    direct_before = direct_after
+                    ratios.setdefault(mode, []).append(chunks / seconds / ((direct_before + direct_after) / 2))
+                    # CPU seconds per chunk, direct vs all our processes: what the ratio would be on
+                    # otherwise idle cores, whatever else runs on this machine now.
+                    per_chunk = sum(run.cpu.values()) / chunks
+                    cpu_rows.append((mode, {k: v / chunks for k, v in run.cpu.items()}, (direct_cpu + cpu_after) / 2 / per_chunk))
+                    direct_before, direct_cpu = direct_after, cpu_after
             rss_rows = []
             for megabytes in [int(m) for m in args.rss_mb.split(",") if m]:
                 pdfs = work / f"pdfs-{megabytes}"
                 total = write_pdf_corpus(pdfs, megabytes)
                 for mode in args.modes.split(","):
-                    summary, wall, rss = ingest_once(mode, pdfs, env, work, measure=True)
-                    cli_mib, worker_mib = rss.result()
-                    rss_rows.append((mode, total, summary["files"]["indexed"], summary["chunks"], wall, cli_mib, worker_mib))
+                    run = ingest_once(mode, pdfs, env, work, server)
+                    cli_mib, worker_mib = run.rss.result()
+                    rss_rows.append((mode, total, run.summary["files"]["indexed"], run.summary["chunks"], run.wall, cli_mib, worker_mib))
         finally:
             server.stop()
 
@@ -257,6 +288,9 @@ def main() -> None:
     for mode, values in ratios.items():
         shown = ", ".join(f"{v:.3f}" for v in values)
         print(f"ingest/direct ratio, {mode} (each against the direct encodes around it): {shown}")
+    for mode, per_chunk, ratio in cpu_rows:
+        parts = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in per_chunk.items())
+        print(f"CPU per chunk, {mode}: {parts}; direct-encode CPU / ingest CPU: {ratio:.3f}")
     if rss_rows:
         print(f"{'mode':<6} {'PDF corpus MB':>13} {'files':>6} {'chunks':>7} {'wall s':>7} {'CLI peak RSS MiB':>17} {'parser worker MiB':>18}")
         for mode, total, files, chunks, wall, cli_mib, worker_mib in rss_rows:

@@ -2,7 +2,8 @@
 
 One run takes files in order. A producer reads, hashes, loads and chunks the next files in a worker
 thread while the consumer embeds batches of chunks (across document boundaries, `Settings.embed_batch`
-at a time, a few requests in flight) and writes them to Chroma and the lexical index. A document turns
+at a time, chunks of similar length together, a few requests in flight) and writes them to Chroma and
+the lexical index. A document turns
 searchable only when all its chunks are stored, in the catalog's one-transaction switch, which also
 retires the previous version of its source; that version's chunks are deleted after.
 
@@ -80,6 +81,11 @@ class ChunkRecord:
     id: str
     text: str
     metadata: dict[str, str | int]
+
+    @property
+    def tokens(self) -> int:
+        """The chunker's token count, or an estimate."""
+        return int(self.metadata.get("tokens") or len(self.text) // 4)
 
 
 @dataclass
@@ -187,6 +193,7 @@ class IngestPipeline:
         prepare: Preparer | None = None,
         inflight: int = 3,
         flush_s: float = 0.05,
+        window_batches: int = 8,
     ) -> None:
         self.settings = settings
         self.embedder = embedder
@@ -197,6 +204,7 @@ class IngestPipeline:
         self._prepare = prepare or LoaderPreparer(settings)
         self._inflight = inflight
         self._flush_s = flush_s
+        self._window_batches = window_batches
         self.locks = KeyedLocks()
         keep_big_buffers_out_of_the_heap()
 
@@ -389,29 +397,40 @@ class _Run:
     # The consumer.
 
     async def consume(self, group: asyncio.TaskGroup) -> None:
-        batch: list[tuple[_Doc, ChunkRecord]] = []
+        """Cut the chunks of arriving documents into embedding batches of chunks of similar length.
+
+        A batch costs as much as its longest text times its size (padding), so chunks wait in a pool
+        of up to `window` and each batch takes the shortest ones; a batch goes out as soon as the
+        embedder has room for it, and when the pool is full it waits for room (backpressure).
+        """
+        pool: list[tuple[_Doc, ChunkRecord]] = []
         size = self.p.settings.embed_batch
+        window = size * self.p._window_batches
         while True:
             try:
-                item = await asyncio.wait_for(self.queue.get(), self.p._flush_s) if batch else await self.queue.get()
+                item = await asyncio.wait_for(self.queue.get(), self.p._flush_s) if pool else await self.queue.get()
             except TimeoutError:
                 item = _FLUSH
             if isinstance(item, _Doc):
                 assert item.prepared is not None
-                batch.extend((item, record) for record in item.prepared.records)
-                while len(batch) >= size:
-                    await self._launch(group, batch[:size])
-                    batch = batch[size:]
+                pool.extend((item, record) for record in item.prepared.records)
+                while len(pool) >= window or (len(pool) >= size and not self._limit.locked()):
+                    pool = await self._launch_shortest(group, pool, size)
             elif item is _FLUSH:
-                # Nothing new for a moment: send a partial batch only if the embedder has room for it,
-                # else keep filling it (small requests cost as much as full ones).
+                # Nothing new for a moment: a partial batch goes if the embedder has room for it.
                 if not self._limit.locked():
-                    await self._launch(group, batch)
-                    batch = []
+                    pool = await self._launch_shortest(group, pool, size)
             else:  # the end
-                if batch:
-                    await self._launch(group, batch)
+                while pool:
+                    pool = await self._launch_shortest(group, pool, size)
                 return
+
+    async def _launch_shortest(
+        self, group: asyncio.TaskGroup, pool: list[tuple[_Doc, ChunkRecord]], size: int
+    ) -> list[tuple[_Doc, ChunkRecord]]:
+        pool.sort(key=lambda item: item[1].tokens)
+        await self._launch(group, pool[:size])
+        return pool[size:]
 
     async def _launch(self, group: asyncio.TaskGroup, batch: list[tuple[_Doc, ChunkRecord]]) -> None:
         await self._limit.acquire()
