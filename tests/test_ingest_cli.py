@@ -287,3 +287,23 @@ def test_progress_bar_on_a_terminal(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     assert "2/2" in shown and "chunks/s" in shown and "ETA" in shown
     assert f"failed        {tmp_path / 'b.pdf'}: broken" in shown
     assert "indexed       " not in shown  # on a terminal the bar replaces the per-file lines
+
+
+@pytest.mark.integration
+def test_the_cli_never_imports_torch(ingest_env: dict[str, str], tmp_path: Path) -> None:
+    """Embeddings come from the embedding server: a local ingest of text, PDF and DOCX loads no model."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.txt").write_text("Text about rivers.")
+    (folder / "b.pdf").write_bytes(hostile.text_pdf(["A PDF about lakes."]))
+    (folder / "c.docx").write_bytes(hostile.docx_document([("p", "A memo about hills.")]))
+    code = (
+        "import sys\nfrom ingest.cli import main\nsys.argv = ['ingest', sys.argv[1]]\n"
+        "try:\n    main()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n"
+        "heavy = sorted(m for m in ('torch', 'sentence_transformers', 'transformers') if m in sys.modules)\n"
+        "print('heavy:', heavy)\n"
+    )
+    env = {**ingest_env, "RAG_API_PORT": str(free_port())}
+    done = subprocess.run([sys.executable, "-c", code, str(folder)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "files: 3 indexed" in done.stdout and "heavy: []" in done.stdout
