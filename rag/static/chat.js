@@ -126,7 +126,7 @@ function stop() {
 
 function handle(answer, type, data) {
   if (type === "sources") showSources(answer, data.sources);
-  else if (type === "budget") answer.view.item.insertBefore(renderBudget(data), answer.view.status);
+  else if (type === "budget") replaceBox(answer, ".budget", renderBudget(data));
   else if (type === "token") addText(answer, data.text);
   else if (type === "citations") {
     answer.citations = { valid: new Set(data.citations.map((c) => c.id)), invalid: new Set(data.invalid) };
@@ -178,7 +178,16 @@ function citationNode(answer, id) {
 }
 
 
+// A re-packed prompt (after llama-server refused the first) sends sources and budget again: the
+// later pair replaces the earlier one.
+function replaceBox(answer, selector, box) {
+  const old = answer.view.item.querySelector(`:scope > ${selector}`);
+  if (old) old.replaceWith(box);
+  else answer.view.item.insertBefore(box, answer.view.status);
+}
+
 function showSources(answer, sources) {
+  answer.sources.clear();
   for (const s of sources) answer.sources.set(s.id, s);
   const box = el("details", "sources");
   const summary = el("summary", "", sources.length
@@ -196,7 +205,7 @@ function showSources(answer, sources) {
     list.append(item);
   }
   box.append(list);
-  answer.view.item.insertBefore(box, answer.view.status);
+  replaceBox(answer, "details.sources", box);
   answer.view.status.textContent = "Waiting for the model…";
 }
 
