@@ -127,6 +127,7 @@ class ApiBackend:
         timeout = httpx.Timeout(connect=5.0, read=None, write=300.0, pool=None)  # a big upload indexes for long
         self._http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
         self._inflight = inflight
+        self.files_per_request = 8 * settings.embed_batch
 
     async def __aenter__(self) -> "ApiBackend":
         return self
@@ -154,12 +155,16 @@ class ApiBackend:
         return [results[f] for f in files]
 
     def _groups(self, files: Sequence[SourceFile]) -> list[list[SourceFile]]:
-        """Files in upload requests of at most `embed_batch` files and `max_upload_bytes` in all."""
+        """Files in upload requests of at most `files_per_request` files and `max_upload_bytes` in all.
+
+        The server runs one pipeline per request, which batches and length-sorts only that request's
+        chunks: small requests would mean small, padded embedding batches.
+        """
         groups: list[list[SourceFile]] = []
         size = 0
         for file in files:
             n = file.path.stat().st_size
-            if not groups or len(groups[-1]) >= self.settings.embed_batch or size + n > self.settings.max_upload_bytes:
+            if not groups or len(groups[-1]) >= self.files_per_request or size + n > self.settings.max_upload_bytes:
                 groups.append([])
                 size = 0
             groups[-1].append(file)
@@ -193,7 +198,7 @@ class ApiBackend:
         while True:
             params: dict[str, Any] = {"collection": collection, "offset": len(found), "limit": 1000}
             page = (await self._checked("GET", "/v1/documents", params=params)).json()
-            found += [KnownDocument(d["id"], d["source"], d["state"]) for d in page["documents"]]
+            found += [KnownDocument(d["id"], d["source_key"], d["state"]) for d in page["documents"]]
             if not page["documents"] or len(found) >= page["total"]:
                 return found
 

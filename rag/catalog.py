@@ -86,10 +86,12 @@ class DocumentRecord:
     indexed_at: float | None
 
     def to_api(self) -> dict[str, Any]:
+        """The API's view: `source` is the display name (as in the chunks' metadata), `source_key` what
+        identifies the file across versions (the CLI's path, an upload's name or server id)."""
         return {
             "id": self.doc_id,
-            "source": self.source,
-            "name": self.name,
+            "source": self.name,
+            "source_key": self.source,
             "collection": self.collection,
             "size": self.size,
             "chunks": self.chunks,

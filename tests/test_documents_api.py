@@ -276,8 +276,9 @@ def test_hostile_filenames_are_stored_under_a_server_id(api: LiveApi, case: str)
     (result,) = response.json()["results"]
     assert result["status"] == "indexed"
     doc = api.client.get(f"/v1/documents/{result['document_id']}").json()
-    assert doc["source"].startswith("upload-") and "/" not in doc["source"] and "\x00" not in doc["source"]
-    assert doc["name"] == shown == result["filename"]
+    key = doc["source_key"]
+    assert key.startswith("upload-") and "/" not in key and "\x00" not in key
+    assert doc["source"] == shown == result["filename"]
     api.assert_healthy_and_unchanged(before, {result["document_id"]: result["chunks"]})
     uploads = api.settings.data_dir / "uploads"
     assert not any(p for p in api.settings.data_dir.parent.rglob("passwd"))
@@ -290,7 +291,7 @@ def test_odd_but_harmless_unicode_names_are_kept(api: LiveApi) -> None:
         assert response.status_code == 200
         assert response.json()["results"][0]["filename"] == name
         doc = api.client.get(f"/v1/documents/{response.json()['results'][0]['document_id']}").json()
-        assert doc["source"] == doc["name"] == name
+        assert doc["source"] == doc["source_key"] == name
 
 
 def test_html_with_scripts_and_remote_images(api: LiveApi) -> None:

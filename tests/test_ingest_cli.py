@@ -230,7 +230,7 @@ def test_subprocess_sends_to_the_running_api(api: Server, ingest_env: dict[str, 
     assert summary["mode"] == "api" and summary["files"]["indexed"] == 3
     assert "indexed" in done.stderr  # plain progress lines: stderr is not a terminal
     listing = httpx.get(f"{api.url}/v1/documents", params={"collection": "papers"}).json()
-    assert sorted(d["source"] for d in listing["documents"]) == sorted(
+    assert sorted(d["source_key"] for d in listing["documents"]) == sorted(
         str(files[k].resolve()) for k in ("a", "b", "pdf")
     )
     expected = expected_chunks([files["a"], files["b"], files["pdf"]], Settings(data_dir=isolated_env))
