@@ -69,6 +69,7 @@ class ChatTally:
     ttft_ms: list[float] = field(default_factory=list)
     queue_ms: list[float] = field(default_factory=list)
     total_ms: list[float] = field(default_factory=list)
+    timings: list[dict[str, float]] = field(default_factory=list)  # llama-server's, per answer
 
     def error(self, kind: str) -> None:
         self.errors += 1
@@ -103,6 +104,7 @@ async def ask(client: httpx.AsyncClient, question: str, max_tokens: int, tally: 
                         tally.ttft_ms.append((first_token - started) * 1000)
                     if done.get("queue_ms") is not None:
                         tally.queue_ms.append(done["queue_ms"])
+                    tally.timings.append(done.get("timings") or {})
                     return 0.0
                 elif line.startswith("data:") and event == "error":
                     tally.error(json.loads(line[5:]).get("code", "error_event"))
@@ -130,6 +132,16 @@ async def slots_busy(llm_url: str) -> int:
     return sum(bool(s.get("is_processing")) for s in slots)
 
 
+def _median_timings(timings: list[dict[str, float]]) -> dict[str, float]:
+    """Median prompt size and speeds that llama-server reported: what one answer costs the slot."""
+    out = {}
+    for key in ("prompt_n", "prompt_per_second", "predicted_n", "predicted_per_second", "cache_n"):
+        values = sorted(t[key] for t in timings if isinstance(t.get(key), (int, float)))
+        if values:
+            out[key] = round(values[len(values) // 2], 1)
+    return out
+
+
 async def chat_phase(api_url: str, llm_url: str, api_pid: int, clients: int, duration: float, questions: list[str],
                      max_tokens: int, idle_within: float) -> dict[str, Any]:
     tally = ChatTally()
@@ -155,6 +167,7 @@ async def chat_phase(api_url: str, llm_url: str, api_pid: int, clients: int, dur
         "answered_per_min": round(tally.answered * 60 / duration, 1),
         "ttft_ms": latency_summary(tally.ttft_ms), "queue_ms": latency_summary(tally.queue_ms),
         "answer_ms": latency_summary(tally.total_ms),
+        "llama_server_median": _median_timings(tally.timings),
         "slots_busy_at_stop": busy_at_stop, "slots_busy_after": busy,
         "slot_idle_after_s": round(time.perf_counter() - stopped, 2),
         "api_rss_mb": {"before": rss_before["rss"], "after": rss_after["rss"], "peak": rss_after["peak"]},

@@ -200,7 +200,7 @@ def build(parts: Parts, size: int, real: dict[str, np.ndarray], cosine: float) -
     rng = np.random.default_rng(size)
     batch = parts.settings.embed_batch
     texts, tokens, base = list(real["texts"]), [int(t) for t in real["tokens"]], real["vectors"]
-    growth, window_started, total = [], time.perf_counter(), 0.0
+    growth, window_started, window, total = [], time.perf_counter(), 0, 0.0
     for start in range(0, size, batch):
         n = min(batch, size - start)
         # The first len(base) chunks carry the real vectors unchanged; the rest are derived.
@@ -211,10 +211,11 @@ def build(parts: Parts, size: int, real: dict[str, np.ndarray], cosine: float) -
         parts.pipeline.write_chunks(COLLECTION, records, vectors.tolist())
         _catalog_indexed(parts, records)
         total += time.perf_counter() - t0
-        if (start + n) % WINDOW == 0 or start + n == size:
+        window += n
+        if window >= WINDOW or start + n == size:
             now = time.perf_counter()
-            growth.append({"chunks": start + n, "chunks_per_s": round(WINDOW / max(now - window_started, 1e-9), 1)})
-            window_started = now
+            growth.append({"chunks": start + n, "chunks_per_s": round(window / max(now - window_started, 1e-9), 1)})
+            window_started, window = now, 0
     return {"write_seconds": round(total, 1), "write_chunks_per_s": round(size / total, 1), "growth": growth}
 
 
