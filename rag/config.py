@@ -52,7 +52,7 @@ class Settings(BaseSettings):
     embed_model: str = "all-MiniLM-L6-v2"
     embed_model_path: str | None = None
     embed_device: str | None = None
-    # CPU threads of the embedding model; unset: half the cores (llama-server and the API need the rest).
+    # CPU threads of the embedding model for batches (unset: all cores); short requests (queries) use one.
     embed_threads: int | None = Field(default=None, ge=1)
     embed_max_batch: int = Field(default=64, ge=1)
     embed_max_wait_ms: float = Field(default=5.0, ge=0)

@@ -98,6 +98,9 @@ class MicroBatcher:
                 start += len(p.texts)
 
 
+SHORT_REQUEST = 4  # texts; at most this many are encoded on one thread
+
+
 class SentenceEmbedder:
     """A sentence-transformers model with normalized output, fp16 on CUDA."""
 
@@ -108,9 +111,8 @@ class SentenceEmbedder:
         from sentence_transformers import SentenceTransformer
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        # Two threads on two busy cores stall each other: one query took 80-125 ms p50 with 2 threads
-        # and 18-23 ms with 1 while llama-server decoded beside it.
-        torch.set_num_threads(threads or max(1, (os.cpu_count() or 2) // 2))
+        self._torch = torch
+        self.threads = threads or os.cpu_count() or 1
         self.model = SentenceTransformer(model_path, device=device, local_files_only=True)
         if device.startswith("cuda"):
             self.model.half()
@@ -120,6 +122,9 @@ class SentenceEmbedder:
         self.dimensions = int(self.model.get_sentence_embedding_dimension() or 0)
 
     def encode(self, texts: list[str]) -> np.ndarray:
+        # A query on one thread: two threads on two busy cores stall each other (one query took 80-125 ms
+        # p50 with 2 threads and 18-23 ms with 1 while the cores were loaded). Batches use every thread.
+        self._torch.set_num_threads(1 if len(texts) <= SHORT_REQUEST else self.threads)
         vectors = self.model.encode(
             texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
         )
