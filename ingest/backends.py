@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,17 @@ class Backend(Protocol):
 
 def file_id(path: Path) -> str:
     return document_id(path.read_bytes())
+
+
+class DeferredStore:
+    """A store opened in a background thread: Chroma's import and start-up (0.7 s here) overlap loading
+    and embedding the first files, which do not need it. Every use waits for it (from worker threads)."""
+
+    def __init__(self, open_store: Callable[[Settings], Any], settings: Settings) -> None:
+        self._opening = ThreadPoolExecutor(1, thread_name_prefix="open-store").submit(open_store, settings)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._opening.result(), name)
 
 
 class LocalBackend:
@@ -83,14 +95,14 @@ class LocalBackend:
             lock = StoreLock(self.settings.data_dir)
             lock.acquire("the ingest CLI")
             self._stack.callback(lock.release)
-        store = ChunkStore.open(self.settings)
+        store = DeferredStore(ChunkStore.open, self.settings)
         lexical = LexicalIndex(self.settings.data_dir / "lexical.sqlite")
         self._stack.callback(lexical.close)
         lease = OwnerLease(self.settings.data_dir / "owners")
         self._stack.callback(lease.release)
         embedder = EmbeddingClient(self.settings.embed_url, model=self.settings.embed_model)
         self._stack.push_async_callback(embedder.aclose)
-        self.pipeline = IngestPipeline(self.settings, embedder, store, lexical, self.catalog, lease)
+        self.pipeline = IngestPipeline(self.settings, embedder, store, lexical, self.catalog, lease)  # type: ignore[arg-type]
         self.pipeline.recover()
 
     async def __aexit__(self, *exc: object) -> None:
