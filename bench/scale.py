@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import os
 
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    # numpy's BLAS threads spin after a matrix op and would steal the embedder's cores.
-    os.environ.setdefault(_var, "1")
+# numpy's BLAS threads spin after a matrix op and would steal the embedder's cores: one thread in this
+# process (and its children), but the servers it starts get the environment as the user has it.
+_SET_HERE = [v for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS") if v not in os.environ]
+os.environ.update(dict.fromkeys(_SET_HERE, "1"))
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
@@ -91,7 +92,8 @@ def squad_text() -> tuple[list[str], list[str]]:
 
 
 def clean_env(data_dir: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_") or k == "RAG_LLM_SERVER_BIN"}
+    env = {k: v for k, v in os.environ.items()
+           if (not k.startswith("RAG_") or k == "RAG_LLM_SERVER_BIN") and k not in _SET_HERE}
     env.update(RAG_DATA_DIR=str(data_dir), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **extra)
     return env
 

@@ -625,7 +625,7 @@ def flat_scores(result: dict[str, Any]) -> dict[str, float]:
 def write_report(result: dict[str, Any], directory: Path) -> Path:
     """report.md, results.json and the plots (recall@k per method, latency histogram) in `directory`."""
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "results.json").write_text(json.dumps(result, indent=2, ensure_ascii=False), encoding="utf-8")
+    (directory / "results.json").write_text(json.dumps(result, ensure_ascii=False), encoding="utf-8")
     plot_recall(result, directory / "recall_at_k.png")
     plot_latency(result, directory / "latency.png")
     path = directory / "report.md"
