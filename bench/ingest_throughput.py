@@ -48,9 +48,11 @@ def latin1(text: str) -> str:
 
 
 def write_corpus(folder: Path, paragraphs: int, pdfs: int, docx: int) -> int:
-    """SQuAD contexts as .txt, then PDFs (4 pages) and DOCX files (headings and paragraphs) made of the
-    following contexts; returns the number of bytes written."""
-    contexts = squad_contexts(paragraphs + 4 * pdfs + 4 * docx)
+    """SQuAD contexts as .txt (all if `paragraphs` is 0), then PDFs (4 pages) and DOCX files (headings
+    and paragraphs) made of contexts; returns the number of bytes written."""
+    every = squad_contexts(10**6)
+    paragraphs = paragraphs or len(every)
+    contexts = every[:paragraphs] + every[: 4 * pdfs + 4 * docx]
     (folder / "squad").mkdir(parents=True)
     for i, text in enumerate(contexts[:paragraphs]):
         (folder / "squad" / f"{i:05d}.txt").write_text(text)
@@ -229,7 +231,7 @@ def direct_encode(model: object, texts: list[str], rows: list[tuple[str, int, fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--paragraphs", type=int, default=600)
+    parser.add_argument("--paragraphs", type=int, default=0, help="SQuAD contexts to use; 0: all of them")
     parser.add_argument("--pdfs", type=int, default=10)
     parser.add_argument("--docx", type=int, default=10)
     parser.add_argument("--modes", default="local,api")
@@ -280,7 +282,7 @@ def main() -> None:
         finally:
             server.stop()
 
-    print(f"corpus: {args.paragraphs} SQuAD paragraphs as .txt, {args.pdfs} PDFs, {args.docx} DOCX; {size / 1e6:.1f} MB; "
+    print(f"corpus: {args.paragraphs or 'all'} SQuAD paragraphs as .txt, {args.pdfs} PDFs, {args.docx} DOCX; {size / 1e6:.1f} MB; "
           f"batch {BATCH}; {os.cpu_count()} CPUs")
     print(f"{'path':<20} {'chunks':>7} {'seconds':>8} {'chunks/s':>9} {'wall s':>7} {'chunks/s (wall)':>16}")
     for name, chunks, seconds, wall in rows:
