@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rag.embedding_client import EmbeddingClient  # noqa: E402
+from rag.clients.embedding import EmbeddingClient  # noqa: E402
 from tests.servers import start_embedding_server  # noqa: E402
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "squad-v1.1-dev.json"

@@ -195,7 +195,7 @@ def chunk_texts(corpus: Path) -> list[str]:
     """The chunk texts the pipeline stores for `corpus`: its own loaders and chunker, in this process."""
     from ingest.cli import collect_files
     from ingest.pipeline import LoaderPreparer, document_id
-    from rag.config import Settings
+    from rag.core.config import Settings
 
     prepare = LoaderPreparer(Settings(data_dir=corpus.parent / "chunking"))
     texts = []

@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.scale import clean_env, rss_mb  # noqa: E402
-from rag.eval import latency_summary  # noqa: E402
+from rag.eval.harness import latency_summary  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "squad-v1.1-dev.json"
 RESULTS = ROOT / "bench" / "results"
@@ -248,9 +248,9 @@ async def upload_phase(api_url: str, api_pid: int, files: list[tuple[str, bytes,
 
 def check_store(data_dir: Path, catalog_chunks: dict[str, int]) -> dict[str, Any]:
     """After the API stopped: each indexed document's chunks are in Chroma and FTS5 exactly once, nothing else."""
-    from rag.config import Settings
-    from rag.lexical import LexicalIndex
-    from rag.store import ChunkStore, StoreLock
+    from rag.core.config import Settings
+    from rag.store.lexical import LexicalIndex
+    from rag.store.chunks import ChunkStore, StoreLock
 
     settings = Settings(data_dir=data_dir)
     lock = StoreLock(data_dir)
@@ -274,8 +274,8 @@ def check_store(data_dir: Path, catalog_chunks: dict[str, int]) -> dict[str, Any
 
 
 def start_stack(workdir: Path) -> tuple[list[Any], Any]:
-    from rag.config import Settings
-    from rag.modellock import ensure_bundled_generator
+    from rag.core.config import Settings
+    from rag.deploy.modellock import ensure_bundled_generator
     from tests.servers import start_api, start_embedding_server, start_llama_server
 
     models = Path(os.environ.get("RAG_CACHE_DIR") or Path.home() / ".cache" / "rag-stack") / "models"

@@ -21,10 +21,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ingest.chunking import Chunker  # noqa: E402
-from ingest.loaders import load_document, parse  # noqa: E402
+from ingest.loaders import parse  # noqa: E402
+from ingest.loading import load_document  # noqa: E402
 from ingest.models import DocKind  # noqa: E402
 from ingest.sandbox import ParserPool  # noqa: E402
-from rag.config import Settings  # noqa: E402
+from rag.core.config import Settings  # noqa: E402
 from tests import hostile  # noqa: E402
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"

@@ -34,12 +34,12 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from rag.catalog import DocumentCatalog
-from rag.config import Settings
-from rag.embedding_client import EmbeddingClient
-from rag.lexical import LexicalIndex
-from rag.retrieval import Retriever
-from rag.store import ChunkStore
+from rag.store.catalog import DocumentCatalog
+from rag.core.config import Settings
+from rag.clients.embedding import EmbeddingClient
+from rag.store.lexical import LexicalIndex
+from rag.answering.retrieval import Retriever
+from rag.store.chunks import ChunkStore
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 COLLECTION = "latency"

@@ -2,7 +2,7 @@
 
 Every paragraph is a document, chunked to ~200 tokens of the embedder's tokenizer; a question is answered
 at rank r when the r-th chunk contains one of its gold answer texts. Prints recall@1/5/10 and MRR@10 for
-dense, BM25, equal-weight RRF and the weighted score fusion of rag/retrieval.py, tunes the dense weight on
+dense, BM25, equal-weight RRF and the weighted score fusion of rag/answering/retrieval.py, tunes the dense weight on
 the questions of one half (by a hash of the question id) and reports on the other half and on all.
 The production path (Retriever.search, real Chroma on disk, the FTS5 index) is run on the held-out half
 with the tuned weight to check that it gives the same numbers.
@@ -30,10 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
-from rag.config import Settings
-from rag.lexical import LexicalIndex, Tokenizer
-from rag.retrieval import Retriever, fuse
-from rag.store import ChunkStore
+from rag.core.config import Settings
+from rag.store.lexical import LexicalIndex, Tokenizer
+from rag.answering.retrieval import Retriever, fuse
+from rag.store.chunks import ChunkStore
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 DATASETS = {"squad": "squad-v1.1-dev.json", "cmrc": "cmrc2018-trial.json"}

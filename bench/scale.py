@@ -56,8 +56,8 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rag.config import Settings  # noqa: E402
-from rag.eval import latency_summary  # noqa: E402
+from rag.core.config import Settings  # noqa: E402
+from rag.eval.harness import latency_summary  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "squad-v1.1-dev.json"
 RESULTS = ROOT / "bench" / "results"
@@ -103,10 +103,10 @@ class Parts:
 
     def __init__(self, settings: Settings) -> None:
         from ingest.pipeline import IngestPipeline
-        from rag.catalog import DocumentCatalog, OwnerLease
-        from rag.embedding_client import EmbeddingClient
-        from rag.lexical import LexicalIndex
-        from rag.store import ChunkStore, StoreLock
+        from rag.store.catalog import DocumentCatalog, OwnerLease
+        from rag.clients.embedding import EmbeddingClient
+        from rag.store.lexical import LexicalIndex
+        from rag.store.chunks import ChunkStore, StoreLock
 
         self.settings = settings
         self.lock = StoreLock(settings.data_dir)
@@ -222,7 +222,7 @@ def build(parts: Parts, size: int, real: dict[str, np.ndarray], cosine: float) -
 
 
 async def _latency(parts: Parts, queries: list[str], k: int) -> dict[str, Any]:
-    from rag.retrieval import Retriever
+    from rag.answering.retrieval import Retriever
 
     vectors = dict(zip(queries, await parts.embedder.embed(queries)))
 
@@ -372,7 +372,7 @@ def machine() -> dict[str, Any]:
 
 
 def _start_backends(workdir: Path, embed_url: str | None) -> tuple[list[Any], str, str]:
-    from rag.modellock import ensure_bundled_generator
+    from rag.deploy.modellock import ensure_bundled_generator
     from tests.servers import start_embedding_server, start_llama_server
 
     servers = []

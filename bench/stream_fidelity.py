@@ -2,7 +2,7 @@
 
 Both paths get the same final prompt in the same run, one after the other, the order alternating per
 question. The prompt that the API sent is rebuilt here from its `sources` event (the texts, ids and
-labels that were packed) with rag.prompt, and checked token for token against the API's `budget.used`
+labels that were packed) with rag.answering.prompt, and checked token for token against the API's `budget.used`
 by llama-server's own count, so the direct call is the same request minus our stack.
 
 Both calls find the prompt in llama-server's cache (a warm-up call per question primes it; cache_n
@@ -36,8 +36,8 @@ from typing import Any
 
 import httpx
 
-from rag.llm_client import LlamaServerClient
-from rag.prompt import build_messages, render_source
+from rag.clients.llm import LlamaServerClient
+from rag.answering.prompt import build_messages, render_source
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -229,8 +229,8 @@ def start_backends(args: argparse.Namespace, workdir: Path) -> tuple[str, str, l
     started = []
     llm_url, embed_url = args.llm_url, args.embed_url
     if not llm_url:
-        from rag.config import Settings
-        from rag.modellock import cache_dir, ensure_bundled_generator
+        from rag.core.config import Settings
+        from rag.deploy.modellock import cache_dir, ensure_bundled_generator
 
         model = ensure_bundled_generator(Settings(data_dir=workdir, models_dir=cache_dir() / "models"))
         started.append(start_llama_server(model, workdir))

@@ -12,7 +12,7 @@ WORKDIR /app
 COPY pyproject.toml README.md models.lock /app/
 COPY rag /app/rag
 COPY ingest /app/ingest
-# Editable: rag/modellock.py finds models.lock beside the package, in /app.
+# Editable: rag/deploy/modellock.py finds models.lock beside the package, in /app.
 RUN pip install --index-url "$TORCH_INDEX" torch==2.13.0 \
  && pip install -e /app
 

@@ -25,6 +25,6 @@ RUN apt-get update \
 COPY --from=build /usr/local/bin/llama-server /usr/local/bin/llama-server
 USER llama
 EXPOSE 8080
-# compose.yaml gives the whole command line (rag/profiles.py "v100-16g"); no entrypoint of our own.
+# compose.yaml gives the whole command line (rag/deploy/profiles.py "v100-16g"); no entrypoint of our own.
 ENTRYPOINT []
 CMD ["llama-server", "--help"]

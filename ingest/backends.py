@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 import httpx
 
-from rag.config import Settings
-from rag.errors import BackendUnavailable, Conflict, InvalidRequest, NotFound, RagError, Unauthorized, UpstreamError
+from rag.core.config import Settings
+from rag.core.errors import BackendUnavailable, Conflict, InvalidRequest, NotFound, RagError, Unauthorized, UpstreamError
 
 from .pipeline import FileResult, Progress, SourceFile, document_id
 
@@ -71,7 +71,7 @@ class LocalBackend:
         self.catalog: Any = None
 
     async def __aenter__(self) -> "LocalBackend":
-        from rag.catalog import DocumentCatalog
+        from rag.store.catalog import DocumentCatalog
 
         self.catalog = DocumentCatalog(self.settings.data_dir / "catalog.sqlite")
         self._stack.callback(self.catalog.close)
@@ -84,10 +84,10 @@ class LocalBackend:
         return self
 
     def _open_store(self) -> None:
-        from rag.catalog import OwnerLease
-        from rag.embedding_client import EmbeddingClient
-        from rag.lexical import LexicalIndex
-        from rag.store import ChunkStore, StoreLock
+        from rag.store.catalog import OwnerLease
+        from rag.clients.embedding import EmbeddingClient
+        from rag.store.lexical import LexicalIndex
+        from rag.store.chunks import ChunkStore, StoreLock
 
         from .pipeline import IngestPipeline
 

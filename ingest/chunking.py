@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from .models import Chunk, LoadedDocument, Section
 
 if TYPE_CHECKING:
-    from rag.config import Settings
+    from rag.core.config import Settings
 
 SEPARATORS = ["\n\n", "\n", "。", "！", "？", "；", ". ", "! ", "? ", "; ", "，", ", ", " ", ""]
 _CACHE_SIZE = 1 << 16

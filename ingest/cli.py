@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from rag.cli import load_settings, run_cli
-from rag.config import Settings
+from rag.core.config import Settings
 
 from .backends import ApiBackend, Backend, KnownDocument, LocalBackend, file_id, find_api
 from .pipeline import FileResult, SourceFile
@@ -67,7 +67,7 @@ def cli(
     if server and not server.startswith(("http://", "https://")):
         raise click.UsageError(f"--server needs an http(s) URL, not {server!r}")
     settings = load_settings()
-    from rag.catalog import check_collection
+    from rag.store.catalog import check_collection
 
     collection = check_collection(collection or settings.collection)
     files = collect_files(paths, pattern, recursive)

@@ -19,7 +19,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import PurePath
 
-from rag.errors import DocumentRejected, UnsupportedFileType
+from rag.core.errors import DocumentRejected, UnsupportedFileType
 
 from .models import DocKind
 

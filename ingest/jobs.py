@@ -11,7 +11,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rag.errors import Conflict, InvalidRequest, NotFound, RagError
+from rag.core.errors import Conflict, InvalidRequest, NotFound, RagError
 
 from .pipeline import FileResult, SourceFile
 

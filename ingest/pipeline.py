@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from rag.catalog import DocumentCatalog, DocumentRecord, OwnerLease
-from rag.config import Settings
-from rag.errors import (
+from rag.store.catalog import DocumentCatalog, DocumentRecord, OwnerLease
+from rag.core.config import Settings
+from rag.core.errors import (
     BackendUnavailable,
     Conflict,
     DocumentRejected,
@@ -37,8 +37,8 @@ from rag.errors import (
     RagError,
     StoreUnavailable,
 )
-from rag.lexical import LexicalIndex
-from rag.store import ChunkStore
+from rag.store.lexical import LexicalIndex
+from rag.store.chunks import ChunkStore
 
 log = logging.getLogger("ingest")
 
@@ -584,7 +584,7 @@ class LoaderPreparer:
 
     def __call__(self, data: bytes, file: SourceFile, doc_id: str) -> Prepared:
         from ingest.chunking import chunk_document
-        from ingest.loaders import load_document
+        from ingest.loading import load_document
 
         doc = load_document(data, file.name, self.settings)
         return Prepared(chunk_records(chunk_document(doc, doc_id, self.chunker), file.name), doc.pages)

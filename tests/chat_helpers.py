@@ -16,7 +16,7 @@ import httpx
 import uvicorn
 
 from rag.api.app import create_app
-from rag.config import Settings
+from rag.core.config import Settings
 from tests.servers import free_port
 
 DOCS = {

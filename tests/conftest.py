@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rag.config import Settings, get_settings
+from rag.core.config import Settings, get_settings
 from tests.servers import Server, start_embedding_server, start_llama_server
 
 SHARED_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
@@ -44,7 +44,7 @@ def session_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def generator_model(session_dir: Path) -> Path:
-    from rag.modellock import ensure_bundled_generator
+    from rag.deploy.modellock import ensure_bundled_generator
 
     models = Path(os.environ.get("RAG_CACHE_DIR") or Path.home() / ".cache" / "rag-stack") / "models"
     return ensure_bundled_generator(Settings(data_dir=session_dir, models_dir=models))

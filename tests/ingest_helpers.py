@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ingest.pipeline import ChunkRecord, IngestPipeline, LoaderPreparer, Prepared, SourceFile
-from rag.catalog import DocumentCatalog, OwnerLease
-from rag.config import Settings
-from rag.errors import EmbedderUnavailable
-from rag.lexical import LexicalIndex
-from rag.store import ChunkStore
+from rag.store.catalog import DocumentCatalog, OwnerLease
+from rag.core.config import Settings
+from rag.core.errors import EmbedderUnavailable
+from rag.store.lexical import LexicalIndex
+from rag.store.chunks import ChunkStore
 
 
 @dataclass
@@ -56,7 +56,7 @@ def paragraph_chunks(data: bytes, file: SourceFile, doc_id: str) -> Prepared:
     """A stand-in for the loaders: one chunk per blank-line-separated paragraph of UTF-8 text."""
     text = data.decode("utf-8")
     if text.startswith("FAIL"):
-        from rag.errors import DocumentRejected
+        from rag.core.errors import DocumentRejected
 
         raise DocumentRejected(f"{file.name}: asked to fail")
     paragraphs = [p for p in text.split("\n\n") if p.strip()]

@@ -75,7 +75,7 @@ def llama_server_binary() -> str:
 
 def start_llama_server(model: Path, log_dir: Path, *, profile: str = "cpu", extra: list[str] | None = None,
                        alias: str = "gemma-3-270m-q4_k_m") -> Server:
-    from rag.profiles import get_profile
+    from rag.deploy.profiles import get_profile
 
     port = free_port()
     command = get_profile(profile).command(llama_server_binary(), model, "127.0.0.1", port) + ["-a", alias]

@@ -6,12 +6,12 @@ import asyncio
 
 import pytest
 
-from rag.answering import Answerer, ChatQuery, split_question
-from rag.citations import check_citations, cited_ids
-from rag.config import Settings
-from rag.errors import InvalidRequest, LLMUnavailable
-from rag.llm_client import LlamaServerClient
-from rag.prompt import no_sources_answer
+from rag.answering.answerer import Answerer, ChatQuery, split_question
+from rag.answering.citations import check_citations, cited_ids
+from rag.core.config import Settings
+from rag.core.errors import InvalidRequest, LLMUnavailable
+from rag.clients.llm import LlamaServerClient
+from rag.answering.prompt import no_sources_answer
 from tests.chat_helpers import OverlapRetriever, ReplayLlamaServer
 
 CHUNKS = [

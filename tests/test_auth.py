@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from rag.config import Settings
+from rag.core.config import Settings
 from tests.chat_helpers import changed, ask, serve, upload
 
 pytestmark = pytest.mark.integration

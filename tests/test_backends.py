@@ -8,9 +8,9 @@ import httpx
 import numpy as np
 import pytest
 
-from rag.embedding_client import EmbeddingClient
-from rag.errors import EmbedderUnavailable, LLMUnavailable
-from rag.llm_client import LlamaServerClient, StreamDelta, StreamEnd
+from rag.clients.embedding import EmbeddingClient
+from rag.core.errors import EmbedderUnavailable, LLMUnavailable
+from rag.clients.llm import LlamaServerClient, StreamDelta, StreamEnd
 from tests.servers import Server, free_port
 
 pytestmark = pytest.mark.integration

@@ -11,9 +11,9 @@ from collections import Counter
 import httpx
 import pytest
 
-from rag.config import Settings
-from rag.errors import Busy
-from rag.gate import GenerationGate
+from rag.core.config import Settings
+from rag.core.errors import Busy
+from rag.answering.gate import GenerationGate
 from tests.chat_helpers import ask, changed, parse_sse, serve, upload
 from tests.servers import Server
 

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
-from rag.budget import Candidate, PromptBudget, sentence_ends, split_turns
-from rag.errors import InvalidRequest, QuestionTooLong
-from rag.llm_client import LlamaServerClient
-from rag.prompt import SYSTEM_PROMPT, build_messages, defuse, render_source
+from rag.answering.budget import Candidate, PromptBudget, sentence_ends, split_turns
+from rag.core.errors import InvalidRequest, QuestionTooLong
+from rag.clients.llm import LlamaServerClient
+from rag.answering.prompt import SYSTEM_PROMPT, build_messages, defuse, render_source
 from tests.servers import Server
 
 _WORD = re.compile(r"[\u3400-\u9fff]|[^\s\u3400-\u9fff]+|\n")

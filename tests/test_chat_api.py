@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rag.config import Settings
-from rag.prompt import no_sources_answer
+from rag.core.config import Settings
+from rag.answering.prompt import no_sources_answer
 from tests.chat_helpers import changed, ask, chat_events, parse_sse, prompt_tokens_total, serve, upload
 from tests.servers import Server, free_port, start_llama_server
 
@@ -166,7 +166,7 @@ def test_a_restarted_llama_server_with_a_smaller_context_gets_a_repacked_prompt(
     """The honest overflow: n_ctx is read from /props and kept a while; llama-server restarts on the same
     port with -c 1024 meanwhile, so the next prompt is packed for 4,096 and refused; it is packed again
     with the numbers of the refusal and sent once more."""
-    monkeypatch.setattr("rag.answering.PROPS_TTL_S", 3600.0)  # the restart falls inside the props' lifetime
+    monkeypatch.setattr("rag.answering.answerer.PROPS_TTL_S", 3600.0)  # the restart falls inside the props' lifetime
     settings = changed(backend_settings, llm_url=private_llama.url, top_k=12)
     with serve(settings) as url:
         upload(url, {f"part{i}.txt": (f"Fact {i}: the Eiffel Tower in Paris is made of iron. " * 20) for i in range(5)})
@@ -174,7 +174,7 @@ def test_a_restarted_llama_server_with_a_smaller_context_gets_a_repacked_prompt(
         assert next(e.data for e in first if e.event == "budget")["n_ctx"] == 4096
         port = int(private_llama.url.rsplit(":", 1)[1])
         private_llama.stop()
-        from rag.profiles import get_profile
+        from rag.deploy.profiles import get_profile
         from tests.servers import llama_server_binary, start_server
 
         command = get_profile("cpu").command(llama_server_binary(), generator_model, "127.0.0.1", port)

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 from ingest.chunking import Chunker, chunk_document
 from ingest.loaders import parse
 from ingest.models import Chunk, DocKind, LoadedDocument, Section
-from rag.config import Settings
+from rag.core.config import Settings
 from tests import hostile
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

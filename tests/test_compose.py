@@ -11,9 +11,9 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from rag.config import Settings
-from rag.modellock import find_artifact, load_lock
-from rag.profiles import PROFILES
+from rag.core.config import Settings
+from rag.deploy.modellock import find_artifact, load_lock
+from rag.deploy.profiles import PROFILES
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "compose.yaml"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rag.config import Settings
+from rag.core.config import Settings
 from tests import hostile
 from tests.conftest import SHARED_DATA
 from tests.ingest_helpers import census, expected_chunks

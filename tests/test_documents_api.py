@@ -22,7 +22,7 @@ from pydantic import SecretStr
 
 from rag.api.app import create_app
 from rag.api.services import Services
-from rag.config import Settings
+from rag.core.config import Settings
 from tests import hostile
 from tests.conftest import SHARED_DATA
 from tests.ingest_helpers import Census, census

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from rag.config import get_settings
-from rag.eval import (
+from rag.core.config import get_settings
+from rag.eval.harness import (
     LOWER_IS_BETTER,
     bears_answer,
     compare,
@@ -25,8 +25,8 @@ from rag.eval import (
     token_f1,
     unmeasured,
 )
-from rag.eval_cli import EXIT_REGRESSION, eval_command
-from rag.store import StoreLock
+from rag.eval.cli import EXIT_REGRESSION, eval_command
+from rag.store.chunks import StoreLock
 from tests.conftest import SHARED_DATA
 from tests.servers import Server
 

@@ -6,7 +6,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from rag.api.app import create_app
-from rag.config import Settings
+from rag.core.config import Settings
 from tests.servers import Server, free_port
 
 pytestmark = pytest.mark.integration
@@ -36,7 +36,7 @@ def test_health_is_503_with_the_reason_when_llama_server_is_down(embedding_serve
 
 
 def test_a_second_api_on_the_same_store_is_refused(backend_settings: Settings):
-    from rag.errors import StoreLocked
+    from rag.core.errors import StoreLocked
 
     with TestClient(create_app(backend_settings)):
         with pytest.raises(StoreLocked, match="held by the rag API"):

@@ -16,8 +16,8 @@ from click.testing import CliRunner
 
 from ingest.cli import cli, collect_files, main, stale_documents
 from ingest.backends import KnownDocument
-from rag.config import Settings
-from rag.store import StoreLock
+from rag.core.config import Settings
+from rag.store.chunks import StoreLock
 from tests import hostile
 from tests.ingest_helpers import census, expected_chunks
 from tests.servers import Server, free_port, start_api
@@ -172,7 +172,7 @@ def test_a_held_store_is_one_clear_line(
     monkeypatch.setenv("RAG_API_PORT", str(free_port()))
     (tmp_path / "a.txt").write_text("hello")
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from rag.store import StoreLock;"
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from rag.store.chunks import StoreLock;"
          "lock = StoreLock(Path(sys.argv[1])); lock.acquire('the rag API'); print('held', flush=True); time.sleep(60)", str(isolated_env)],
         stdout=subprocess.PIPE, text=True,
     )

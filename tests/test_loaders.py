@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from ingest.detect import classify, detect
-from ingest.loaders import load_document
+from ingest.loading import load_document
 from ingest.models import DocKind, LoadedDocument
 from ingest.sandbox import ParserPool
-from rag.config import Settings
-from rag.errors import DocumentRejected, UnsupportedFileType
+from rag.core.config import Settings
+from rag.core.errors import DocumentRejected, UnsupportedFileType
 from tests import hostile
 
 CMRC = Path(__file__).resolve().parents[2] / "shared" / "data" / "cmrc2018-trial.json"
@@ -403,7 +403,7 @@ def test_damaged_zip_is_named() -> None:
 
 
 def test_a_worker_that_cannot_start_is_a_service_error_not_a_bad_file(settings: Settings) -> None:
-    from rag.errors import RagError
+    from rag.core.errors import RagError
 
     pool = ParserPool(memory_mb=16, max_workers=1)  # too little for the interpreter itself
     try:

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from rag.cli import cli
-from rag.config import Settings
-from rag.modellock import Artifact, IntegrityError, load_lock, pull, verify_artifact
+from rag.core.config import Settings
+from rag.deploy.modellock import Artifact, IntegrityError, load_lock, pull, verify_artifact
 
 PAYLOAD = bytes(range(256)) * 4096  # 1 MiB
 
@@ -47,7 +47,7 @@ def test_verify_reports_each_state(tmp_path: Path):
 
 
 def test_models_verify_fails_on_a_corrupted_file(isolated_env: Path, tmp_path: Path):
-    from rag.modellock import ensure_bundled_generator
+    from rag.deploy.modellock import ensure_bundled_generator
 
     model = ensure_bundled_generator(Settings())
     ok = CliRunner().invoke(cli, ["models", "verify"])

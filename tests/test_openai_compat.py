@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from rag.config import Settings
+from rag.core.config import Settings
 from tests.chat_helpers import changed, serve, upload
 from tests.servers import free_port
 

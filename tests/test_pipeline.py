@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from ingest.pipeline import IngestPipeline, SourceFile, document_id
-from rag.catalog import DocumentCatalog, OwnerLease
-from rag.config import Settings
-from rag.errors import Conflict, EmbedderUnavailable
+from rag.store.catalog import DocumentCatalog, OwnerLease
+from rag.core.config import Settings
+from rag.core.errors import Conflict, EmbedderUnavailable
 from tests.conftest import SHARED_DATA
 from tests.ingest_helpers import HashEmbedder, census, expected_chunks, open_pipeline, paragraph_chunks
 
@@ -241,7 +241,7 @@ def test_catalog_switch_is_atomic(tmp_path: Path) -> None:
 def test_leases_see_each_other_across_processes(tmp_path: Path) -> None:
     lease = OwnerLease(tmp_path)
     code = (
-        "import sys; from pathlib import Path; from rag.catalog import OwnerLease;"
+        "import sys; from pathlib import Path; from rag.store.catalog import OwnerLease;"
         f"print(OwnerLease(Path(sys.argv[1])).is_live({lease.token!r}))"
     )
     alive = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
@@ -256,7 +256,7 @@ def test_leases_see_each_other_across_processes(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_real_files_through_the_real_embedder(ingest_settings: Settings, tmp_path: Path) -> None:
-    from rag.embedding_client import EmbeddingClient
+    from rag.clients.embedding import EmbeddingClient
     from tests import hostile
 
     folder = tmp_path / "docs"
@@ -291,7 +291,7 @@ def test_real_files_through_the_real_embedder(ingest_settings: Settings, tmp_pat
 
 class ChunkStoreView:
     def __init__(self, settings: Settings) -> None:
-        from rag.store import ChunkStore
+        from rag.store.chunks import ChunkStore
 
         self.store = ChunkStore.open(settings)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from rag.gpus import GPUS, get_gpu
-from rag.model_shapes import (
+from rag.deploy.gpus import GPUS, get_gpu
+from rag.deploy.model_shapes import (
     GIB,
     PUBLISHED_GIB,
     QWEN36_27B,
@@ -22,9 +22,9 @@ from rag.model_shapes import (
     qwen35_model,
     write_gguf,
 )
-from rag.plan_cli import plan_command
-from rag.planner import MIB, Flags, architecture, estimate, kv_bytes_per_token, plan, read_gguf, tune
-from rag.profiles import PROFILES
+from rag.deploy.plan_cli import plan_command
+from rag.deploy.planner import MIB, Flags, architecture, estimate, kv_bytes_per_token, plan, read_gguf, tune
+from rag.deploy.profiles import PROFILES
 from tests.servers import free_port, llama_server_binary, start_server
 
 V100 = get_gpu("v100-16g")

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from rag.config import Settings
+from rag.core.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

@@ -17,13 +17,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rag.config import Settings
-from rag.embedding_client import EmbeddingClient
-from rag.errors import BackendUnavailable, InvalidRequest, UpstreamError
-from rag.lexical import LexicalIndex, lexical_tokens
-from rag.rerank import RerankClient
-from rag.retrieval import Retriever, dense_weight_for, fuse, min_max
-from rag.store import ChunkStore
+from rag.core.config import Settings
+from rag.clients.embedding import EmbeddingClient
+from rag.core.errors import BackendUnavailable, InvalidRequest, UpstreamError
+from rag.store.lexical import LexicalIndex, lexical_tokens
+from rag.clients.rerank import RerankClient
+from rag.answering.retrieval import Retriever, dense_weight_for, fuse, min_max
+from rag.store.chunks import ChunkStore
 from tests.conftest import SHARED_DATA
 
 DIM = 64

@@ -3,7 +3,7 @@
 import pytest
 from pydantic import ValidationError
 
-from rag.config import Settings, settings_error_line
+from rag.core.config import Settings, settings_error_line
 
 
 def test_defaults_are_the_embedded_stack():

@@ -28,10 +28,10 @@ import httpx
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from rag.gpus import GPU, get_gpu  # noqa: E402
-from rag.model_shapes import published_extra_bytes, qwen35_model  # noqa: E402
-from rag.planner import MIB, Flags, estimate, plan, read_gguf  # noqa: E402
-from rag.profiles import PROFILES  # noqa: E402
+from rag.deploy.gpus import GPU, get_gpu  # noqa: E402
+from rag.deploy.model_shapes import published_extra_bytes, qwen35_model  # noqa: E402
+from rag.deploy.planner import MIB, Flags, estimate, plan, read_gguf  # noqa: E402
+from rag.deploy.profiles import PROFILES  # noqa: E402
 
 V100_MIB = 16_160
 PROMPT_TOKENS = 3_584  # with 512 generated: the whole 4,096-token context
@@ -242,7 +242,7 @@ def emulated_gpu() -> GPU:
 
 
 EMULATIONS = [
-    # name, quant, flags (the shipped profile comes from rag/profiles.py)
+    # name, quant, flags (the shipped profile comes from rag/deploy/profiles.py)
     (f"shipped-{SHIPPED_QUANT}-q8_0", SHIPPED_QUANT, SHIPPED.flags()),
     ("IQ4_XS-q8_0", "IQ4_XS", SHIPPED.flags()),
     ("field-recipe-Q4_K_M", "Q4_K_M", FIELD_FLAGS + ["-fit", "off"]),

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from rag.model_shapes import QWEN36_27B, Qwen35Hparams, qwen35_model, write_gguf  # noqa: E402
+from rag.deploy.model_shapes import QWEN36_27B, Qwen35Hparams, qwen35_model, write_gguf  # noqa: E402
 
 TINY = Qwen35Hparams(n_layer=8, n_embd=512, n_ff=1536, n_vocab=8192, n_head=6, n_head_kv=2, head_dim=64,
                      ssm_d_state=32, ssm_n_group=4, ssm_dt_rank=12, context_length=8192)

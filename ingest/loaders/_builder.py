@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from rag.errors import DocumentRejected
+from rag.core.errors import DocumentRejected
 
 from ..models import DocKind, LoadedDocument, Section
 

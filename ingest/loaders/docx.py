@@ -24,7 +24,7 @@ from docx.document import Document as DocxDocument
 from docx.table import Table
 from docx.text.paragraph import Paragraph
 
-from rag.errors import DocumentRejected
+from rag.core.errors import DocumentRejected
 
 from ..models import DocKind, LoadedDocument
 from ._builder import DocumentBuilder, clean

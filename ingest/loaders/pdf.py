@@ -16,7 +16,7 @@ import re
 import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_c
 
-from rag.errors import DocumentRejected
+from rag.core.errors import DocumentRejected
 
 from ..models import DocKind, LoadedDocument
 from ._builder import DocumentBuilder, clean

@@ -11,7 +11,7 @@ from rag.api.deps import require_api_key
 from rag.api.errors import install_error_handlers
 from rag.api.routes import chat, documents, health, openai_compat, web
 from rag.api.services import Services, build_services
-from rag.config import Settings, get_settings
+from rag.core.config import Settings, get_settings
 
 
 def create_app(settings: Settings | None = None, services: Services | None = None) -> FastAPI:

@@ -14,15 +14,15 @@ from fastapi import Depends, Request
 
 from ingest.jobs import JobRegistry
 from ingest.pipeline import IngestPipeline
-from rag.answering import Answerer
+from rag.answering.answerer import Answerer
 from rag.api.services import Services
-from rag.catalog import DocumentCatalog
-from rag.config import Settings
-from rag.embedding_client import EmbeddingClient
-from rag.errors import Unauthorized
-from rag.lexical import LexicalIndex
-from rag.llm_client import LlamaServerClient
-from rag.store import ChunkStore
+from rag.store.catalog import DocumentCatalog
+from rag.core.config import Settings
+from rag.clients.embedding import EmbeddingClient
+from rag.core.errors import Unauthorized
+from rag.store.lexical import LexicalIndex
+from rag.clients.llm import LlamaServerClient
+from rag.store.chunks import ChunkStore
 
 
 async def get_services(request: Request) -> Services:

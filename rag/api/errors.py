@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from rag.errors import Busy, RagError
+from rag.core.errors import Busy, RagError
 
 log = logging.getLogger("rag.api")
 

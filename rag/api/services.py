@@ -8,15 +8,15 @@ from typing import Any
 
 from ingest.jobs import JobRegistry
 from ingest.pipeline import IngestPipeline
-from rag.answering import Answerer
-from rag.catalog import DocumentCatalog, OwnerLease
-from rag.config import Settings
-from rag.embedding_client import EmbeddingClient
-from rag.errors import BackendUnavailable
-from rag.lexical import LexicalIndex
-from rag.llm_client import LlamaServerClient
-from rag.retrieval import Retriever
-from rag.store import ChunkStore, StoreLock
+from rag.answering.answerer import Answerer
+from rag.store.catalog import DocumentCatalog, OwnerLease
+from rag.core.config import Settings
+from rag.clients.embedding import EmbeddingClient
+from rag.core.errors import BackendUnavailable
+from rag.store.lexical import LexicalIndex
+from rag.clients.llm import LlamaServerClient
+from rag.answering.retrieval import Retriever
+from rag.store.chunks import ChunkStore, StoreLock
 
 log = logging.getLogger("rag.api")
 

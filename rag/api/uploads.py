@@ -19,7 +19,7 @@ from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import parse_options_header
 from starlette.requests import ClientDisconnect
 
-from rag.errors import FileTooLarge, InvalidRequest, UnsupportedFileType
+from rag.core.errors import FileTooLarge, InvalidRequest, UnsupportedFileType
 
 FILE_FIELDS = ("files", "file")
 MAX_FIELD_BYTES = 64 * 1024

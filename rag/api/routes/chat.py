@@ -19,12 +19,12 @@ from pydantic import BaseModel, Field
 from sse_starlette import EventSourceResponse
 from starlette.background import BackgroundTask
 
-from rag.answering import Answer, ChatQuery
+from rag.answering.answerer import Answer, ChatQuery
 from rag.api.deps import AnswererDep, SettingsDep
 from rag.api.errors import error_body
-from rag.catalog import check_collection
-from rag.config import Settings
-from rag.errors import RagError
+from rag.store.catalog import check_collection
+from rag.core.config import Settings
+from rag.core.errors import RagError
 
 log = logging.getLogger(__name__)
 router = APIRouter()

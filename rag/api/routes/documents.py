@@ -15,8 +15,8 @@ from ingest.jobs import Job
 from ingest.pipeline import FileResult, IngestPipeline, SourceFile
 from rag.api.deps import CatalogDep, JobsDep, PipelineDep, SettingsDep
 from rag.api.uploads import ReceivedForm, check_source, receive_multipart, upload_names
-from rag.catalog import check_collection
-from rag.errors import InvalidRequest, NotFound, RagError
+from rag.store.catalog import check_collection
+from rag.core.errors import InvalidRequest, NotFound, RagError
 
 router = APIRouter()
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from rag.api.deps import ServicesDep
-from rag.errors import RagError
+from rag.core.errors import RagError
 
 router = APIRouter()
 

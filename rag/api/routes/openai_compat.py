@@ -19,11 +19,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from rag.answering import Answer, Event
+from rag.answering.answerer import Answer, Event
 from rag.api.deps import AnswererDep, SettingsDep
 from rag.api.errors import error_body
 from rag.api.routes.chat import chat_query, event_stream, unless_disconnected
-from rag.errors import InvalidRequest, RagError
+from rag.core.errors import InvalidRequest, RagError
 
 log = logging.getLogger(__name__)
 router = APIRouter()

@@ -11,9 +11,9 @@ from pathlib import Path
 from fastapi import APIRouter
 from fastapi.responses import FileResponse
 
-from rag.errors import NotFound
+from rag.core.errors import NotFound
 
-STATIC_DIR = Path(str(files("rag") / "static"))
+STATIC_DIR = Path(str(files("rag.api") / "static"))
 
 MEDIA_TYPES = {
     ".html": "text/html; charset=utf-8",

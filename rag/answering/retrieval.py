@@ -24,11 +24,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from rag.config import Settings
-from rag.errors import BackendUnavailable, InvalidRequest, UpstreamError
-from rag.lexical import LexicalIndex, cjk_fraction
-from rag.rerank import RerankClient
-from rag.store import ChunkStore
+from rag.core.config import Settings
+from rag.core.errors import BackendUnavailable, InvalidRequest, UpstreamError
+from rag.store.lexical import LexicalIndex, cjk_fraction
+from rag.clients.rerank import RerankClient
+from rag.store.chunks import ChunkStore
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from rag.gpus import GPUS, custom_gpu, get_gpu
-from rag.model_shapes import FTYPE_BASE, PUBLISHED_GIB, ModelSpec, published_extra_bytes, qwen35_model
-from rag.planner import CACHE_TYPES, MIB, Flags, GGUFFormatError, Plan, plan, read_gguf
+from rag.deploy.gpus import GPUS, custom_gpu, get_gpu
+from rag.deploy.model_shapes import FTYPE_BASE, PUBLISHED_GIB, ModelSpec, published_extra_bytes, qwen35_model
+from rag.deploy.planner import CACHE_TYPES, MIB, Flags, GGUFFormatError, Plan, plan, read_gguf
 
 # Models the planner knows by shape alone (no file needed): NAME:QUANT.
 DESCRIBED = {"qwen3.6-27b": qwen35_model}
@@ -99,7 +99,7 @@ def render(p: Plan) -> str:
         f"  recurrent     {m.recurrent / MIB:>9,.0f} MiB",
         f"  compute       {m.compute / MIB:>9,.0f} MiB (micro-batch {f.n_ubatch}, flash attention {'on' if f.flash_attn else 'off'})",
         f"  CUDA pool     {m.pool / MIB:>9,.0f} MiB",
-        f"  CUDA context  {m.context / MIB:>9,.0f} MiB (not in llama-server's lines; per card, rag/gpus.py)",
+        f"  CUDA context  {m.context / MIB:>9,.0f} MiB (not in llama-server's lines; per card, rag/deploy/gpus.py)",
         f"  total         {m.total_gpu / MIB:>9,.0f} MiB of {p.gpu.memory_mib:,}: {p.free / MIB:,.0f} MiB free "
         f"(llama-server's own lines: {m.reported_gpu / MIB:,.0f}; keep {p.margin / MIB:,.0f} free)",
         f"  verdict       {p.verdict}",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import openai
 
-from rag.errors import EmbedderUnavailable, UpstreamError
+from rag.core.errors import EmbedderUnavailable, UpstreamError
 
 
 class EmbeddingClient:

@@ -15,12 +15,12 @@ from urllib.parse import urlparse
 
 import httpx
 
-from rag.config import Settings
-from rag.errors import RagError
-from rag.modellock import ensure_bundled_generator
-from rag.profiles import get_profile
+from rag.core.config import Settings
+from rag.core.errors import RagError
+from rag.deploy.modellock import ensure_bundled_generator
+from rag.deploy.profiles import get_profile
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 class LaunchError(RagError):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from rag.config import Settings
-from rag.errors import BackendUnavailable, UpstreamError
+from rag.core.config import Settings
+from rag.core.errors import BackendUnavailable, UpstreamError
 
 
 class RerankClient:

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from filelock import FileLock, Timeout
 
-from rag.errors import Conflict, InvalidRequest
+from rag.core.errors import Conflict, InvalidRequest
 
 State = Literal["pending", "indexed", "failed", "deleting"]
 Claim = Literal["claimed", "indexed", "busy"]

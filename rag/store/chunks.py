@@ -10,8 +10,8 @@ from urllib.parse import urlparse
 
 from filelock import FileLock, Timeout
 
-from rag.config import Settings
-from rag.errors import StoreLocked, StoreUnavailable
+from rag.core.config import Settings
+from rag.core.errors import StoreLocked, StoreUnavailable
 
 HNSW = {"space": "cosine", "ef_construction": 200, "ef_search": 200}
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import click
 
-from rag.config import Settings, get_settings, settings_error_line
-from rag.errors import StoreLocked
-from rag.eval import (
+from rag.core.config import Settings, get_settings, settings_error_line
+from rag.core.errors import StoreLocked
+from rag.eval.harness import (
     MODES,
     EvalOptions,
     EvalSet,
@@ -200,7 +200,7 @@ def eval_command(dataset: Path, collection: str | None, keep: bool, modes: str, 
     if not chosen or any(m not in MODES for m in chosen):
         raise click.BadParameter(f"choose among {', '.join(MODES)}", param_hint="--modes")
     if collection:
-        from rag.catalog import check_collection
+        from rag.store.catalog import check_collection
 
         check_collection(collection)
     evalset = read_squad(dataset, limit=limit, seed=seed)

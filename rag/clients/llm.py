@@ -11,7 +11,7 @@ from typing import Any, Literal
 import httpx
 import openai
 
-from rag.errors import ContextOverflow, LLMUnavailable, UpstreamError
+from rag.core.errors import ContextOverflow, LLMUnavailable, UpstreamError
 
 Message = dict[str, str]
 

@@ -13,7 +13,7 @@ import math
 import time
 from collections import deque
 
-from rag.errors import Busy
+from rag.core.errors import Busy
 
 
 class Permit:

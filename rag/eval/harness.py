@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from rag.config import Settings
-from rag.errors import InvalidRequest
+from rag.core.config import Settings
+from rag.core.errors import InvalidRequest
 
 KS = (1, 5, 10)
 DEPTH = 10  # results looked at per question: recall@10 and MRR@10
@@ -378,7 +378,7 @@ class Evaluation:
         self.collection = options.collection or ""
 
     async def run(self, evalset: EvalSet) -> dict[str, Any]:
-        from rag.retrieval import Retriever
+        from rag.answering.retrieval import Retriever
 
         started = time.time()
         fresh = self.options.collection is None
@@ -514,7 +514,7 @@ class Evaluation:
     # Answers.
 
     async def _answer(self, runs: list[_QuestionRun], retriever: Any) -> dict[str, Any]:
-        from rag.answering import Answerer, ChatQuery
+        from rag.answering.answerer import Answerer, ChatQuery
 
         answerer = Answerer(self.parts.llm, retriever, self.settings)
         self.progress.stage("answer", len(runs))

@@ -63,7 +63,7 @@ PROFILES: dict[str, ServerProfile] = {
         # from token 0 (cache_n 0) instead of reusing the fixed system prompt. ~70 MB more at 4,096.
         extra=("--swa-full",),
     ),
-    # Derived by the planner (rag.planner.tune on the production model's shape, V100 16 GB, 4,096
+    # Derived by the planner (rag.deploy.planner.tune on the production model's shape, V100 16 GB, 4,096
     # tokens, one slot); tests/test_planner.py checks that the planner still derives exactly this.
     "v100-16g": ServerProfile(
         name="v100-16g",

@@ -29,13 +29,13 @@ from typing import Any, Protocol
 
 import anyio
 
-from rag.budget import Candidate, PackedPrompt, PromptBudget
-from rag.citations import check_citations
-from rag.config import Settings
-from rag.errors import ContextOverflow, InvalidRequest, LLMUnavailable, RagError
-from rag.gate import GenerationGate, Permit
-from rag.llm_client import LlamaServerClient, ServerProps, StreamDelta, StreamEnd
-from rag.prompt import Message, no_sources_answer
+from rag.answering.budget import Candidate, PackedPrompt, PromptBudget
+from rag.answering.citations import check_citations
+from rag.core.config import Settings
+from rag.core.errors import ContextOverflow, InvalidRequest, LLMUnavailable, RagError
+from rag.answering.gate import GenerationGate, Permit
+from rag.clients.llm import LlamaServerClient, ServerProps, StreamDelta, StreamEnd
+from rag.answering.prompt import Message, no_sources_answer
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ CLOSE_TIMEOUT_S = 5.0
 
 
 class Hit(Protocol):
-    """A retrieved chunk (rag.retrieval.RetrievedChunk)."""
+    """A retrieved chunk (rag.answering.retrieval.RetrievedChunk)."""
 
     chunk_id: str
     doc_id: str

@@ -15,7 +15,7 @@ buffer), component by component:
   without flash attention, and T x the widest phase of a layer in f32 (feed-forward: 5 n_embd + 3
   n_ff values per token; attention and recurrent phases likewise, see `compute_bytes`). Measured
   against llama-server on this CPU for llama, gemma3 and qwen35 shapes (tests/test_planner.py);
-- what llama-server does not print: the CUDA context and library handles (per card, `rag/gpus.py`)
+- what llama-server does not print: the CUDA context and library handles (per card, `rag/deploy/gpus.py`)
   and the CUDA pool, which on Volta holds one weight matrix dequantized to fp16 for prefill.
 
 The decode ceiling is bandwidth / bytes read per token (the GPU weights, the KV cache at full
@@ -31,9 +31,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rag.gpus import GPU
-from rag.model_shapes import BLOCK_SIZES, ModelSpec, TensorSpec
-from rag.profiles import ServerProfile
+from rag.deploy.gpus import GPU
+from rag.deploy.model_shapes import BLOCK_SIZES, ModelSpec, TensorSpec
+from rag.deploy.profiles import ServerProfile
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB

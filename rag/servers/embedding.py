@@ -20,7 +20,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from rag.config import Settings
+from rag.core.config import Settings
 
 
 class EmbeddingRequest(BaseModel):

@@ -13,10 +13,10 @@ from typing import Any, Literal
 import httpx
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from rag.config import Settings
-from rag.errors import NotFound, RagError
+from rag.core.config import Settings
+from rag.core.errors import NotFound, RagError
 
-DEFAULT_LOCK = Path(__file__).resolve().parent.parent / "models.lock"
+DEFAULT_LOCK = Path(__file__).resolve().parents[2] / "models.lock"
 
 
 class IntegrityError(RagError):

@@ -31,7 +31,7 @@ from pathlib import Path
 import Stemmer
 import tantivy
 
-from rag.errors import StoreLocked
+from rag.core.errors import StoreLocked
 
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af"
 _TOKEN = re.compile(rf"[{_CJK}]+|[^\W_{_CJK}]+", re.UNICODE)

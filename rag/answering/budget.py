@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rag.errors import InvalidRequest, QuestionTooLong
-from rag.prompt import SOURCES_SEPARATOR, Message, build_messages, defuse, render_source, sources_block
+from rag.core.errors import InvalidRequest, QuestionTooLong
+from rag.answering.prompt import SOURCES_SEPARATOR, Message, build_messages, defuse, render_source, sources_block
 
 MAX_ROUNDS = 4  # assembled prompt over the limit -> lower the target and pack again, at most this often
 

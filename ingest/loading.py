@@ -1,0 +1,46 @@
+"""Loading: bytes in, a `LoadedDocument` (extracted text plus sections) out, within bounds.
+
+The entry point for the pipeline, the upload endpoint and the CLI:
+
+    doc = load_document(data, name, settings)
+
+It detects the type from the bytes (`ingest.detect`), then parses. Plain text, Markdown and small HTML
+are parsed in this process (linear-time work on already-decoded text). PDF, DOCX and large HTML are
+parsed in a bounded worker process (`ingest.sandbox`): `settings.parse_timeout_s` of wall-clock time
+and `settings.parse_memory_mb` of address space, so a hostile file costs a worker, never the service.
+
+Errors, all from `rag.core.errors`: `UnsupportedFileType` (415) names the type the bytes showed;
+`DocumentRejected` (422) says why a readable file has nothing to index (empty, whitespace only,
+encrypted, scanned, a bomb, over the time or memory limit).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .detect import classify
+from .loaders import parse
+from .models import DocKind, LoadedDocument
+from .sandbox import ParserPool, get_pool
+
+if TYPE_CHECKING:
+    from rag.core.config import Settings
+
+# HTML up to this size is parsed in-process: Lexbor is linear and this stays in the milliseconds.
+INPROCESS_HTML_BYTES = 256 * 1024
+
+
+def load_document(data: bytes, name: str, settings: Settings, pool: ParserPool | None = None) -> LoadedDocument:
+    """The document in `data` (named `name` for messages and metadata only), parsed within bounds."""
+    detection = classify(data, name)
+    kind = detection.kind
+    if kind in (DocKind.PDF, DocKind.DOCX) or (kind is DocKind.HTML and len(data) > INPROCESS_HTML_BYTES):
+        pool = pool or get_pool(settings.parse_memory_mb)
+        return pool.parse(kind, data, name, timeout_s=settings.parse_timeout_s, max_inflated=inflate_limit(settings))
+    return parse(kind, data, name, text=detection.text, encoding=detection.encoding)
+
+
+def inflate_limit(settings: Settings) -> int:
+    """How many bytes a DOCX may inflate to: a quarter of the parser's memory (python-docx and lxml
+    need several times the XML's size)."""
+    return (settings.parse_memory_mb << 20) // 4

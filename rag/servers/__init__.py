@@ -1,0 +1,1 @@
+"""Servers of our own that run as separate processes: the embedding server. May import only `rag.core`."""

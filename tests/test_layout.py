@@ -1,0 +1,113 @@
+"""The folders show the architecture: each part imports only the parts beneath it, and no module
+imports itself back through others (the README's "Layout" paragraph names the same rules)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# What each part may import (besides itself). The CLIs (`rag.cli`, `ingest.cli`) sit on top of everything.
+ALLOWED = {
+    "rag.core": set(),
+    "rag.clients": {"rag.core"},
+    "rag.store": {"rag.core"},
+    "rag.deploy": {"rag.core"},
+    "rag.servers": {"rag.core"},
+    "rag.answering": {"rag.core", "rag.clients", "rag.store"},
+    "ingest": {"rag.core", "rag.clients", "rag.store"},
+    "rag.api": {"rag.core", "rag.clients", "rag.store", "rag.answering", "ingest"},
+    "rag.eval": {"rag.core", "rag.clients", "rag.store", "rag.answering", "ingest", "rag.api"},
+}
+TOP = {"rag.cli", "ingest.cli"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_modules() -> dict[str, Path]:
+    return {module_name(p): p for top in ("rag", "ingest") for p in (ROOT / top).rglob("*.py")}
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every project module `path` imports, at any depth of the file (function-level imports too)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def part_of(module: str) -> str:
+    if module in TOP:
+        return module
+    for part in sorted(ALLOWED, key=len, reverse=True):
+        if module == part or module.startswith(part + "."):
+            return part
+    return module
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    return {name: imports_of(name, path, set(modules)) for name, path in modules.items()}
+
+
+def test_every_module_belongs_to_a_named_part():
+    loose = [m for m in project_modules() if part_of(m) not in ALLOWED and m not in TOP and m not in ("rag", "ingest")]
+    assert loose == []
+
+
+def test_parts_import_only_the_parts_beneath_them():
+    upward = []
+    for module, targets in import_graph().items():
+        part = part_of(module)
+        if part in TOP or part not in ALLOWED:
+            continue
+        for target in targets:
+            target_part = part_of(target)
+            if target_part not in (part, "rag", "ingest") and target_part not in ALLOWED[part]:
+                upward.append(f"{module} -> {target}")
+    assert upward == []
+
+
+def test_no_module_imports_itself_back():
+    graph = import_graph()
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert cycles == []
+
+
+def test_the_readme_names_every_folder():
+    readme = (ROOT / "README.md").read_text()
+    folders = {p.parent.relative_to(ROOT).as_posix() for top in ("rag", "ingest") for p in ROOT.glob(f"{top}/**/__init__.py")}
+    assert sorted(f for f in folders - {"rag"} if f"`{f}/`" not in readme) == []
