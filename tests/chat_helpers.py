@@ -162,7 +162,8 @@ class ReplayLlamaServer:
     reply: str
     n_ctx: int = 4096
     slots: int = 1
-    prompts: list[list[dict[str, str]]] = field(default_factory=list)
+    prompts: list[list[dict[str, str]] | str] = field(default_factory=list)  # chats, or completion prompts
+    requests: list[dict[str, Any]] = field(default_factory=list)
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle)
@@ -188,16 +189,23 @@ class ReplayLlamaServer:
             return httpx.Response(200, json={"tokens": self._tokens(body["content"]) + ([1] if body.get("add_special") else [])})
         if path == "/v1/chat/completions":
             self.prompts.append(body["messages"])
+            self.requests.append(body)
+            return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=self._stream(body))
+        if path == "/v1/completions":
+            self.prompts.append(body["prompt"])
+            self.requests.append(body)
             return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=self._stream(body))
         return httpx.Response(404, json={"error": {"message": f"no {path}"}})
 
     def _stream(self, body: dict[str, Any]) -> bytes:
         words = re.findall(r"\S+\s*", self.reply)[: body["max_tokens"]]
-        prompt_n = len(self._tokens(self._template(body["messages"]))) + 1
+        chat = "messages" in body
+        prompt_n = len(self._tokens(self._template(body["messages"]) if chat else body["prompt"])) + 1
 
         def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
-            payload = {"id": "replay", "object": "chat.completion.chunk", "created": 0, "model": "replay",
-                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+            choice = {"index": 0, "delta": delta} if chat else {"index": 0, "text": delta.get("content") or ""}
+            payload = {"id": "replay", "object": "chat.completion.chunk" if chat else "text_completion", "created": 0,
+                       "model": "replay", "choices": [{**choice, "finish_reason": finish}], **extra}
             return f"data: {json.dumps(payload)}\n\n"
 
         parts = [chunk({"role": "assistant", "content": None})]

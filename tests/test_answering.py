@@ -43,6 +43,10 @@ def by_name(events):
     return {e.name: e.data for e in events}
 
 
+def model_cited(data):
+    return [c for c in data["citations"]["citations"] if c["kind"] == "model"]
+
+
 def test_events_come_in_order_with_the_reply_as_tokens():
     events, server, _, _ = answer("It was completed in 1889 [S1].")
     names = [e.name for e in events]
@@ -51,8 +55,13 @@ def test_events_come_in_order_with_the_reply_as_tokens():
     assert "".join(e.data["text"] for e in events if e.name == "token") == "It was completed in 1889 [S1]."
     data = by_name(events)
     assert [s["id"] for s in data["sources"]["sources"]] == ["S1", "S2", "S3"]
-    assert data["citations"] == {"citations": [{"id": "S1", "chunk_id": "eiffel.txt:0", "doc_id": "eiffel.txt",
-                                                "source": "eiffel.txt"}], "invalid": []}
+    assert model_cited(data) == [{"id": "S1", "chunk_id": "eiffel.txt:0", "doc_id": "eiffel.txt",
+                                  "source": "eiffel.txt", "kind": "model", "support": 1.0}]
+    assert data["citations"]["invalid"] == [] and data["citations"]["echoed"] == []
+    [attributed] = [c for c in data["citations"]["citations"] if c["kind"] == "attributed"]
+    assert attributed["id"] == "S1" and attributed["support"] == 1.0 and attributed["sentences"] == [0]
+    assert data["citations"]["sentences"] == [{"text": "It was completed in 1889 [S1].", "start": 0, "end": 30,
+                                               "support": 1.0, "sources": ["S1"], "supported": True}]
     assert data["done"]["invalid_citations"] == 0 and data["done"]["usage"]["completion_tokens"] == 6
     assert len(server.prompts) == 1
 
@@ -60,7 +69,7 @@ def test_events_come_in_order_with_the_reply_as_tokens():
 def test_citations_of_sources_not_in_the_prompt_are_removed_and_counted():
     events, *_ = answer("Paris [S1]. Also [S2, S9] and [S1][S12].")
     data = by_name(events)
-    assert [c["id"] for c in data["citations"]["citations"]] == ["S1", "S2"]
+    assert [c["id"] for c in model_cited(data)] == ["S1", "S2"]
     assert data["citations"]["invalid"] == ["S9", "S12"]
     assert data["done"]["invalid_citations"] == 2
 
@@ -72,7 +81,7 @@ def test_a_retrieved_chunk_that_the_budget_dropped_cannot_be_cited():
     data = by_name(events)
     in_prompt = {c["id"] for c in data["budget"]["chunks"]}
     assert "S6" not in in_prompt and data["budget"]["dropped"]
-    assert [c["id"] for c in data["citations"]["citations"]] == ["S1"]
+    assert [c["id"] for c in model_cited(data)] == ["S1"]
     assert data["citations"]["invalid"] == ["S6"]
     assert {s["id"] for s in data["sources"]["sources"]} == in_prompt
 
@@ -84,7 +93,7 @@ def test_no_sources_means_a_fixed_answer_and_no_model_call():
     assert server.prompts == []
     assert data["sources"] == {"sources": []}
     assert "".join(e.data["text"] for e in events if e.name == "token") == no_sources_answer("default")
-    assert data["citations"] == {"citations": [], "invalid": []}
+    assert data["citations"] == {"citations": [], "invalid": [], "echoed": [], "sentences": []}
     assert data["done"]["no_sources"] == "nothing_retrieved"
 
 
@@ -148,3 +157,68 @@ def test_a_loading_llama_server_is_a_503_with_the_reason():
     with pytest.raises(LLMUnavailable) as caught:
         answer("x", server=Loading("x"))
     assert caught.value.status == 503 and "loading" in caught.value.message
+
+
+def test_an_echo_of_the_instructions_cites_nothing():
+    echo = "Cite the source of every fact by writing the id of its source tag in square brackets after it [S1]."
+    events, *_ = answer(echo + " It opened in 1793 [S2].")
+    data = by_name(events)
+    assert [c["id"] for c in model_cited(data)] == ["S2"]
+    assert data["citations"]["echoed"] == ["S1"] and data["citations"]["invalid"] == []
+
+
+def test_every_answer_sentence_is_attributed_or_flagged():
+    events, *_ = answer("The Louvre opened in 1793. Bananas grow on the moon.")
+    data = by_name(events)
+    first, second = data["citations"]["sentences"]
+    assert first["sources"] == ["S2"] and first["supported"] and first["support"] == 1.0
+    assert second["sources"] == [] and not second["supported"] and second["support"] < 0.5
+    assert [(c["id"], c["kind"]) for c in data["citations"]["citations"]] == [("S2", "attributed")]
+    assert data["done"]["unsupported_sentences"] == 1
+
+
+def test_attribution_of_a_short_span_and_of_chinese():
+    from rag.answering.citations import attribute
+
+    chunks = {"S1": "The Louvre opened in 1793.", "S2": "It was completed in 1889, in Paris."}
+    assert attribute("1889", chunks).sentences[0].sources == ["S2"]
+    zh = attribute("一八八九年", {"S1": "卢浮宫于一七九三年开放。", "S2": "铁塔于一八八九年建成。"})
+    assert zh.sentences[0].sources == ["S2"]
+
+
+def test_the_completion_style_sends_a_plain_prompt_with_small_defaults():
+    server = ReplayLlamaServer("1889")
+    events, server, _, _ = answer("", server=server, settings=Settings(llm_prompt_style="completion"), max_tokens=None)
+    data = by_name(events)
+    assert "".join(e.data["text"] for e in events if e.name == "token") == "1889"
+    [prompt] = server.prompts
+    assert isinstance(prompt, str) and prompt.endswith("Question: When was the tower in Paris completed?\nAnswer:")
+    assert "[S1] The Eiffel Tower is in Paris. It was completed in 1889.\n" in prompt
+    assert server.requests[-1]["max_tokens"] == 32 and server.requests[-1]["temperature"] == 0.0
+    assert server.requests[-1]["stop"] == ["\n"]
+    assert data["budget"]["style"] == "completion" and data["budget"]["reserve"] == 32
+    assert [c["id"] for c in data["citations"]["citations"]] == ["S1"]
+
+
+def test_the_style_follows_the_gguf_metadata(tmp_path):
+    import gguf
+
+    from rag.answering.prompt import choose_style, gguf_has_chat_template
+
+    def write(name, template):
+        writer = gguf.GGUFWriter(str(tmp_path / name), "llama")
+        writer.add_array("tokenizer.ggml.tokens", ["a", "b", "c"])
+        if template:
+            writer.add_chat_template("{{ messages }}")
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.close()
+        return tmp_path / name
+
+    base, instruct = write("base.gguf", False), write("instruct.gguf", True)
+    assert gguf_has_chat_template(str(base)) is False and gguf_has_chat_template(str(instruct)) is True
+    assert choose_style("auto", [None, base]).name == "completion"
+    assert choose_style("auto", [instruct]).name == "chat"
+    unknown = choose_style("auto", [tmp_path / "elsewhere.gguf"])
+    assert unknown.name == "chat" and "RAG_LLM_PROMPT_STYLE" in unknown.warning
+    assert choose_style("completion", [instruct]).name == "completion"

@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 from rag.answering.budget import Candidate, PromptBudget, sentence_ends, split_turns
 from rag.core.errors import InvalidRequest, QuestionTooLong
 from rag.clients.llm import LlamaServerClient
-from rag.answering.prompt import SYSTEM_PROMPT, build_messages, defuse, render_source
+from rag.answering.prompt import (
+    COMPLETION_EXAMPLES, SYSTEM_PROMPT, ChatStyle, CompletionStyle, build_messages, defuse, one_line, render_source,
+)
 from tests.servers import Server
 
 _WORD = re.compile(r"[\u3400-\u9fff]|[^\s\u3400-\u9fff]+|\n")
@@ -200,10 +202,11 @@ def chunks_of(text: str, size: int) -> list[str]:
     return [p for p in pieces if p.strip()]
 
 
-async def server_count(url: str, messages: list[dict[str, str]]) -> int:
+async def server_count(url: str, messages: list[dict[str, str]] | str) -> int:
     """The prompt's length as llama-server itself counts it, with no code of ours in between."""
     async with httpx.AsyncClient(base_url=url, timeout=60) as http:
-        prompt = (await http.post("/apply-template", json={"messages": messages})).json()["prompt"]
+        prompt = messages if isinstance(messages, str) else \
+            (await http.post("/apply-template", json={"messages": messages})).json()["prompt"]
         tokens = (await http.post("/tokenize", json={"content": prompt, "add_special": True})).json()["tokens"]
     return len(tokens)
 
@@ -220,9 +223,10 @@ async def server_count(url: str, messages: list[dict[str, str]]) -> int:
     q=question,
     reserve=st.integers(16, 1024),
     room=st.integers(400, 4000),  # the prompt's share of the context, as capped by RAG_CONTEXT_BUDGET
+    style=st.sampled_from([ChatStyle(), CompletionStyle(3)]),
 )
 def test_the_prompt_sent_never_exceeds_n_ctx_minus_max_tokens(llama_server: Server, docs, chunk_chars, k, history,
-                                                               q, reserve, room):
+                                                               q, reserve, room, style):
     ceiling = reserve + room
     texts = [c for d in docs for c in chunks_of(d, chunk_chars)][:k]
     candidates = [chunk(i, t) for i, t in enumerate(texts, 1)]
@@ -234,10 +238,10 @@ def test_the_prompt_sent_never_exceeds_n_ctx_minus_max_tokens(llama_server: Serv
             n_ctx = (await llm.props()).n_ctx
             try:
                 packed = await PromptBudget(llm).pack(question=q, candidates=candidates, history=messages,
-                                                      n_ctx=n_ctx, reserve=reserve, ceiling=ceiling)
+                                                      n_ctx=n_ctx, reserve=reserve, ceiling=ceiling, style=style)
             except QuestionTooLong as exc:
                 # Refused only when the question with the system prompt alone is over the limit.
-                alone = await server_count(llama_server.url, build_messages([], [], q))
+                alone = await server_count(llama_server.url, style.build([], [], q))
                 assert alone > exc.detail["limit"] == min(n_ctx, ceiling) - reserve
                 return n_ctx, None, None
             return n_ctx, packed, await server_count(llama_server.url, packed.messages)
@@ -248,14 +252,18 @@ def test_the_prompt_sent_never_exceeds_n_ctx_minus_max_tokens(llama_server: Serv
     if packed is None:  # the question alone is over this (random, sometimes small) budget
         event("question too long")
         return
-    event(f"rounds: {packed.rounds}")
+    event(f"style: {style.name}, rounds: {packed.rounds}")
     event("a chunk cut" if any(c.cut for c in packed.chunks) else "no chunk cut")
     event("chunks dropped" if packed.dropped else "no chunk dropped")
     event("turns dropped" if packed.dropped_turns else "no turn dropped")
     assert measured == packed.used
     assert measured <= min(n_ctx, ceiling) - reserve
-    assert packed.messages[-1]["content"].endswith(defuse(q)), "the question is never cut"
-    assert packed.messages[0] == {"role": "system", "content": SYSTEM_PROMPT}
+    if style.name == "chat":
+        assert packed.messages[-1]["content"].endswith(defuse(q)), "the question is never cut"
+        assert packed.messages[0] == {"role": "system", "content": SYSTEM_PROMPT}
+    else:
+        assert packed.messages.endswith(f"Question: {one_line(q)}\nAnswer:"), "the question is never cut"
+        assert packed.messages.startswith(COMPLETION_EXAMPLES) and len(packed.chunks) <= 3
     ids = [c.source_id for c in packed.chunks]
     assert ids == [f"S{i}" for i in range(1, len(ids) + 1)], "only the lowest-ranked chunks are dropped"
     for c in packed.chunks:

@@ -24,18 +24,20 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import anyio
 
 from rag.answering.budget import Candidate, PackedPrompt, PromptBudget
-from rag.answering.citations import check_citations
+from rag.answering.citations import attribute, check_citations, citation_entries
 from rag.core.config import Settings
 from rag.core.errors import ContextOverflow, InvalidRequest, LLMUnavailable, RagError
 from rag.answering.gate import GenerationGate, Permit
 from rag.clients.llm import LlamaServerClient, ServerProps, StreamDelta, StreamEnd
-from rag.answering.prompt import Message, no_sources_answer
+from rag.answering.prompt import (
+    COMPLETION_STOP, ChatStyle, CompletionStyle, Message, PromptStyle, StyleChoice, choose_style, no_sources_answer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +73,9 @@ class ChatQuery:
     messages: list[Message]
     collection: str
     top_k: int
-    max_tokens: int
+    max_tokens: int | None = None  # None: the prompt style's default (Answerer.with_defaults)
     doc_ids: list[str] | None = None
-    temperature: float = 0.2
+    temperature: float | None = None
 
 
 @dataclass
@@ -139,6 +141,26 @@ class Answerer:
         self.gate = GenerationGate(1, settings.queue_max, settings.queue_timeout_s)
         self._props: ServerProps | None = None
         self._props_at = 0.0
+        self.style_choice = choose_style(settings.llm_prompt_style, [settings.llm_model_path])
+
+    @property
+    def style(self) -> PromptStyle:
+        """How prompts are written for the served model (rag.answering.prompt)."""
+        if self.style_choice.name == "completion":
+            return CompletionStyle(self.settings.completion_max_sources)
+        return ChatStyle()
+
+    def with_defaults(self, query: ChatQuery) -> ChatQuery:
+        """The query with the style's max_tokens and temperature where the request left them out."""
+        completion = self.style_choice.name == "completion"
+        max_tokens = query.max_tokens or (self.settings.completion_max_tokens if completion else self.settings.answer_reserve)
+        temperature = query.temperature if query.temperature is not None else (0.0 if completion else 0.2)
+        return replace(query, max_tokens=max_tokens, temperature=temperature)
+
+    async def _look_ahead(self, question: str, history: bool) -> ServerProps:
+        props = await self.props()
+        await self.budget.warm(question, history=history, style=self.style)
+        return props
 
     async def aclose(self) -> None:
         """Close what the searcher holds open (a reranker client); the llm client is not ours."""
@@ -156,14 +178,18 @@ class Answerer:
                 raise
             self._props_at = time.monotonic()
             self.gate.resize(self._props.total_slots)
+            self.style_choice = choose_style(
+                self.settings.llm_prompt_style, [self.settings.llm_model_path, self._props.model_path]
+            )
         return self._props
 
     async def start(self, query: ChatQuery) -> "Answer":
         """Retrieve, pack and take a generation slot; raises the request's error, if any."""
         clock = _Clock()
+        asked, query = query, self.with_defaults(query)
         history, question = split_question(query.messages)
         # llama-server's numbers and the question's token count are fetched while retrieval runs.
-        ahead = asyncio.ensure_future(asyncio.gather(self.props(), self.budget.warm(question, history=bool(history))))
+        ahead = asyncio.ensure_future(self._look_ahead(question, bool(history)))
         try:
             hits = list(await self.searcher.search(
                 question, collection=query.collection, k=query.top_k, doc_ids=query.doc_ids
@@ -177,7 +203,8 @@ class Answerer:
         if not good:
             await _discard(ahead)  # no model call: llama-server may even be down
             return NoSourcesAnswer(query, clock, "no_match" if hits else "nothing_retrieved", below)
-        props, _ = await ahead
+        props = await ahead
+        query = self.with_defaults(asked)  # the style may be known only now, from llama-server's model path
         by_id = {f"S{i}": hit for i, hit in enumerate(good, 1)}
         candidates = [Candidate(sid, h.chunk_id, h.text, h.metadata) for sid, h in by_id.items()]
         packed = await self._pack(query, history, question, candidates, props.n_ctx)
@@ -195,7 +222,7 @@ class Answerer:
     ) -> PackedPrompt:
         return await self.budget.pack(
             question=question, candidates=candidates, history=history, n_ctx=n_ctx, reserve=query.max_tokens,
-            ceiling=self.settings.context_budget, correction=correction,
+            ceiling=self.settings.context_budget, correction=correction, style=self.style,
         )
 
     async def repack(self, answer: "Answer", overflow: ContextOverflow) -> PackedPrompt:
@@ -286,19 +313,23 @@ class Answer:
             self.close()
 
     def _generate(self, llm: LlamaServerClient) -> AsyncIterator[StreamDelta | StreamEnd]:
+        assert self.query.max_tokens is not None and self.query.temperature is not None
+        if isinstance(self.packed.messages, str):
+            return _lstripped(llm.stream_completion(
+                self.packed.messages, max_tokens=self.query.max_tokens, temperature=self.query.temperature,
+                stop=list(COMPLETION_STOP),
+            ))
         return llm.stream_chat(self.packed.messages, max_tokens=self.query.max_tokens,
                                temperature=self.query.temperature)
 
     def _closing_events(self, end: StreamEnd) -> list[Event]:
-        check = check_citations("".join(self.text_parts), self.packed.in_prompt())
-        citations = []
-        for source_id in check.valid:
-            hit = self.hits[source_id]
-            entry = {"id": source_id, "chunk_id": hit.chunk_id, "doc_id": hit.doc_id,
-                     "source": hit.metadata.get("source", "")}
-            if "page" in hit.metadata:
-                entry["page"] = hit.metadata["page"]
-            citations.append(entry)
+        assert self.answerer is not None
+        text = "".join(self.text_parts)
+        chunks = {c.source_id: c.text for c in self.packed.chunks}
+        check = check_citations(text, chunks, fixed_text=self.answerer.style.fixed_text)
+        attribution = attribute(text, chunks)
+        citations = {"citations": citation_entries(check, attribution, self.hits, chunks), "invalid": check.invalid,
+                     "echoed": check.echoed, "sentences": attribution.sentences_dict()}
         timings = end.timings or {}
         done = {
             "usage": end.usage,
@@ -312,7 +343,9 @@ class Answer:
             "queue_ms": self.clock.ms("packed", "admitted"),
             "upstream_ttft_ms": round(end.ttft_s * 1000, 1) if end.ttft_s is not None else None,
         }
-        return [Event("citations", {"citations": citations, "invalid": check.invalid}), Event("done", done)]
+        done["style"] = self.packed.style
+        done["unsupported_sentences"] = attribution.unsupported
+        return [Event("citations", citations), Event("done", done)]
 
 
 class NoSourcesAnswer(Answer):
@@ -341,12 +374,27 @@ class NoSourcesAnswer(Answer):
         yield self.budget_event()
         self.clock.mark("first_token")
         yield Event("token", {"text": text})
-        yield Event("citations", {"citations": [], "invalid": []})
+        yield Event("citations", {"citations": [], "invalid": [], "echoed": [], "sentences": []})
         yield Event("done", {
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
             "timings": {}, "ttft_ms": self.clock.ms(None, "first_token"), "invalid_citations": 0, "cache_n": None,
             "finish_reason": "no_sources", "no_sources": self.reason, "retrieval_ms": self.clock.ms(None, "retrieved"),
         })
+
+
+async def _lstripped(stream: AsyncIterator[StreamDelta | StreamEnd]) -> AsyncIterator[StreamDelta | StreamEnd]:
+    """The stream without the blank a completion starts with ("Answer:" is followed by " 1887")."""
+    started = False
+    try:
+        async for item in stream:
+            if isinstance(item, StreamDelta) and not started:
+                item = StreamDelta(item.text.lstrip())
+                started = bool(item.text)
+                if not started:
+                    continue
+            yield item
+    finally:
+        await _close(stream)
 
 
 async def _discard(task: asyncio.Future[Any]) -> None:

@@ -1,7 +1,9 @@
 """The prompt budget, closed loop: pack what fits in n_ctx - max_tokens, counted by llama-server itself.
 
 Every count comes from the generator's own chat template and tokenizer (`/apply-template` then
-`/tokenize`); nothing is estimated from characters. To stay fast, each piece (a rendered source, a
+`/tokenize`; in the completion style the prompt string straight to `/tokenize`, with BOS as
+/completion adds it); nothing is estimated from characters. The prompt style (rag.answering.prompt)
+renders the sources and assembles the prompt; the packing is the same for both. To stay fast, each piece (a rendered source, a
 history message) is tokenized once and remembered, the pieces are packed by their sum, and the
 assembled prompt is then counted exactly once. Joining pieces can merge or split a token at a seam,
 so a prompt that comes out over the limit is packed again against a target lowered by the excess.
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rag.core.errors import InvalidRequest, QuestionTooLong
-from rag.answering.prompt import SOURCES_SEPARATOR, Message, build_messages, defuse, render_source, sources_block
+from rag.answering.prompt import ChatStyle, Message, PromptStyle, defuse
 
 MAX_ROUNDS = 4  # assembled prompt over the limit -> lower the target and pack again, at most this often
 
@@ -40,6 +42,9 @@ class TokenCounter(Protocol):
     async def tokenize(self, content: str, *, add_special: bool = False) -> list[int]: ...
 
     async def count_chat_tokens(self, messages: list[Message]) -> int: ...
+
+
+CHAT = ChatStyle()
 
 
 @dataclass
@@ -68,7 +73,7 @@ class PackedChunk:
 class PackedPrompt:
     """The messages to send and the accounts of how they were packed."""
 
-    messages: list[Message]
+    messages: list[Message] | str  # the chat's messages, or the completion style's prompt
     n_ctx: int
     reserve: int
     limit: int
@@ -81,6 +86,7 @@ class PackedPrompt:
     dropped_turns: int
     rounds: int = 1
     repacked: bool = False
+    style: str = "chat"
 
     def in_prompt(self) -> set[str]:
         return {c.source_id for c in self.chunks}
@@ -103,6 +109,7 @@ class PackedPrompt:
             "dropped_turns": self.dropped_turns,
             "rounds": self.rounds,
             "repacked": self.repacked,
+            "style": self.style,
         }
 
 
@@ -159,20 +166,26 @@ class PromptBudget:
     def __init__(self, counter: TokenCounter) -> None:
         self._counter = counter
         self._memo = _Memo(counter)
-        self._per_message: int | None = None  # template tokens around one history message
-        self._skeleton_tokens: int | None = None  # the prompt with no sources, no history, no question
+        self._per_message: dict[str, int] = {}  # per style: template tokens around one history message
+        self._skeleton_tokens: dict[str, int] = {}  # per style: the prompt with no sources, history, question
 
     def forget(self) -> None:
         """Drop remembered counts (the server may have changed its model)."""
         self._memo.clear()
-        self._per_message = None
-        self._skeleton_tokens = None
+        self._per_message.clear()
+        self._skeleton_tokens.clear()
 
-    async def warm(self, question: str, *, history: bool = False) -> None:
+    async def _count(self, prompt: list[Message] | str) -> int:
+        """Exact prompt tokens: a chat through the server's template, a completion prompt as /completion sees it."""
+        if isinstance(prompt, str):
+            return len(await self._counter.tokenize(prompt, add_special=True))
+        return await self._counter.count_chat_tokens(prompt)
+
+    async def warm(self, question: str, *, history: bool = False, style: PromptStyle = CHAT) -> None:
         """Count ahead what every pack of this question needs (run it while retrieval runs)."""
         await asyncio.gather(
-            self._skeleton(), self._memo.count(defuse(question)), self._memo.count(sources_block([]) + SOURCES_SEPARATOR),
-            self._per_message_overhead() if history else _zero(),
+            self._skeleton(style), self._memo.count(defuse(question)), self._memo.count(style.wrapper()),
+            self._per_message_overhead(style) if history else _zero(),
         )
 
     async def pack(
@@ -185,6 +198,7 @@ class PromptBudget:
         reserve: int,
         ceiling: int | None = None,
         correction: int = 0,
+        style: PromptStyle = CHAT,
     ) -> PackedPrompt:
         """Pack the prompt. `ceiling` caps the context we use; `correction` lowers the limit further."""
         context = min(n_ctx, ceiling or n_ctx)
@@ -194,54 +208,58 @@ class PromptBudget:
                 f"max_tokens {reserve} leaves no room for a prompt in a context of {context} tokens",
                 n_ctx=n_ctx, context=context, reserve=reserve,
             )
-        rendered = [render_source(c.source_id, c.text, c.metadata) for c in candidates]
+        over_style = list(candidates[style.max_sources:]) if style.max_sources is not None else []
+        candidates = candidates[: len(candidates) - len(over_style)]
+        rendered = [style.render_source(c.source_id, c.text, c.metadata) for c in candidates]
         turns = split_turns(history)
         # One round of concurrent /tokenize calls (remembered pieces cost none), then one exact count.
         skeleton, question_tokens, chunk_tokens, per_message, wrapper = await asyncio.gather(
-            self._skeleton(), self._memo.count(defuse(question)), self._memo.count_all(rendered),
-            self._per_message_overhead() if turns else _zero(),
-            self._memo.count(sources_block([]) + SOURCES_SEPARATOR) if candidates else _zero(),
+            self._skeleton(style), self._memo.count(defuse(question)), self._memo.count_all(rendered),
+            self._per_message_overhead(style) if turns else _zero(),
+            self._memo.count(style.wrapper()) if candidates else _zero(),
         )
         base = skeleton + question_tokens  # the system prompt, the template and the question
         numbers = {"question_tokens": question_tokens, "limit": limit, "n_ctx": n_ctx, "reserve": reserve}
         if base > limit:
-            base = await self._counter.count_chat_tokens(build_messages([], [], question))
+            base = await self._count(style.build([], [], question))
             if base > limit:
                 raise _too_long(base, numbers)
 
         target = limit
         for round_no in range(1, MAX_ROUNDS + 1):
             room = target - base - wrapper
-            chunks, dropped, room = await self._pack_chunks(candidates, rendered, chunk_tokens, room)
+            chunks, dropped, room = await self._pack_chunks(candidates, rendered, chunk_tokens, room, style)
+            dropped += [{"chunk_id": c.chunk_id, "reason": "style_limit"} for c in over_style]
             kept_turns, history_tokens = await self._pack_history(turns, room, per_message)
             kept_history = [m for turn in kept_turns for m in turn]
-            messages = build_messages(
-                [render_source(c.source_id, c.text, c.candidate.metadata) for c in chunks], kept_history, question
+            messages = style.build(
+                [style.render_source(c.source_id, c.text, c.candidate.metadata) for c in chunks], kept_history, question
             )
-            used = await self._counter.count_chat_tokens(messages)
+            used = await self._count(messages)
             if used <= limit:
                 return PackedPrompt(
                     messages=messages, n_ctx=n_ctx, reserve=reserve, limit=limit, used=used,
                     system=skeleton, question=question_tokens, history=history_tokens,
                     chunks=chunks, dropped=dropped, dropped_turns=len(turns) - len(kept_turns), rounds=round_no,
+                    style=style.name,
                 )
             if not chunks and not kept_history:
                 raise _too_long(used, numbers)  # nothing left to drop: the question alone is over
             target -= used - limit
         # Seams kept adding tokens: send the question alone, counted exactly.
-        messages = build_messages([], [], question)
-        used = await self._counter.count_chat_tokens(messages)
+        messages = style.build([], [], question)
+        used = await self._count(messages)
         if used > limit:
             raise _too_long(used, numbers)
         return PackedPrompt(
             messages=messages, n_ctx=n_ctx, reserve=reserve, limit=limit, used=used,
             system=skeleton, question=question_tokens, history=0, chunks=[],
             dropped=[{"chunk_id": c.chunk_id, "reason": "budget"} for c in candidates],
-            dropped_turns=len(turns), rounds=MAX_ROUNDS + 1,
+            dropped_turns=len(turns), rounds=MAX_ROUNDS + 1, style=style.name,
         )
 
     async def _pack_chunks(
-        self, candidates: Sequence[Candidate], rendered: list[str], tokens: list[int], room: int
+        self, candidates: Sequence[Candidate], rendered: list[str], tokens: list[int], room: int, style: PromptStyle
     ) -> tuple[list[PackedChunk], list[dict[str, str]], int]:
         """Chunks in rank order while they fit; the first misfit is cut at a sentence end or dropped."""
         packed: list[PackedChunk] = []
@@ -250,7 +268,7 @@ class PromptBudget:
                 packed.append(PackedChunk(candidate, candidate.text, tokens[i], cut=False))
                 room -= tokens[i]
                 continue
-            cut = await self._cut(candidate, room)
+            cut = await self._cut(candidate, room, style)
             if cut is not None:
                 packed.append(cut)
                 room -= cut.tokens
@@ -258,7 +276,7 @@ class PromptBudget:
             return packed, [{"chunk_id": c.chunk_id, "reason": "budget"} for c in rest], room
         return packed, [], room
 
-    async def _cut(self, candidate: Candidate, room: int) -> PackedChunk | None:
+    async def _cut(self, candidate: Candidate, room: int, style: PromptStyle) -> PackedChunk | None:
         """The longest prefix of whole sentences whose rendered source fits in `room`."""
         ends = sentence_ends(candidate.text.strip())
         text = candidate.text.strip()
@@ -267,7 +285,7 @@ class PromptBudget:
         while lo <= hi:  # token counts grow with the prefix: binary search
             mid = (lo + hi) // 2
             prefix = text[: ends[mid]].rstrip()
-            n = await self._memo.count(render_source(candidate.source_id, prefix, candidate.metadata))
+            n = await self._memo.count(style.render_source(candidate.source_id, prefix, candidate.metadata))
             if n <= room:
                 best = PackedChunk(candidate, prefix, n, cut=True)
                 lo = mid + 1
@@ -291,22 +309,22 @@ class PromptBudget:
             used += cost
         return kept, used
 
-    async def _skeleton(self) -> int:
-        """Tokens of a prompt with no sources and no history, less its question (measured once)."""
-        if self._skeleton_tokens is None:
-            probe = await self._counter.count_chat_tokens(build_messages([], [], "x"))
-            self._skeleton_tokens = probe - await self._memo.count("x")
-        return self._skeleton_tokens
+    async def _skeleton(self, style: PromptStyle) -> int:
+        """Tokens of a prompt with no sources and no history, less its question (measured once per style)."""
+        if style.name not in self._skeleton_tokens:
+            probe = await self._count(style.build([], [], "x"))
+            self._skeleton_tokens[style.name] = probe - await self._memo.count("x")
+        return self._skeleton_tokens[style.name]
 
-    async def _per_message_overhead(self) -> int:
-        """Template tokens around one history message (measured once)."""
-        if self._per_message is None:
+    async def _per_message_overhead(self, style: PromptStyle) -> int:
+        """Template tokens around one history message (measured once per style)."""
+        if style.name not in self._per_message:
             probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "x"}]
-            with_turn = await self._counter.count_chat_tokens(build_messages([], probe, "x"))
-            without = await self._counter.count_chat_tokens(build_messages([], [], "x"))
+            with_turn = await self._count(style.build([], probe, "x"))
+            without = await self._count(style.build([], [], "x"))
             x = await self._memo.count("x")
-            self._per_message = max(0, -(-(with_turn - without - 2 * x) // 2))  # rounded up
-        return self._per_message
+            self._per_message[style.name] = max(0, -(-(with_turn - without - 2 * x) // 2))  # rounded up
+        return self._per_message[style.name]
 
 
 async def _zero() -> int:

@@ -1,20 +1,73 @@
-"""Citation checking: every [Sn] in an answer must name a source that was in the prompt."""
+"""Grounding an answer: the model's own [Sn] citations, checked, and attribution per answer sentence.
+
+Two kinds of citation, reported apart (the `citations` event):
+
+    model       an [Sn] the model wrote, whose id was in the prompt; ids not in the prompt are `invalid`.
+                A sentence that repeats our own fixed prompt text (the instructions, the completion
+                style's examples) is an echo, not an answer: its ids count neither way (`echoed`).
+    attributed  found after generation: for every answer sentence, the prompt chunk that supports it
+                best, with a support score; a sentence no chunk supports is flagged `supported: false`.
+                A base model that never writes [Sn] still gets its sources this way.
+
+Support is lexical: the share of the sentence's words (CJK text: characters) found in the chunk;
+ties go to the chunk holding the sentence verbatim, then to the better ranked. An extractive answer is copied
+from its chunk, so word overlap finds it exactly and costs microseconds; an embedding comparison
+would need the embedder on the answer path and rates paraphrases of the wrong chunk too highly.
+"""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+import unicodedata
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+from rag.answering.budget import sentence_ends
 
 # [S1], [S1, S3], [S1][S2], also the full-width brackets and comma a model may use in Chinese text.
 _GROUP = re.compile(r"[\[【［]\s*(S\d+(?:\s*[,，;；]\s*S\d+)*)\s*[\]】］]", re.IGNORECASE)
 _ID = re.compile(r"S(\d+)", re.IGNORECASE)
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+
+SUPPORTED = 0.5  # a sentence is supported when a chunk holds at least this share of its words
+ECHO_CHARS = 24  # a sentence this long (normalized) found verbatim in our fixed prompt text is an echo
+STOPWORDS = frozenset(
+    "a an and are as at be by for from has have in is it its of on or that the this to was were which with".split()
+)
 
 
 @dataclass
 class CitationCheck:
     valid: list[str] = field(default_factory=list)  # ids in order of first mention
     invalid: list[str] = field(default_factory=list)
+    echoed: list[str] = field(default_factory=list)  # ids inside sentences that repeat our own prompt
+
+
+@dataclass
+class Sentence:
+    text: str
+    start: int
+    end: int
+    support: float = 0.0
+    sources: list[str] = field(default_factory=list)  # attributed source ids, best first
+
+    @property
+    def supported(self) -> bool:
+        return bool(self.sources)
+
+
+@dataclass
+class Attribution:
+    sentences: list[Sentence]
+
+    @property
+    def unsupported(self) -> int:
+        return sum(not s.supported for s in self.sentences)
+
+    def sentences_dict(self) -> list[dict[str, Any]]:
+        return [{"text": s.text, "start": s.start, "end": s.end, "support": round(s.support, 3),
+                 "sources": s.sources, "supported": s.supported} for s in self.sentences]
 
 
 def cited_ids(text: str) -> list[str]:
@@ -26,9 +79,121 @@ def cited_ids(text: str) -> list[str]:
     return list(seen)
 
 
-def check_citations(text: str, in_prompt: Collection[str]) -> CitationCheck:
-    """Split the cited ids into those that were in the prompt and those that were not."""
+def strip_ids(text: str) -> str:
+    return _GROUP.sub("", text)
+
+
+def check_citations(text: str, in_prompt: Collection[str], *, fixed_text: str = "") -> CitationCheck:
+    """Split the ids the model cited into those that were in the prompt and those that were not."""
     check = CitationCheck()
+    echoed = {sid for sentence in split_sentences(text) if is_echo(sentence.text, fixed_text)
+              for sid in cited_ids(sentence.text)}
     for source_id in cited_ids(text):
-        (check.valid if source_id in in_prompt else check.invalid).append(source_id)
+        if source_id in echoed:
+            check.echoed.append(source_id)
+        else:
+            (check.valid if source_id in in_prompt else check.invalid).append(source_id)
     return check
+
+
+def is_echo(sentence: str, fixed_text: str) -> bool:
+    """Whether a sentence repeats our own fixed prompt text (instructions or examples)."""
+    said = _flat(strip_ids(sentence))
+    return bool(fixed_text) and len(said) >= ECHO_CHARS and said in _flat(strip_ids(fixed_text))
+
+
+def split_sentences(text: str) -> list[Sentence]:
+    """The answer's sentences with their offsets (blank ones left out)."""
+    bounds = [0, *sentence_ends(text), len(text)]
+    sentences = []
+    for start, end in zip(bounds, bounds[1:]):
+        piece = text[start:end]
+        lead = len(piece) - len(piece.lstrip())
+        if piece.strip():
+            sentences.append(Sentence(piece.strip(), start + lead, start + lead + len(piece.strip())))
+    return sentences
+
+
+def attribute(text: str, chunks: Mapping[str, str]) -> Attribution:
+    """For every answer sentence, the chunk(s) of the prompt that support it best (ranked in `chunks` order)."""
+    words = {sid: set(words_of(chunk)) for sid, chunk in chunks.items()}
+    flats = {sid: _flat(chunk) for sid, chunk in chunks.items()}
+    sentences = split_sentences(text)
+    for sentence in sentences:
+        wanted = content_words(strip_ids(sentence.text))
+        if not wanted:
+            continue
+        flat = _flat(strip_ids(sentence.text))
+        scored = []
+        for rank, sid in enumerate(chunks):
+            scored.append((support_in(sentence.text, words[sid]), flat in flats[sid], -rank, sid))
+        scored.sort(reverse=True)
+        best = scored[0] if scored else None
+        if best is None or best[0] < SUPPORTED:
+            sentence.support = best[0] if best else 0.0
+            continue
+        sentence.support = best[0]
+        # Other chunks that hold the sentence just as fully, and verbatim, support it as well.
+        sentence.sources = [best[3]] + [s[3] for s in scored[1:] if s[0] == best[0] and s[1] and best[1]]
+    return Attribution(sentences)
+
+
+def citation_entries(
+    check: CitationCheck, attribution: Attribution, hits: Mapping[str, Any], chunks: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """The `citations` list: the model's valid ids (support: of its citing sentences by that chunk),
+    then the attributed sources, each with its chunk."""
+    entries = []
+    for source_id in check.valid:
+        chunk_words = set(words_of(chunks.get(source_id, "")))
+        support = max((support_in(s.text, chunk_words) for s in attribution.sentences
+                       if source_id in cited_ids(s.text)), default=None)
+        entries.append({**_chunk_entry(source_id, hits[source_id]), "kind": "model",
+                        "support": None if support is None else round(support, 3)})
+    attributed: dict[str, dict[str, Any]] = {}
+    for index, sentence in enumerate(attribution.sentences):
+        for source_id in sentence.sources:
+            entry = attributed.setdefault(source_id, {**_chunk_entry(source_id, hits[source_id]),
+                                                      "kind": "attributed", "support": 0.0, "sentences": []})
+            entry["sentences"].append(index)
+            entry["support"] = max(entry["support"], round(sentence.support, 3))
+    return entries + list(attributed.values())
+
+
+def support_in(sentence: str, chunk_words: Collection[str]) -> float:
+    """The share of a sentence's content words that a chunk holds."""
+    wanted = content_words(strip_ids(sentence))
+    return sum(w in chunk_words for w in wanted) / len(wanted) if wanted else 0.0
+
+
+def _chunk_entry(source_id: str, hit: Any) -> dict[str, Any]:
+    entry = {"id": source_id, "chunk_id": hit.chunk_id, "doc_id": hit.doc_id,
+             "source": hit.metadata.get("source", "")}
+    if "page" in hit.metadata:
+        entry["page"] = hit.metadata["page"]
+    return entry
+
+
+def words_of(text: str) -> list[str]:
+    """Case-folded words; CJK text one character per word (it has no spaces)."""
+    out: list[str] = []
+    for word in _WORD.findall(unicodedata.normalize("NFKC", text).casefold()):
+        if any(_is_cjk(ch) for ch in word):
+            out += [ch for ch in word]
+        else:
+            out.append(word)
+    return out
+
+
+def content_words(text: str) -> list[str]:
+    words = words_of(text)
+    content = [w for w in words if w not in STOPWORDS]
+    return content or words
+
+
+def _flat(text: str) -> str:
+    return " ".join(words_of(text))
+
+
+def _is_cjk(ch: str) -> bool:
+    return "\u2e80" <= ch <= "\u9fff" or "\uac00" <= ch <= "\ud7af" or "\uf900" <= ch <= "\ufaff"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -27,6 +27,7 @@ class ServerProps:
     n_ctx: int  # per slot
     total_slots: int
     model: str
+    model_path: str | None = None  # the GGUF as llama-server sees it (maybe not on our file system)
 
 
 @dataclass
@@ -97,7 +98,8 @@ class LlamaServerClient:
         settings = data.get("default_generation_settings", {})
         n_ctx = settings.get("n_ctx") or data.get("n_ctx")
         model = data.get("model_alias") or data.get("model_path") or self.model
-        return ServerProps(n_ctx=int(n_ctx), total_slots=int(data.get("total_slots", 1)), model=str(model))
+        return ServerProps(n_ctx=int(n_ctx), total_slots=int(data.get("total_slots", 1)), model=str(model),
+                           model_path=data.get("model_path"))
 
     async def slots(self) -> list[dict[str, Any]]:
         return (await self._request("GET", "/slots")).json()
@@ -125,18 +127,48 @@ class LlamaServerClient:
         extra: dict[str, Any] | None = None,
     ) -> AsyncIterator[StreamDelta | StreamEnd]:
         """Yield text deltas, then one StreamEnd. Closing the iterator closes the upstream request."""
+        request = self._openai.chat.completions.create(
+            model=self.model,
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=max_tokens,
+            temperature=temperature,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"cache_prompt": True, **(extra or {})},
+        )
+        async for item in self._stream(request, lambda choice: choice.delta.content if choice.delta else None):
+            yield item
+
+    async def stream_completion(
+        self,
+        prompt: str,
+        *,
+        max_tokens: int,
+        temperature: float = 0.0,
+        stop: list[str] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> AsyncIterator[StreamDelta | StreamEnd]:
+        """A plain completion of `prompt` (no chat template), streamed like stream_chat."""
+        request = self._openai.completions.create(
+            model=self.model,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            stop=stop,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"cache_prompt": True, **(extra or {})},
+        )
+        async for item in self._stream(request, lambda choice: choice.text):
+            yield item
+
+    async def _stream(
+        self, request: Awaitable[Any], text_of: Callable[[Any], str | None]
+    ) -> AsyncIterator[StreamDelta | StreamEnd]:
         started = time.perf_counter()
         ttft: float | None = None
         try:
-            stream = await self._openai.chat.completions.create(
-                model=self.model,
-                messages=messages,  # type: ignore[arg-type]
-                max_tokens=max_tokens,
-                temperature=temperature,
-                stream=True,
-                stream_options={"include_usage": True},
-                extra_body={"cache_prompt": True, **(extra or {})},
-            )
+            stream = await request
         except openai.APIError as exc:
             raise _map_openai_error(exc, self.base_url) from exc
         finish_reason: str | None = None
@@ -145,10 +177,11 @@ class LlamaServerClient:
             async for chunk in stream:
                 if chunk.choices:
                     choice = chunk.choices[0]
-                    if choice.delta and choice.delta.content:
+                    text = text_of(choice)
+                    if text:
                         if ttft is None:
                             ttft = time.perf_counter() - started
-                        yield StreamDelta(choice.delta.content)
+                        yield StreamDelta(text)
                     if choice.finish_reason:
                         finish_reason = choice.finish_reason
                 extra_fields = chunk.model_extra or {}

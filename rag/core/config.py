@@ -92,6 +92,12 @@ class Settings(BaseSettings):
 
     debug: bool = False
 
+    # Prompt style: `chat` (instruct models, chat template), `completion` (base models: a short
+    # extractive prompt through /completion), `auto` (no chat template in the GGUF -> completion).
+    llm_prompt_style: Literal["auto", "chat", "completion"] = "auto"
+    completion_max_tokens: int = Field(default=32, ge=1)
+    completion_max_sources: int = Field(default=3, ge=1, le=100)
+
     @field_validator("llm_url", "embed_url")
     @classmethod
     def _urls_have_scheme(cls, value: str) -> str:

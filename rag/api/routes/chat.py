@@ -58,9 +58,9 @@ def chat_query(messages: list[dict[str, str]], settings: Settings, *, collection
         messages=messages,
         collection=check_collection(collection) if collection else settings.collection,
         top_k=top_k or settings.top_k,
-        max_tokens=max_tokens or settings.answer_reserve,
+        max_tokens=max_tokens,  # None: the prompt style's default (Answerer.with_defaults)
         doc_ids=doc_ids or None,
-        temperature=0.2 if temperature is None else temperature,
+        temperature=temperature,
     )
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
+from rag.answering.prompt import choose_style
 from rag.api.deps import ServicesDep
 from rag.core.errors import RagError
 
@@ -25,6 +26,11 @@ async def _llm_state(services: ServicesDep) -> dict[str, Any]:
         except RagError as exc:
             return {**state, "state": "down", "reason": exc.message}
         state.update(model=props.model, n_ctx=props.n_ctx, slots=props.total_slots)
+        settings = services.settings
+        style = choose_style(settings.llm_prompt_style, [settings.llm_model_path, props.model_path])
+        state["prompt_style"] = style.name
+        if style.warning:
+            state["warning"] = style.warning
     return state
 
 
