@@ -96,7 +96,7 @@ class Settings(BaseSettings):
     # extractive prompt through /completion), `auto` (no chat template in the GGUF -> completion).
     llm_prompt_style: Literal["auto", "chat", "completion"] = "auto"
     completion_max_tokens: int = Field(default=32, ge=1)
-    completion_max_sources: int = Field(default=3, ge=1, le=100)
+    completion_max_sources: int = Field(default=1, ge=1, le=100)
 
     @field_validator("llm_url", "embed_url")
     @classmethod

@@ -145,6 +145,13 @@ def render_table(result: dict[str, Any]) -> None:
             f"{answers['no_valid_citation']:.3f}  TTFT p50 {answers['ttft_ms'].get('p50')} ms p95 "
             f"{answers['ttft_ms'].get('p95')} ms"
         )
+        ap = answers["attribution_precision"]
+        console.print(
+            f"attribution precision {'n/a' if ap is None else f'{ap:.3f}'} ({answers['attributed']} attributed)  "
+            f"with a supported source {answers['supported_source']:.3f}  at the token limit "
+            f"{answers['at_token_limit']:.3f}  whole answer p50 {answers['total_ms'].get('p50')} ms  "
+            f"style {answers['prompt_style']}"
+        )
 
 
 def _gate(result: dict[str, Any], baseline_path: Path, max_drop: float) -> bool:
@@ -176,8 +183,8 @@ def _gate(result: dict[str, Any], baseline_path: Path, max_drop: float) -> bool:
 @click.option("--keep", is_flag=True, help="Keep the fresh collection (its name is in the output).")
 @click.option("--modes", default=",".join(MODES), show_default=True, help="Retrieval methods to measure.")
 @click.option("--answers", is_flag=True, help="Also generate answers (llama-server) and score them.")
-@click.option("--max-tokens", type=click.IntRange(1, 4096), default=64, show_default=True,
-              help="Answer length limit with --answers.")
+@click.option("--max-tokens", type=click.IntRange(1, 4096), default=None,
+              help="Answer length limit with --answers  [default: the prompt style's, as in the API]")
 @click.option("--limit", type=click.IntRange(1), default=None,
               help="A seeded sample of N questions; only their paragraphs are indexed.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -187,7 +194,7 @@ def _gate(result: dict[str, Any], baseline_path: Path, max_drop: float) -> bool:
 @click.option("--baseline", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="A previous --json output: exit 3 when a metric falls more than --max-drop below it.")
 @click.option("--max-drop", type=click.FloatRange(0, 1), default=0.02, show_default=True)
-def eval_command(dataset: Path, collection: str | None, keep: bool, modes: str, answers: bool, max_tokens: int,
+def eval_command(dataset: Path, collection: str | None, keep: bool, modes: str, answers: bool, max_tokens: int | None,
                  limit: int | None, seed: int, as_json: bool, report: Path | None, baseline: Path | None,
                  max_drop: float) -> None:
     """Measure retrieval (recall@1/5/10, MRR per method) and, with --answers, answer quality on DATASET.

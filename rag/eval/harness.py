@@ -20,8 +20,14 @@ Answers (optional): each question goes through the answering core (`Answerer`, t
 punctuation and the articles a/an/the, collapse whitespace, take the best over the gold answers; the
 [Sn] citation markers are removed first. Text with CJK characters is scored per character (CMRC's
 mixed segmentation: CJK characters one by one, other words whole). Citation precision is the share
-of valid citations whose chunk is answer-bearing, pooled over all answers; `no_valid_citation` is the
-share of answers citing no source that was in their prompt (the fixed "no sources" answer included).
+of the model's valid citations whose chunk is answer-bearing, pooled over all answers;
+`no_valid_citation` is the share of answers citing no source that was in their prompt (the fixed "no
+sources" answer included). Attribution precision is the same share for the attributed chunks (found
+per answer sentence after generation); `attributed_holds_answer` the share of attributed chunks that
+hold the answer as the model wrote it (was the right chunk found for what was said);
+`supported_source` the share of answers with a model-cited or attributed chunk that is answer-bearing;
+`unsupported_sentences` the share of answer sentences no chunk supports; `at_token_limit` the share of
+answers cut by max_tokens.
 
 `scores` is the flat dict of gated metrics; all are better higher except those in LOWER_IS_BETTER.
 """
@@ -307,7 +313,7 @@ class EvalOptions:
     keep: bool = False
     modes: tuple[str, ...] = MODES
     answers: bool = False
-    max_tokens: int = 64
+    max_tokens: int | None = None  # None: the prompt style's default
     limit: int | None = None
     seed: int = 0
 
@@ -423,6 +429,8 @@ class Evaluation:
             "embed_model": s.embed_model, "embed_url": s.embed_url, "llm_model": s.llm_model,
             "llm_url": s.llm_url if self.options.answers else None, "max_tokens": self.options.max_tokens,
             "chroma_mode": s.chroma_mode, "modes": list(self.options.modes),
+            "llm_prompt_style": s.llm_prompt_style, "completion_max_tokens": s.completion_max_tokens,
+            "completion_max_sources": s.completion_max_sources,
         }
 
     # Ingestion.
@@ -532,7 +540,8 @@ class Evaluation:
             else:
                 records.append(await _one_answer(answer, run, started))
             self.progress.advance()
-        return answer_metrics(records)
+        return {**answer_metrics(records), "prompt_style": answerer.style_choice.name,
+                "prompt_style_reason": answerer.style_choice.reason}
 
     async def _drop_collection(self) -> None:
         """Remove the run's fresh collection: catalog rows first (unsearchable at once), then the chunks."""
@@ -553,19 +562,25 @@ async def _one_answer(answer: Any, run: _QuestionRun, started: float) -> dict[st
     """Consume one answer's events into what the metrics need."""
     parts: list[str] = []
     texts: dict[str, tuple[str, str]] = {}  # chunk_id -> (doc_id, text)
-    record: dict[str, Any] = {"cited": [], "invalid": 0}
+    record: dict[str, Any] = {"cited": [], "attributed": [], "invalid": 0, "sentences": 0, "unsupported": 0}
     async for event in answer.events():
         if event.name == "token":
             parts.append(event.data["text"])
         elif event.name == "sources":
             texts = {s["chunk_id"]: (s["doc_id"], s["text"]) for s in event.data["sources"]}
         elif event.name == "citations":
-            record["cited"] = [texts.get(c["chunk_id"], (c["doc_id"], "")) for c in event.data["citations"]]
+            for c in event.data["citations"]:
+                record["cited" if c.get("kind", "model") == "model" else "attributed"].append(
+                    texts.get(c["chunk_id"], (c["doc_id"], "")))
             record["invalid"] = len(event.data["invalid"])
+            sentences = event.data.get("sentences", [])
+            record["sentences"] = len(sentences)
+            record["unsupported"] = sum(not s["supported"] for s in sentences)
         elif event.name == "done":
             record["ttft_ms"] = event.data.get("ttft_ms")
             record["queue_ms"] = event.data.get("queue_ms")
             record["no_sources"] = event.data.get("finish_reason") == "no_sources"
+            record["at_token_limit"] = event.data.get("finish_reason") == "length"
     text = strip_citations("".join(parts))
     golds = run.question.answers
     record.update(
@@ -575,13 +590,20 @@ async def _one_answer(answer: Any, run: _QuestionRun, started: float) -> dict[st
         f1=token_f1(text, golds),
         total_ms=(time.perf_counter() - started) * 1000,
         supported=[bears_answer(t, d, run.doc_id, golds) for d, t in record["cited"]],
+        attributed_ok=[bears_answer(t, d, run.doc_id, golds) for d, t in record["attributed"]],
+        attributed_said=[bool(text.strip()) and _folded(text) in _folded(t) for _, t in record["attributed"]],
     )
     return record
 
 
 def _failed_answer(run: _QuestionRun, reason: str) -> dict[str, Any]:
     return {"qid": run.question.qid, "answer": "", "error": reason, "em": 0.0, "f1": 0.0, "cited": [], "invalid": 0,
-            "supported": [], "total_ms": 0.0}
+            "supported": [], "attributed_ok": [], "attributed_said": [], "sentences": 0, "unsupported": 0,
+            "total_ms": 0.0}
+
+
+def _share(flags: Sequence[bool]) -> float | None:
+    return sum(flags) / len(flags) if flags else None
 
 
 def answer_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -596,6 +618,13 @@ def answer_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "no_valid_citation": sum(not r["cited"] for r in records) / n,
         "with_invalid_citation": sum(r["invalid"] > 0 for r in records) / n,
         "no_sources_answers": sum(bool(r.get("no_sources")) for r in records),
+        "attribution_precision": _share([a for r in records for a in r["attributed_ok"]]),
+        "attributed": sum(len(r["attributed_ok"]) for r in records),
+        "attributed_holds_answer": _share([a for r in records for a in r["attributed_said"]]),
+        "supported_source": sum(any(r["supported"]) or any(r["attributed_ok"]) for r in records) / n,
+        "unsupported_sentences": (sum(r["unsupported"] for r in records) / total_sentences
+                                  if (total_sentences := sum(r["sentences"] for r in records)) else None),
+        "at_token_limit": sum(bool(r.get("at_token_limit")) for r in records) / n,
         "failed": sum("error" in r for r in records),
         "ttft_ms": latency_summary([r["ttft_ms"] for r in records if r.get("ttft_ms") is not None]),
         "total_ms": latency_summary([r["total_ms"] for r in records]),
@@ -613,7 +642,8 @@ def flat_scores(result: dict[str, Any]) -> dict[str, float]:
             scores[f"retrieval.{mode}.{key}"] = round(m[key], 4)
     answers = result.get("answers")
     if answers:
-        for key in ("exact_match", "f1", "citation_precision", "no_valid_citation"):
+        for key in ("exact_match", "f1", "citation_precision", "no_valid_citation", "attribution_precision",
+                    "supported_source"):
             if answers.get(key) is not None:
                 scores[f"answers.{key}"] = round(answers[key], 4)
     return scores
@@ -731,13 +761,21 @@ def report_markdown(result: dict[str, Any]) -> str:
         ttft, total = answers["ttft_ms"], answers["total_ms"]
         lines += [
             "## Answers", "",
-            f"{answers['questions']} questions, top_k {c['top_k']}, max_tokens {c['max_tokens']}, model `{c['llm_model']}`.",
+            f"{answers['questions']} questions, top_k {c['top_k']}, max_tokens {c['max_tokens'] or 'the style default'}, "
+            f"model `{c['llm_model']}`, prompt style `{answers.get('prompt_style')}` ({answers.get('prompt_style_reason')}).",
             "",
             "| exact match | F1 | citation precision | no valid citation | with an invalid citation |",
             "|---|---|---|---|---|",
             f"| {answers['exact_match']:.3f} | {answers['f1']:.3f} | {_pct(answers['citation_precision'])} "
             f"({answers['citations']} citations) | {answers['no_valid_citation']:.3f} | "
             f"{answers['with_invalid_citation']:.3f} |",
+            "",
+            "| attribution precision | attributed chunk holds the answer said | with a supported source | "
+            "unsupported sentences | at the token limit |",
+            "|---|---|---|---|---|",
+            f"| {_pct(answers.get('attribution_precision'))} ({answers.get('attributed')} attributed) | "
+            f"{_pct(answers.get('attributed_holds_answer'))} | {_pct(answers.get('supported_source'))} | "
+            f"{_pct(answers.get('unsupported_sentences'))} | {_pct(answers.get('at_token_limit'))} |",
             "",
             f"TTFT p50 {ttft.get('p50')} ms, p95 {ttft.get('p95')} ms; whole answer p50 {total.get('p50')} ms, "
             f"p95 {total.get('p95')} ms.",
