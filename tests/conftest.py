@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,26 @@ def llama_server(generator_model: Path, session_dir: Path) -> Iterator[Server]:
     server = start_llama_server(generator_model, session_dir)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def forced_llama_server(generator_model: Path, session_dir: Path) -> Iterator[Callable[[str], Server]]:
+    """Real llama-servers whose every reply a grammar forces to a given text (started once per text).
+
+    The bundled base model never writes [Sn] by itself: forcing it exercises the real generation path
+    (prompt, llama-server, stream, citation check) with citations that are known in advance.
+    """
+    servers: dict[str, Server] = {}
+
+    def start(text: str) -> Server:
+        if text not in servers:
+            grammar = f"root ::= {json.dumps(text)}"
+            servers[text] = start_llama_server(generator_model, session_dir, extra=["--grammar", grammar])
+        return servers[text]
+
+    yield start
+    for server in servers.values():
+        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -87,7 +87,7 @@ def test_an_empty_collection_gets_a_plain_answer_without_calling_the_model(api: 
     data = {e.event: e.data for e in events}
     assert data["sources"] == {"sources": []}
     assert "".join(e.data["text"] for e in events if e.event == "token") == no_sources_answer("empty-one")
-    assert data["citations"] == {"citations": [], "invalid": []}
+    assert data["citations"] == {"citations": [], "invalid": [], "echoed": [], "sentences": []}
     assert data["done"]["no_sources"] == "nothing_retrieved"
     assert prompt_tokens_total(llama_server.url) == before, "llama-server processed no prompt"
 
@@ -100,17 +100,55 @@ def test_nothing_above_min_score_is_no_sources(backend_settings: Settings):
     assert body["done"]["no_sources"] == "no_match"
 
 
-def test_citations_outside_the_prompt_are_dropped_and_counted(api: str):
-    # The small model copies what it is told to repeat; a reply citing S1 and a made-up S42 is checked.
-    question = 'Repeat exactly this sentence and nothing else: "The tower is in Paris [S1] [S42]."'
-    body = httpx.post(f"{api}/v1/chat", json={**ask(question, stream=False), "max_tokens": 40, "top_k": 2},
-                      timeout=300).json()
-    in_prompt = {c["id"] for c in body["budget"]["chunks"]}
-    assert {c["id"] for c in body["citations"]["citations"]} <= in_prompt
-    assert body["done"]["invalid_citations"] == len(body["citations"]["invalid"])
-    assert set(body["citations"]["invalid"]).isdisjoint(in_prompt)
-    if "[S42]" in body["answer"]:
-        assert "S42" in body["citations"]["invalid"]
+LIGHTHOUSE = {"lighthouse.txt": "The lighthouse keeper lives on Skerry Island. She lights the lamp at dusk.\n"}
+
+
+def test_model_citations_outside_the_prompt_are_invalid_and_the_sentence_is_attributed(
+    forced_llama_server, backend_settings: Settings,
+):
+    # A grammar makes the real model write a valid [S1] and an [S42] that no prompt holds.
+    forced = forced_llama_server("The keeper lives on Skerry Island [S1] [S42].")
+    with serve(changed(backend_settings, llm_url=forced.url)) as url:
+        upload(url, LIGHTHOUSE)
+        body = httpx.post(f"{url}/v1/chat", json=ask("Where does the keeper live?", stream=False, max_tokens=48), timeout=300).json()
+    assert body["answer"] == "The keeper lives on Skerry Island [S1] [S42]."
+    assert body["budget"]["style"] == "completion" and [c["id"] for c in body["budget"]["chunks"]] == ["S1"]
+    model = [c for c in body["citations"]["citations"] if c["kind"] == "model"]
+    assert [(c["id"], c["source"], c["support"]) for c in model] == [("S1", "lighthouse.txt", 1.0)]
+    assert body["citations"]["invalid"] == ["S42"] and body["done"]["invalid_citations"] == 1
+    attributed = [c for c in body["citations"]["citations"] if c["kind"] == "attributed"]
+    assert [(c["id"], c["source"]) for c in attributed] == [("S1", "lighthouse.txt")]
+    assert body["citations"]["sentences"][0]["supported"]
+
+
+def test_an_echo_of_the_prompt_yields_no_model_citation_and_is_flagged(forced_llama_server, backend_settings: Settings):
+    # The model repeats a line of the prompt's own fixed examples, [S1] included.
+    from rag.answering.prompt import COMPLETION_EXAMPLES
+
+    echo = next(line for line in COMPLETION_EXAMPLES.splitlines() if line.startswith("[S1]"))
+    forced = forced_llama_server(echo)
+    with serve(changed(backend_settings, llm_url=forced.url)) as url:
+        upload(url, LIGHTHOUSE)
+        body = httpx.post(f"{url}/v1/chat", json=ask("Where does the keeper live?", stream=False, max_tokens=48), timeout=300).json()
+    assert body["answer"] == echo
+    assert body["citations"]["citations"] == [] and body["citations"]["invalid"] == []
+    assert body["citations"]["echoed"] == ["S1"]
+    assert [s["supported"] for s in body["citations"]["sentences"]] == [False]
+    assert body["done"]["unsupported_sentences"] == 1
+
+
+def test_the_bundled_base_model_answers_with_the_span_and_its_source(api: str):
+    upload(api)
+    health = httpx.get(f"{api}/health", timeout=30).json()
+    assert health["backends"]["llm"]["prompt_style"] == "completion" and "warning" not in health["backends"]["llm"]
+    body = httpx.post(f"{api}/v1/chat", json={"messages": [{"role": "user", "content": "When was the Eiffel Tower completed?"}],
+                                              "stream": False}, timeout=300).json()
+    assert "1889" in body["answer"] and len(body["answer"]) < 60
+    assert body["done"]["finish_reason"] == "stop"
+    attributed = [c for c in body["citations"]["citations"] if c["kind"] == "attributed"]
+    assert [c["source"] for c in attributed] == ["eiffel.txt"]
+    source = next(s for s in body["sources"] if s["id"] == attributed[0]["id"])
+    assert "1889" in source["text"]
 
 
 def test_a_question_over_the_budget_is_a_400_with_the_numbers(api: str):
@@ -167,7 +205,7 @@ def test_a_restarted_llama_server_with_a_smaller_context_gets_a_repacked_prompt(
     port with -c 1024 meanwhile, so the next prompt is packed for 4,096 and refused; it is packed again
     with the numbers of the refusal and sent once more."""
     monkeypatch.setattr("rag.answering.answerer.PROPS_TTL_S", 3600.0)  # the restart falls inside the props' lifetime
-    settings = changed(backend_settings, llm_url=private_llama.url, top_k=12)
+    settings = changed(backend_settings, llm_url=private_llama.url, top_k=12, completion_max_sources=12)
     with serve(settings) as url:
         upload(url, {f"part{i}.txt": (f"Fact {i}: the Eiffel Tower in Paris is made of iron. " * 20) for i in range(5)})
         first = chat_events(url, ask("Eiffel Tower iron Paris?", max_tokens=8))

@@ -38,7 +38,7 @@ def test_the_sdk_gets_a_whole_completion_with_the_rag_field(api: str):
     rag = completion.model_extra["rag"]
     assert rag["sources"][0]["id"] == "S1" and rag["sources"][0]["source"] == "eiffel.txt"
     assert rag["budget"]["used"] == completion.usage.prompt_tokens <= rag["budget"]["limit"]
-    assert set(rag["citations"]) == {"citations", "invalid"}
+    assert {"citations", "invalid"} <= set(rag["citations"])
     assert rag["done"]["invalid_citations"] == len(rag["citations"]["invalid"])
 
 

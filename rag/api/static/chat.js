@@ -129,8 +129,10 @@ function handle(answer, type, data) {
   else if (type === "budget") replaceBox(answer, ".budget", renderBudget(data));
   else if (type === "token") addText(answer, data.text);
   else if (type === "citations") {
-    answer.citations = { valid: new Set(data.citations.map((c) => c.id)), invalid: new Set(data.invalid) };
+    const model = data.citations.filter((c) => (c.kind || "model") === "model");
+    answer.citations = { valid: new Set(model.map((c) => c.id)), invalid: new Set(data.invalid) };
     render(answer);
+    replaceBox(answer, ".grounding", renderGrounding(answer, data));
   } else if (type === "done") {
     answer.done = data;
     setState(answer, "done");
@@ -207,6 +209,32 @@ function showSources(answer, sources) {
   box.append(list);
   replaceBox(answer, "details.sources", box);
   answer.view.status.textContent = "Waiting for the model…";
+}
+
+// Both kinds of citation: the [Sn] the model wrote, and the sources found for each answer sentence
+// after generation (with their support); a sentence that no source supports is flagged.
+function renderGrounding(answer, data) {
+  const box = el("div", "grounding");
+  const byKind = (kind) => data.citations.filter((c) => (c.kind || "model") === kind);
+  const line = (label, entries, cls) => {
+    if (!entries.length) return;
+    const row = el("p", cls, `${label} `);
+    entries.forEach((c, i) => {
+      const link = el("a", "source-link", `${c.id} · ${sourceLabel(c)}`);
+      link.href = `#${answer.view.item.id}-${c.id}`;
+      link.dataset.source = c.id;
+      if (typeof c.support === "number") link.title = `support ${Math.round(c.support * 100)}%`;
+      row.append(...(i ? [", ", link] : [link]));
+      if (typeof c.support === "number") row.append(el("span", "support", ` (${Math.round(c.support * 100)}%)`));
+    });
+    box.append(row);
+  };
+  line("Supported by:", byKind("attributed"), "attributed");
+  line("Cited by the model:", byKind("model"), "model-cited");
+  for (const sentence of data.sentences || []) {
+    if (!sentence.supported) box.append(el("p", "unsupported", `Not found in the sources: “${sentence.text}”`));
+  }
+  return box;
 }
 
 function sourceLabel(s) {
