@@ -40,6 +40,8 @@ LIGHTHOUSE = (
     "and keeps a logbook of every passing ship. Supplies arrive by boat on Tuesdays.\n"
 )
 
+FORCED_ANSWER = "The keeper lives on Skerry Island [S1] [S42]."
+
 # Records (text, state) of the last answer at every DOM change, to see tokens arrive while it streams.
 RECORD_STATES = """() => {
   window.__states = [];
@@ -100,6 +102,12 @@ def _api(tmp_path: Path, env: dict[str, str]) -> Iterator[Server]:
 @pytest.fixture
 def api(backend_env: dict[str, str], tmp_path: Path) -> Iterator[Server]:
     yield from _api(tmp_path, backend_env)
+
+
+@pytest.fixture
+def citing_api(backend_env: dict[str, str], forced_llama_server: Any, tmp_path: Path) -> Iterator[Server]:
+    """The API over a real llama-server whose replies a grammar forces to cite [S1] and a made-up [S42]."""
+    yield from _api(tmp_path, {**backend_env, "RAG_LLM_URL": forced_llama_server(FORCED_ANSWER).url})
 
 
 @pytest.fixture
@@ -177,7 +185,8 @@ def slots_busy(llama_url: str) -> bool:
 
 
 @integration
-def test_upload_then_answer_streams_with_sources_budget_and_citation(context, api, tmp_path):
+def test_upload_then_answer_streams_with_sources_budget_and_citation(context, citing_api, tmp_path):
+    api = citing_api
     context.add_init_script(TAP_CHAT_STREAMS)
     page, errors = open_page(context, api)
     doc = tmp_path / "lighthouse.txt"
@@ -191,7 +200,7 @@ def test_upload_then_answer_streams_with_sources_budget_and_citation(context, ap
     shot(page, "upload-indexed")
 
     page.evaluate(RECORD_STATES)
-    answer = ask(page, "Repeat exactly: The keeper lives on Skerry Island [S1].", max_tokens=64)
+    answer = ask(page, "Where does the keeper live?", max_tokens=64)
     # Functions, not expression strings: the page's policy forbids eval, which Playwright uses for those.
     page.wait_for_function("() => window.__states.filter(s => s.s === 'streaming' && s.t).length >= 2",
                            timeout=ANSWER_TIMEOUT_MS)
@@ -216,14 +225,16 @@ def test_upload_then_answer_streams_with_sources_budget_and_citation(context, ap
     assert names[:2] == ["sources", "budget"] and names[-2:] == ["citations", "done"]
     assert names.count("token") >= 2
     verdict = next(data for name, data in events if name == "citations")
-    valid = {c["id"] for c in verdict["citations"]}
+    assert [(c["id"], c["kind"]) for c in verdict["citations"]] == [("S1", "model"), ("S1", "attributed")]
+    assert verdict["invalid"] == ["S42"]
     linked = set(answer.locator("a.cite").evaluate_all("els => els.map(e => e.dataset.source)"))
-    assert linked == valid - set(verdict["invalid"])
-    if "S1" in linked:
-        answer.locator("a.cite[data-source=S1]").first.click()
-    else:  # the model did not write [S1] this time: the source list opens the same panel
-        answer.locator(".sources summary").click()
-        answer.locator("a.source-link[data-source=S1]").click()
+    assert linked == {"S1"}
+    expect(answer.locator(".answer .cite-invalid")).to_have_text("S42")
+    # Both kinds are shown: the source found for the answer's sentence (with its support) and the model's own.
+    expect(answer.locator(".grounding .attributed")).to_contain_text("Supported by: S1 · lighthouse.txt (100%)")
+    expect(answer.locator(".grounding .model-cited")).to_contain_text("Cited by the model: S1 · lighthouse.txt")
+    expect(answer.locator(".grounding .unsupported")).to_have_count(0)
+    answer.locator("a.cite[data-source=S1]").first.click()
     panel = page.locator("#source-panel")
     expect(panel).to_be_visible()
     expect(panel.locator("#source-title")).to_contain_text("lighthouse.txt")
@@ -394,9 +405,15 @@ BUDGET = {"n_ctx": 4096, "reserve": 512, "limit": 3584, "used": 301, "system": 1
           "chunks": [{"id": "S1", "chunk_id": "d1:0", "tokens": 60, "cut": False},
                      {"id": "S2", "chunk_id": "d2:4", "tokens": 40, "cut": True}],
           "dropped": [{"chunk_id": "d3:1", "reason": "over budget"}], "dropped_turns": 0}
-CITATIONS = {"citations": [{"id": "S1", "chunk_id": "d1:0", "doc_id": "d1", "source": "router-guide.md", "page": 3},
-                           {"id": "S2", "chunk_id": "d2:4", "doc_id": "d2", "source": "router-faq.md"}],
-             "invalid": ["S9"]}
+CITATIONS = {"citations": [{"id": "S1", "chunk_id": "d1:0", "doc_id": "d1", "source": "router-guide.md", "page": 3,
+                            "kind": "model", "support": 1.0},
+                           {"id": "S2", "chunk_id": "d2:4", "doc_id": "d2", "source": "router-faq.md", "kind": "model"},
+                           {"id": "S1", "chunk_id": "d1:0", "doc_id": "d1", "source": "router-guide.md", "page": 3,
+                            "kind": "attributed", "support": 0.8, "sentences": [1]}],
+             "invalid": ["S9"], "echoed": [],
+             "sentences": [{"text": "Restarting", "start": 0, "end": 10, "support": 0.0, "sources": [], "supported": False},
+                           {"text": "1. Hold <b>power</b> for five seconds [S1].", "start": 11, "end": 50,
+                            "support": 0.8, "sources": ["S1"], "supported": True}]}
 DONE = {"usage": {"completion_tokens": 42}, "timings": {"predicted_per_second": 55.5}, "ttft_ms": 240,
         "invalid_citations": 1, "cache_n": 0}
 MARKUP = ["<script>window.__pwned=1</script> <img src=x onerror=window.__pwned=2> ",
@@ -463,6 +480,9 @@ def test_scripted_stream_renders_markdown_citations_budget_and_errors_safely(con
     expect(answer.locator(".budget-dropped")).to_have_text("d3:1: over budget")
     expect(answer.locator(".budget-chunks")).to_contain_text("cut to fit")
     expect(answer.locator(".status")).to_contain_text("1 invalid citation not linked")
+    expect(answer.locator(".grounding .attributed")).to_have_text("Supported by: S1 · router-guide.md, page 3 (80%)")
+    expect(answer.locator(".grounding .model-cited")).to_contain_text("S2 · router-faq.md")
+    expect(answer.locator(".grounding .unsupported")).to_have_text("Not found in the sources: “Restarting”")
     answer.locator(".budget-details summary").click()
 
     body.locator("a.cite[data-source=S2]").click()
