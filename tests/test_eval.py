@@ -206,6 +206,9 @@ def test_answers_are_scored(eval_env: dict[str, str | None], baseline: dict[str,
     assert 0 <= answers["no_valid_citation"] <= 1
     assert answers["citation_precision"] is None or 0 <= answers["citation_precision"] <= 1
     assert answers["ttft_ms"]["n"] == 3 and answers["ttft_ms"]["p50"] > 0
+    assert answers["prompt_style"] == "completion"  # the bundled base model, read from its GGUF
+    assert answers["attribution_precision"] is None or 0 <= answers["attribution_precision"] <= 1
+    assert 0 <= answers["supported_source"] <= 1 and 0 <= answers["at_token_limit"] <= 1
     assert "## Answers" in (tmp_path / "answers" / "report.md").read_text()
 
 
