@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import logging
 import mmap
+import os
 import re
 import struct
 from collections.abc import Mapping, Sequence
@@ -231,9 +232,18 @@ _GGUF_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
 
 
-@functools.lru_cache(maxsize=8)
 def gguf_has_chat_template(path: str) -> bool | None:
-    """Whether a GGUF's metadata holds `tokenizer.chat_template` (None: not a readable GGUF).
+    """Whether a GGUF's metadata holds `tokenizer.chat_template` (None: not a readable GGUF)."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return _gguf_has_chat_template(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _gguf_has_chat_template(path: str, mtime_ns: int, size: int) -> bool | None:
+    """Read once per version of the file (a new model at the same path is read again).
 
     Only the key/value header is walked, values skipped by their sizes: gguf.GGUFReader parses every
     field into numpy arrays, a 262k-token vocabulary included, which took 10 s on the bundled model.

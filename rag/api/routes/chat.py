@@ -1,7 +1,9 @@
 """`POST /v1/chat`: the native chat endpoint, streamed as SSE events or returned as one JSON document.
 
 Events, in order: sources, budget, token (repeated), citations, done; on a failure after the stream
-began, one `error` event ends it. Everything that can fail before generation (a bad request, the
+began, one `error` event ends it. `citations` holds the model's own valid [Sn] (`kind: "model"`) and the
+sources attributed to the answer's sentences (`kind: "attributed"`, with `support`), the `invalid` and
+`echoed` ids, and `sentences` with the sources of each and whether any supports it. Everything that can fail before generation (a bad request, the
 question too long, a backend down, the queue full) is an HTTP error instead, with its status.
 """
 
