@@ -12,7 +12,8 @@ import io
 import struct
 import zipfile
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 # --- small binaries -------------------------------------------------------------------------------
 
@@ -395,3 +396,60 @@ def html_with_scripts_and_remote_resources() -> bytes:
 <footer>Copyright footer text</footer>
 <script>console.log("late script")</script>
 </body></html>""".encode()
+
+
+# --- requests sent by hand, to see when the server answers -----------------------------------------
+
+
+def send_until_answered(url: str, path: str, headers: dict[str, str], chunks: Iterable[bytes],
+                        timeout: float = 30.0) -> tuple[int, int, bytes]:
+    """POST `chunks` over a raw socket, looking for an answer before each chunk.
+
+    Returns (status, bytes of body sent before the answer came, the answer's head and body). An HTTP
+    client library sends the whole body before it reads, so it cannot show that a server refused early.
+    """
+    import select
+    import socket
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url)
+    sock = socket.create_connection((parsed.hostname, parsed.port), timeout=timeout)
+    head = f"POST {path} HTTP/1.1\r\nHost: {parsed.hostname}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    sent = 0
+    try:
+        sock.sendall(head.encode() + b"\r\n")
+        for chunk in chunks:
+            if select.select([sock], [], [], 0)[0]:
+                break
+            try:
+                sock.sendall(chunk)
+            except OSError:  # closed by the server: its answer may already be waiting
+                break
+            sent += len(chunk)
+        answer = _read_answer(sock)
+    finally:
+        sock.close()
+    status = int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/") else 0
+    return status, sent, answer
+
+
+def _read_answer(sock: Any) -> bytes:
+    answer = b""
+    while b"\r\n\r\n" not in answer or not _complete(answer):
+        try:
+            data = sock.recv(65536)
+        except OSError:
+            break
+        if not data:
+            break
+        answer += data
+    return answer
+
+
+def _complete(answer: bytes) -> bool:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return len(body) >= int(value)
+    return False
