@@ -398,6 +398,39 @@ def html_with_scripts_and_remote_resources() -> bytes:
 </body></html>""".encode()
 
 
+def shared_stream_pdf(pages: int, lines: int = 40) -> bytes:
+    """A PDF of `pages` pages that all draw one content stream: small on disk, huge once extracted."""
+    writer = PdfWriter()
+    content = writer.add_object(_stream(b"", _text_content([f"line {i} of the page everyone shares" for i in range(lines)])), stream=True)
+    for _ in range(pages):
+        writer.page_ids.append(writer.add_object(
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> >> /Contents %d 0 R >>"
+            % content))
+    return writer.build()
+
+
+def zip_directory_flood(entries: int) -> bytes:
+    """A ZIP of `entries` empty stored members: a central directory of ~60 bytes an entry, nothing else."""
+    local = bytearray()
+    central = bytearray()
+    for i in range(entries):
+        fname = b"f%07d.txt" % i
+        fields = struct.pack("<HHHHHIII", 20, 0, 0, 0, 0x21, 0, 0, 0)
+        offset = len(local)
+        local += b"PK\x03\x04" + fields + struct.pack("<HH", len(fname), 0) + fname
+        central += b"PK\x01\x02" + struct.pack("<H", 20) + fields + struct.pack("<HHHHHII", len(fname), 0, 0, 0, 0, 0, offset) + fname
+    count = min(entries, 0xFFFF)
+    end = b"PK\x05\x06" + struct.pack("<HHHHIIH", 0, 0, count, count, len(central), len(local), 0)
+    return bytes(local + central + end)
+
+
+def docx_with_encoded_document_xml(encoding: str, codec: str | None = None) -> bytes:
+    """A DOCX whose word/document.xml declares an entity and is written in `encoding` (with its BOM, if any)."""
+    xml = (f'<?xml version="1.0" encoding="{encoding}"?><!DOCTYPE d [<!ENTITY e "expanded">]>'
+           + _BODY.format(text="&e;"))
+    return replace_zip_member(docx_document([("p", "placeholder")]), "word/document.xml", xml.encode(codec or encoding))
+
+
 # --- requests sent by hand, to see when the server answers -----------------------------------------
 
 
