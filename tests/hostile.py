@@ -409,15 +409,20 @@ def shared_stream_pdf(pages: int, lines: int = 40) -> bytes:
     return writer.build()
 
 
-def zip_directory_flood(entries: int) -> bytes:
-    """A ZIP of `entries` empty stored members: a central directory of ~60 bytes an entry, nothing else."""
+def zip_directory_flood(entries: int, shared_header: bool = False) -> bytes:
+    """A ZIP of `entries` empty stored members: a central directory of ~60 bytes an entry, nothing else.
+
+    With `shared_header` every directory entry points at one local header, so the file is almost all
+    directory (900,017 entries in 46.8 MB, the flood that cost the API 450 MB).
+    """
     local = bytearray()
     central = bytearray()
+    fields = struct.pack("<HHHHHIII", 20, 0, 0, 0, 0x21, 0, 0, 0)
     for i in range(entries):
-        fname = b"f%07d.txt" % i
-        fields = struct.pack("<HHHHHIII", 20, 0, 0, 0, 0x21, 0, 0, 0)
-        offset = len(local)
-        local += b"PK\x03\x04" + fields + struct.pack("<HH", len(fname), 0) + fname
+        fname = b"%06x" % i if shared_header else b"f%07d.txt" % i
+        offset = 0 if shared_header else len(local)
+        if not shared_header or i == 0:
+            local += b"PK\x03\x04" + fields + struct.pack("<HH", len(fname), 0) + fname
         central += b"PK\x01\x02" + struct.pack("<H", 20) + fields + struct.pack("<HHHHHII", len(fname), 0, 0, 0, 0, 0, offset) + fname
     count = min(entries, 0xFFFF)
     end = b"PK\x05\x06" + struct.pack("<HHHHIIH", 0, 0, count, count, len(central), len(local), 0)
