@@ -17,7 +17,7 @@ import re
 import struct
 import zipfile
 from dataclasses import dataclass
-from pathlib import PurePath
+from pathlib import Path, PurePath
 
 from rag.core.errors import DocumentRejected, UnsupportedFileType
 
@@ -176,7 +176,19 @@ def _zip_kind(data: bytes) -> DocKind:
     raise UnsupportedFileType(f"unsupported file type: {kind}", detected=kind)
 
 
-def check_zip_directory(data: bytes) -> None:
+def check_zip_file(path: Path) -> None:
+    """`check_zip_directory` on a file's tail, before anyone reads the whole file into memory."""
+    with path.open("rb") as file:
+        if not file.read(4).startswith(_ZIP_MAGICS):
+            return
+        size = file.seek(0, 2)
+        base = max(0, size - _EOCD.size - 0xFFFF - _ZIP64_LOCATOR.size)
+        file.seek(base)
+        tail = file.read()
+    check_zip_directory(tail, base)
+
+
+def check_zip_directory(data: bytes, base: int = 0) -> None:
     """Refuses a ZIP whose central directory is too big to list, from its end record alone.
 
     `zipfile` builds a ZipInfo per entry (~500 bytes each) before anyone can count them: a 47 MB
@@ -184,7 +196,7 @@ def check_zip_directory(data: bytes) -> None:
     entry count and the directory's size, and zipfile reads no more than that size, so checking them
     first bounds the listing. A record that cannot be found is left to zipfile to call damaged.
     """
-    found = _zip_end_record(data)
+    found = _zip_end_record(data, base)
     if found is None:
         return
     entries, directory_bytes = found
@@ -195,8 +207,12 @@ def check_zip_directory(data: bytes) -> None:
         )
 
 
-def _zip_end_record(data: bytes) -> tuple[int, int] | None:
-    """(entries, directory bytes) from the end record (ZIP64's when the classic one overflows)."""
+def _zip_end_record(data: bytes, base: int = 0) -> tuple[int, int] | None:
+    """(entries, directory bytes) from the end record (ZIP64's when the classic one overflows).
+
+    `data` is the archive from offset `base` on; a ZIP64 record outside it leaves the classic
+    record's overflowed values (0xFFFF entries), which the bounds refuse.
+    """
     at = len(data) - _EOCD.size
     if at < 0:
         return None
@@ -211,7 +227,7 @@ def _zip_end_record(data: bytes) -> tuple[int, int] | None:
     locator = data[max(0, at - _ZIP64_LOCATOR.size) : at]
     if (entries == 0xFFFF or size == 0xFFFFFFFF) and locator[:4] == b"PK\x06\x07":
         _, _, offset, _ = _ZIP64_LOCATOR.unpack(locator)
-        record64 = data[offset : offset + _EOCD64.size]
+        record64 = data[offset - base : offset - base + _EOCD64.size] if offset >= base else b""
         if len(record64) == _EOCD64.size and record64[:4] == b"PK\x06\x06":
             entries, size = _EOCD64.unpack(record64)[7:9]
     return entries, size

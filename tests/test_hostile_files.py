@@ -142,3 +142,21 @@ def test_a_reused_worker_does_not_call_a_page_less_pdf_encrypted(pool: ParserPoo
 
 def test_zipfile_is_the_real_one_again():
     assert detect_module.zipfile.ZipFile is zipfile.ZipFile
+
+
+def test_a_zip_directory_flood_on_disk_is_refused_from_its_tail(tmp_path):
+    from ingest.detect import check_zip_file
+
+    path = tmp_path / "flood.docx"
+    path.write_bytes(hostile.zip_directory_flood(200_000, shared_header=True))
+    tracemalloc.start()
+    try:
+        with pytest.raises(DocumentRejected):
+            check_zip_file(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+    ok = tmp_path / "ok.docx"
+    ok.write_bytes(hostile.docx_document([("p", "fine")]))
+    check_zip_file(ok)
