@@ -134,6 +134,27 @@ def test_an_upload_over_the_limit_is_answered_while_the_body_still_streams(isola
         assert httpx.get(f"{url}/v1/documents", timeout=30).json()["documents"] == []
 
 
+def test_a_client_that_keeps_sending_after_the_413_is_cut_off(isolated_env):
+    """The server closes at the limit instead of reading (and discarding) the rest of the body."""
+    import socket
+
+    limit, total = 1 << 20, 64 << 20
+    with serve(_settings(max_upload_bytes=limit)) as url:
+        port = int(url.rsplit(":", 1)[1])
+        sent = 0
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(b"POST /v1/documents HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                         b"Content-Type: multipart/form-data; boundary=b0undary\r\n\r\n")
+            chunks = _chunked(iter([b'--b0undary\r\nContent-Disposition: form-data; name="files"; filename="a.txt"\r\n\r\n']
+                                   + [b"z" * (1 << 16)] * (total >> 16)))
+            with pytest.raises(OSError):
+                for chunk in chunks:
+                    sock.sendall(chunk)
+                    sent += len(chunk)
+                raise AssertionError("the server read the whole body")
+        assert sent < total // 2, f"{sent:,} of {total:,} bytes went through before the server closed"
+
+
 def _chunked(chunks: Iterator[bytes]) -> Iterator[bytes]:
     for chunk in chunks:
         yield b"%x\r\n%s\r\n" % (len(chunk), chunk)

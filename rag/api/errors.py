@@ -28,7 +28,10 @@ def error_response(exc: Exception) -> JSONResponse:
     status = exc.status if isinstance(exc, RagError) else 500
     # Busy (429) and BackendUnavailable (503) clear by themselves: say when to try again.
     retry_after = getattr(exc, "retry_after", None) if isinstance(exc, RagError) else None
-    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+    if isinstance(exc, FileTooLarge):
+        # The body is refused mid-stream: close rather than drain the rest of it to keep the connection.
+        headers["Connection"] = "close"
     if status >= 500 and not isinstance(exc, RagError):
         log.exception("unhandled error", exc_info=exc)
     return JSONResponse(error_body(exc), status_code=status, headers=headers)
