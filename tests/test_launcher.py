@@ -163,3 +163,36 @@ def test_rag_up_restarts_a_killed_llama_server_while_chats_get_errors_and_503s(i
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_rag_up_stopped_3_s_into_start_up_leaves_nothing_and_the_next_start_works(isolated_env: Path,
+                                                                                   generator_model: Path, how: str):
+    ports = dict(llm=free_port(), embed=free_port(), api=free_port())
+    env = _env(isolated_env, generator_model, **ports)
+    proc = subprocess.Popen([sys.executable, "-m", "rag.cli", "up"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    time.sleep(3)
+    children = _children(proc.pid)
+    proc.send_signal(getattr(signal, how))
+    proc.wait(15)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in children):
+        time.sleep(0.1)
+    assert not [p for p in children if _alive(p)], "no orphans"
+    again = subprocess.Popen([sys.executable, "-m", "rag.cli", "up"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            line = again.stdout.readline()
+            assert line, f"the next rag up ended early:\n{''.join(lines)}"
+            lines.append(line)
+            if line.startswith("open "):
+                break
+        assert httpx.get(f"http://127.0.0.1:{ports['api']}/health", timeout=10).status_code == 200
+    finally:
+        again.send_signal(signal.SIGINT)
+        again.wait(60)
+    assert again.returncode == 0
