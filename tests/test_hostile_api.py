@@ -75,7 +75,7 @@ def test_a_million_messages_is_refused_from_the_headers(api: str):
 @pytest.mark.parametrize(
     ("messages", "setting"),
     [
-        ([{"role": "user", "content": "hi"}] * 101, "RAG_MAX_MESSAGES"),
+        ([{"role": "user", "content": "hi"}] * 1001, "RAG_MAX_MESSAGES"),
         ([{"role": "user", "content": "q" * 16_001}], "RAG_MAX_QUESTION_CHARS"),
         ([{"role": "assistant", "content": "a" * 32_001}, {"role": "user", "content": "and?"}], "RAG_MAX_MESSAGE_CHARS"),
     ],
