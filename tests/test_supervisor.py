@@ -21,6 +21,8 @@ import pytest
 
 from tests.servers import free_port
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 
 PART = r'''
