@@ -76,8 +76,8 @@ def test_a_million_messages_is_refused_from_the_headers(api: str):
     ("messages", "setting"),
     [
         ([{"role": "user", "content": "hi"}] * 1001, "RAG_MAX_MESSAGES"),
-        ([{"role": "user", "content": "q" * 16_001}], "RAG_MAX_QUESTION_CHARS"),
-        ([{"role": "assistant", "content": "a" * 32_001}, {"role": "user", "content": "and?"}], "RAG_MAX_MESSAGE_CHARS"),
+        ([{"role": "user", "content": "q" * 32_001}], "RAG_MAX_QUESTION_CHARS"),
+        ([{"role": "assistant", "content": "a" * 64_001}, {"role": "user", "content": "and?"}], "RAG_MAX_MESSAGE_CHARS"),
     ],
 )
 def test_messages_over_a_bound_are_413_naming_it(api: str, path: str, messages: list[dict[str, str]], setting: str):

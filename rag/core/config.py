@@ -93,8 +93,8 @@ class Settings(BaseSettings):
     # Bounds checked on what a client sent, before any costly step.
     max_request_bytes: int = Field(default=2 * 1024 * 1024, ge=1024)
     max_messages: int = Field(default=1_000, ge=1)
-    max_message_chars: int = Field(default=32_000, ge=1)
-    max_question_chars: int = Field(default=16_000, ge=1)
+    max_message_chars: int = Field(default=64_000, ge=1)
+    max_question_chars: int = Field(default=32_000, ge=1)
     max_document_pages: int = Field(default=2_000, ge=1)
     max_document_chunks: int = Field(default=10_000, ge=1)
 
