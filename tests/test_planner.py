@@ -87,6 +87,8 @@ def test_planner_derives_the_shipped_profile() -> None:
     assert derived.flags() == shipped.flags()
     assert derived == shipped
     assert result.fits
+    # No host-memory prompt cache: it delayed every new question's prefill and can cross conversations.
+    assert shipped.flags()[shipped.flags().index("--cache-ram") + 1] == "0"
 
 
 def test_more_memory_fits_the_recipe_and_less_suggests_flags() -> None:
