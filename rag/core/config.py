@@ -90,6 +90,10 @@ class Settings(BaseSettings):
     queue_max: int = Field(default=8, ge=0)
     queue_timeout_s: float = Field(default=30.0, ge=0)
 
+    # Packing cut-off: a source whose fused score is below this share of the best source's is not packed
+    # (fewer new tokens to prefill; the curve behind the default is in bench/packing_cutoff.py). 0: off.
+    pack_relative_score: float = Field(default=0.4, ge=0, le=1)
+
     debug: bool = False
 
     @field_validator("llm_url", "embed_url")
