@@ -277,7 +277,7 @@ def stack_phase(run: Run, args: argparse.Namespace, name: str, questions: list[s
             entry["stream_fidelity"] = {"top_k": int(env.get("RAG_TOP_K", 8)), **summary(pairs)}
             run.save("stack", f"{name}-partial", entry)
         if "full" in steps:
-            entry["full_budget"] = asyncio.run(full_budget(stack.api, questions[12:14 if small else 17], tokens))
+            entry["full_budget"] = asyncio.run(full_budget(stack.api, questions[12:14 if small else 19], tokens))
             run.save("stack", f"{name}-partial", entry)
         if "follow" in steps:  # TTFT and reuse are what count here: short answers
             entry["follow_up"] = asyncio.run(follow_ups(stack.api, questions[20:22 if small else 25], 16, 64))
@@ -294,6 +294,18 @@ def stack_phase(run: Run, args: argparse.Namespace, name: str, questions: list[s
         holder_stop(held)
         run.results.get("stack", {}).pop(f"{name}-partial", None)
         run.save("stack", name, entry)
+
+
+def without_cache_ram_flag(binary: Path, out: Path) -> Path:
+    """A llama-server that ignores `--cache-ram N`: the profile as it was before that flag."""
+    wrapper = out / "llama-server-default-cache-ram"
+    wrapper.write_text(
+        "#!/usr/bin/env bash\nargs=()\nwhile [ $# -gt 0 ]; do\n"
+        '  if [ "$1" = --cache-ram ]; then shift 2; continue; fi\n  args+=("$1"); shift\ndone\n'
+        f'exec {binary} "${{args[@]}}"\n'
+    )
+    wrapper.chmod(0o755)
+    return wrapper
 
 
 def main() -> None:
@@ -320,6 +332,14 @@ def main() -> None:
         stack_phase(run, args, "emulation_16g", questions, {"RAG_EMBED_DEVICE": "cpu"}, ("full", "follow"), hold=True)
     if "no_cutoff" in steps:
         stack_phase(run, args, "no_cutoff", questions, {CUTOFF_SETTING: "0"}, ("full",))
+    # Before/after in one run: the shipped profile and packing, then the host prompt cache back on
+    # (llama-server's default) and the cut-off off, on the same index and questions.
+    if "after" in steps:
+        stack_phase(run, args, "after", questions, {}, ("ingest", "full", "follow"))
+    if "before" in steps:
+        before = {"RAG_LLM_SERVER_BIN": str(without_cache_ram_flag(Path(args.bin) / "llama-server", Path(args.out))),
+                  CUTOFF_SETTING: "0"}
+        stack_phase(run, args, "before", questions, before, ("full", "follow"))
 
 
 if __name__ == "__main__":

@@ -92,7 +92,7 @@ class Settings(BaseSettings):
 
     # Packing cut-off: a source whose fused score is below this share of the best source's is not packed
     # (fewer new tokens to prefill; the curve behind the default is in bench/packing_cutoff.py). 0: off.
-    pack_relative_score: float = Field(default=0.4, ge=0, le=1)
+    pack_relative_score: float = Field(default=0.35, ge=0, le=1)
 
     debug: bool = False
 
