@@ -90,8 +90,14 @@ class _Clock:
 
 
 def cut_off(hits: Sequence[Hit], share: float) -> tuple[list[Hit], list[Hit]]:
-    """(kept, cut): hits scoring below `share` of the best one are not worth their prefill time."""
-    floor = share * max((h.score for h in hits), default=0.0)
+    """(kept, cut): hits scoring below `share` of the best one are not worth their prefill time.
+
+    Only for positive scores (fused ones lie in [0, 1]); a reranker's logits can be negative.
+    """
+    best = max((h.score for h in hits), default=0.0)
+    if best <= 0:
+        return list(hits), []
+    floor = share * best
     return [h for h in hits if h.score >= floor], [h for h in hits if h.score < floor]
 
 
