@@ -121,16 +121,27 @@ def test_model_citations_outside_the_prompt_are_invalid_and_the_sentence_is_attr
     assert body["citations"]["sentences"][0]["supported"]
 
 
-def test_an_echo_of_the_prompt_yields_no_model_citation_and_is_flagged(forced_llama_server, backend_settings: Settings):
-    # The model repeats a line of the prompt's own fixed examples, [S1] included.
-    from rag.answering.prompt import COMPLETION_EXAMPLES
+def _echo(style: str) -> str:
+    """A line of the style's own fixed prompt text, with a citation the model might add to it."""
+    from rag.answering.prompt import COMPLETION_EXAMPLES, SYSTEM_PROMPT
 
-    echo = next(line for line in COMPLETION_EXAMPLES.splitlines() if line.startswith("[S1]"))
+    if style == "completion":  # a line of the fixed examples, [S1] included
+        return next(line for line in COMPLETION_EXAMPLES.splitlines() if line.startswith("[S1]"))
+    rule = next(line for line in SYSTEM_PROMPT.splitlines() if line.startswith("3."))
+    return rule.split(". ")[1] + " [S1]."  # "Cite the source of every fact ... after it [S1]."
+
+
+@pytest.mark.parametrize("style", ["completion", "chat"])
+def test_an_echo_of_the_prompt_yields_no_model_citation_and_is_flagged(
+    forced_llama_server, backend_settings: Settings, style: str,
+):
+    echo = _echo(style)
     forced = forced_llama_server(echo)
-    with serve(changed(backend_settings, llm_url=forced.url)) as url:
+    with serve(changed(backend_settings, llm_url=forced.url, llm_prompt_style=style)) as url:
         upload(url, LIGHTHOUSE)
-        body = httpx.post(f"{url}/v1/chat", json=ask("Where does the keeper live?", stream=False, max_tokens=48), timeout=300).json()
-    assert body["answer"] == echo
+        body = httpx.post(f"{url}/v1/chat", json=ask("Where does the keeper live?", stream=False, max_tokens=48),
+                          timeout=300).json()
+    assert body["answer"] == echo and body["budget"]["style"] == style
     assert body["citations"]["citations"] == [] and body["citations"]["invalid"] == []
     assert body["citations"]["echoed"] == ["S1"]
     assert [s["supported"] for s in body["citations"]["sentences"]] == [False]

@@ -42,3 +42,29 @@ def test_a_second_api_on_the_same_store_is_refused(backend_settings: Settings):
         with pytest.raises(StoreLocked, match="held by the rag API"):
             with TestClient(create_app(backend_settings)):
                 pass
+
+
+def test_health_reports_the_prompt_style_and_warns_when_it_is_a_guess(
+    backend_settings: Settings, generator_model, tmp_path,
+):
+    import shutil
+
+    from tests.servers import start_llama_server
+
+    with TestClient(create_app(backend_settings)) as client:
+        llm = client.get("/health").json()["backends"]["llm"]
+    assert llm["prompt_style"] == "completion" and "warning" not in llm  # the bundled GGUF has no chat template
+    # A model file the API cannot read (as in another container): llama-server keeps its mapped copy.
+    elsewhere = tmp_path / "elsewhere.gguf"
+    shutil.copyfile(generator_model, elsewhere)
+    server = start_llama_server(elsewhere, tmp_path)
+    try:
+        elsewhere.unlink()
+        settings = Settings(**{**backend_settings.model_dump(), "llm_url": server.url})
+        with TestClient(create_app(settings)) as client:
+            response = client.get("/health")
+    finally:
+        server.stop()
+    llm = response.json()["backends"]["llm"]
+    assert response.status_code == 200 and llm["prompt_style"] == "chat"
+    assert "RAG_LLM_PROMPT_STYLE" in llm["warning"]
