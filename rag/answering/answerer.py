@@ -36,7 +36,7 @@ from rag.core.errors import ContextOverflow, InvalidRequest, LLMUnavailable, Rag
 from rag.answering.gate import GenerationGate, Permit
 from rag.clients.llm import LlamaServerClient, ServerProps, StreamDelta, StreamEnd
 from rag.answering.prompt import (
-    COMPLETION_STOP, ChatStyle, CompletionStyle, Message, PromptStyle, StyleChoice, choose_style, no_sources_answer,
+    COMPLETION_STOP, ChatStyle, CompletionStyle, Message, PromptStyle, choose_style, no_sources_answer,
 )
 
 log = logging.getLogger(__name__)
@@ -337,10 +337,10 @@ class Answer:
                                temperature=self.query.temperature)
 
     def _closing_events(self, end: StreamEnd) -> list[Event]:
-        assert self.answerer is not None
         text = "".join(self.text_parts)
         chunks = {c.source_id: c.text for c in self.packed.chunks}
-        check = check_citations(text, chunks, fixed_text=self.answerer.style.fixed_text)
+        fixed_text = (CompletionStyle if self.packed.style == "completion" else ChatStyle).fixed_text
+        check = check_citations(text, chunks, fixed_text=fixed_text)
         attribution = attribute(text, chunks)
         citations = {"citations": citation_entries(check, attribution, self.hits, chunks), "invalid": check.invalid,
                      "echoed": check.echoed, "sentences": attribution.sentences_dict()}
