@@ -60,7 +60,7 @@ def llama_server(generator_model: Path, session_dir: Path) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="session")
-def forced_llama_server(generator_model: Path, session_dir: Path) -> Iterator[Callable[[str], Server]]:
+def forced_llama_server(generator_model: Path, session_dir: Path) -> Iterator[Callable[..., Server]]:
     """Real llama-servers whose every reply a grammar forces to a given text (started once per text).
 
     The bundled base model never writes [Sn] by itself: forcing it exercises the real generation path
@@ -68,15 +68,26 @@ def forced_llama_server(generator_model: Path, session_dir: Path) -> Iterator[Ca
     """
     servers: dict[str, Server] = {}
 
-    def start(text: str) -> Server:
-        if text not in servers:
-            grammar = f"root ::= {json.dumps(text)}"
-            servers[text] = start_llama_server(generator_model, session_dir, extra=["--grammar", grammar])
-        return servers[text]
+    def start(text: str | None = None, *, grammar: str | None = None) -> Server:
+        """A server that always writes `text`, or whatever the GBNF `grammar` allows."""
+        grammar = grammar or f"root ::= {json.dumps(text)}"
+        if grammar not in servers:
+            servers[grammar] = start_llama_server(generator_model, session_dir, extra=["--grammar", grammar])
+        return servers[grammar]
 
     yield start
     for server in servers.values():
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def endless_llama(forced_llama_server: Callable[..., Server]) -> Server:
+    """A real llama-server that never ends its line (a grammar with no end): only max_tokens or the client stop it.
+
+    The bundled base model, in the completion style, stops at the end of its short answer: too soon for
+    tests of what happens while a long generation runs.
+    """
+    return forced_llama_server(grammar='root ::= "one, two, three" more\nmore ::= ", more" more')
 
 
 @pytest.fixture(scope="session")

@@ -150,8 +150,9 @@ def _slot_busy(llama_url: str) -> bool:
 
 @pytest.mark.integration
 def test_a_client_that_disconnects_frees_the_llama_server_slot_at_once(backend_settings: Settings,
-                                                                      llama_server: Server):
-    settings = changed(backend_settings, queue_max=0, queue_timeout_s=0)  # a leaked permit would mean 429
+                                                                      endless_llama: Server):
+    llama_server = endless_llama  # writes until max_tokens, whatever the prompt style
+    settings = changed(backend_settings, llm_url=llama_server.url, queue_max=0, queue_timeout_s=0)  # a leaked permit would mean 429
     body = ask("Write a very long story about the Eiffel Tower.", max_tokens=500)
     with serve(settings) as url:
         upload(url)
@@ -186,9 +187,10 @@ def _decoded(llama_url: str) -> int:
 @pytest.mark.integration
 @pytest.mark.parametrize("path", ["/v1/chat", "/v1/chat/completions"])
 def test_a_non_streamed_request_whose_client_gives_up_frees_the_slot(backend_settings: Settings,
-                                                                     llama_server: Server, path: str):
+                                                                     endless_llama: Server, path: str):
+    llama_server = endless_llama  # writes until max_tokens, whatever the prompt style
     body = json.dumps({**ask("Write a very long story about the Eiffel Tower.", max_tokens=500), "stream": False})
-    with serve(backend_settings) as url:
+    with serve(changed(backend_settings, llm_url=llama_server.url)) as url:
         upload(url)
         host, port = url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port))) as sock:

@@ -111,6 +111,11 @@ def citing_api(backend_env: dict[str, str], forced_llama_server: Any, tmp_path: 
 
 
 @pytest.fixture
+def endless_api(backend_env: dict[str, str], endless_llama: Server, tmp_path: Path) -> Iterator[Server]:
+    yield from _api(tmp_path, {**backend_env, "RAG_LLM_URL": endless_llama.url})
+
+
+@pytest.fixture
 def keyed_api(backend_env: dict[str, str], tmp_path: Path) -> Iterator[Server]:
     yield from _api(tmp_path, {**backend_env, "RAG_API_KEY": "correct-horse"})
 
@@ -246,7 +251,8 @@ def test_upload_then_answer_streams_with_sources_budget_and_citation(context, ci
 
 
 @integration
-def test_stop_ends_the_stream_and_frees_the_slot(context, api, llama_server, tmp_path):
+def test_stop_ends_the_stream_and_frees_the_slot(context, endless_api, endless_llama, tmp_path):
+    api, llama_server = endless_api, endless_llama
     page, errors = open_page(context, api)
     doc = tmp_path / "numbers.txt"
     doc.write_text("Counting practice: one, two, three, four, five, six, seven, eight, nine, ten.\n")
