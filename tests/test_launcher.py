@@ -119,7 +119,10 @@ def test_rag_up_restarts_a_killed_llama_server_while_chats_get_errors_and_503s(i
     from tests.chat_helpers import ask, parse_sse, upload
 
     ports = dict(llm=free_port(), embed=free_port(), api=free_port())
-    proc = subprocess.Popen([sys.executable, "-m", "rag.cli", "up"], env=_env(isolated_env, generator_model, **ports),
+    # The chat style keeps the bundled base model writing (it echoes) so that answers are in flight at the kill;
+    # in its own completion style it would have finished them.
+    env = {**_env(isolated_env, generator_model, **ports), "RAG_LLM_PROMPT_STYLE": "chat"}
+    proc = subprocess.Popen([sys.executable, "-m", "rag.cli", "up"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     api = f"http://127.0.0.1:{ports['api']}"
     lines: list[str] = []
