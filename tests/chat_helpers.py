@@ -132,6 +132,8 @@ class Hit:
     text: str
     metadata: dict[str, Any]
     score: float
+    cosine: float | None = None
+    coverage: float = 0.0
 
 
 @dataclass
@@ -148,7 +150,8 @@ class OverlapRetriever:
         for i, (name, text) in enumerate(self.chunks):
             overlap = len(words & set(re.findall(r"\w+", text.lower()))) / max(1, len(words))
             if overlap > 0:
-                hits.append(Hit(f"{name}:{i}", name, text, {"source": name, "doc_id": name, "chunk_index": i}, overlap))
+                hits.append(Hit(f"{name}:{i}", name, text, {"source": name, "doc_id": name, "chunk_index": i}, overlap,
+                                coverage=overlap))
         return sorted(hits, key=lambda h: -h.score)[:k]
 
 

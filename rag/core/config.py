@@ -77,6 +77,13 @@ class Settings(BaseSettings):
     reranker_model: str = "reranker"
     reranker_timeout_s: float = Field(default=10.0, gt=0)
     rerank_depth: int = Field(default=20, ge=1, le=200)
+    # "Not in the documents": a question whose best chunk scores under this relevance (raw cosine and
+    # term coverage, comparable across queries; bench/relevance_floor.py) gets the fixed answer.
+    min_relevance: float = Field(default=0.0, ge=0, le=1)
+    # Follow-ups: how the searched query is made from the conversation (rag/answering/followup.py), and
+    # the share of the prompt budget kept for the latest turn pair before sources fill the rest.
+    followup_rewrite: Literal["off", "rule", "generator"] = "rule"
+    history_share: float = Field(default=0.25, ge=0, le=0.9)
 
     # Ingestion.
     chunk_tokens: int = Field(default=200, ge=16)
