@@ -97,7 +97,9 @@ async def generator_rewrite(
         log.warning("follow-up rewrite by the generator failed, using the rule: %s", exc.message)
         return fallback
     choices = reply.get("choices") or [{}]
-    text = " ".join(str((choices[0].get("message") or {}).get("content") or "").split())[:MAX_GENERATED_CHARS]
+    content = str((choices[0].get("message") or {}).get("content") or "")
+    first_line = next((line for line in content.splitlines() if line.strip()), "")
+    text = " ".join(first_line.split())[:MAX_GENERATED_CHARS]
     return SearchQuery(text, "generator") if text else fallback
 
 
