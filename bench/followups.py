@@ -64,8 +64,9 @@ def subject(title: str, first: str, second: str) -> str | None:
 
 
 def with_pronoun(question: str, phrase: str) -> str:
-    pattern = re.compile(r"(?:\bthe\s+)?" + re.escape(phrase), re.IGNORECASE)
-    return re.sub(r"\s+", " ", pattern.sub("it", question, count=1)).strip()
+    pattern = re.compile(r"(?:\bthe\s+)?" + re.escape(phrase) + r"('s|’s)?", re.IGNORECASE)
+    replaced = pattern.sub(lambda m: "its" if m.group(1) else "it", question, count=1)
+    return re.sub(r"\s+", " ", replaced).strip()
 
 
 def build(split) -> tuple[dict[str, tuple[str, str]], list[FollowUp]]:

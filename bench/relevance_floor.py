@@ -6,10 +6,11 @@ same across queries, for each question's top-k (production `Retriever.search`, r
 the tantivy index):
 
 - `cosine`: the best raw cosine between the query and a retrieved chunk (the embedder's own scale);
-- `coverage`: the best share of the query's search terms (stop words out, stemmed, CJK bigrams) that
-  one retrieved chunk contains;
-- `blend`: the best `a * cosine + (1 - a) * coverage` of one chunk, with `a` the query's dense weight
-  scaled by --blend (a CJK query, whose MiniLM vector is noise, is judged by its coverage alone).
+- `coverage`: the best IDF-weighted share of the query's search terms (stop words out, stemmed, CJK
+  bigrams) that one retrieved chunk contains;
+- `blend<s>`: the best `a * cosine + (1 - a) * coverage` of one chunk, with `a` the query's dense
+  weight scaled by s (a CJK query, whose MiniLM vector is noise, is judged by its coverage alone);
+  `blend1.0` is `rag.answering.retrieval.relevance`, the score RAG_MIN_RELEVANCE applies to.
 
 Positives are questions asked of the collection that holds their paragraph; negatives are questions
 that no document of the collection answers:
@@ -50,7 +51,8 @@ from rag.store.chunks import ChunkStore
 from rag.store.lexical import LexicalIndex
 
 THRESHOLDS = [round(0.01 * i, 2) for i in range(101)]
-SCORES = ("cosine", "coverage", "blend")
+BLENDS = (0.5, 1.0, 1.5)  # scales of the query's dense weight; 1.0 is what the answering core uses
+SCORES = ("cosine", "coverage", *(f"blend{b}" for b in BLENDS))
 
 
 @dataclass
@@ -130,7 +132,7 @@ class _AllIndexed:
 
 
 async def measure(chunks: dict[str, dict[str, tuple[str, str]]], asked: dict[str, list[Asked]],
-                  cache: EmbeddingCache, workdir: Path, k: int, blend: float) -> list[dict]:
+                  cache: EmbeddingCache, workdir: Path, k: int) -> list[dict]:
     """Per question: its kind, the scores, and the rank of its first answer-bearing chunk."""
     settings = Settings(data_dir=workdir)
     store = ChunkStore.open(settings)
@@ -155,7 +157,7 @@ async def measure(chunks: dict[str, dict[str, tuple[str, str]]], asked: dict[str
                 "kind": q.kind, "rank": rank,
                 "cosine": max((h.cosine for h in hits if h.cosine is not None), default=0.0),
                 "coverage": max((h.coverage for h in hits), default=0.0),
-                "blend": relevance(q.text, hits, settings, blend=blend),
+                **{f"blend{b}": relevance(q.text, hits, settings, blend=b) for b in BLENDS},
             })
     lexical.close()
     return rows
@@ -196,7 +198,6 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--questions", type=int, default=500, help="questions per group (a fixed hash sample)")
     parser.add_argument("--k", type=int, default=Settings().top_k, help="chunks retrieved per question (RAG_TOP_K)")
-    parser.add_argument("--blend", type=float, default=1.0, help="scales the dense share of the blend")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "rag-stack" / "bench")
     parser.add_argument("--json", type=Path, default=None, help="write the curves and the per-question scores here")
     args = parser.parse_args(argv)
@@ -206,10 +207,10 @@ def main(argv: list[str] | None = None) -> None:
     cache = EmbeddingCache(args.cache_dir / "minilm-relevance.npz", sentence_encoder(args.model_path))
     chunks, asked = build(args)
     with tempfile.TemporaryDirectory() as tmp:
-        rows = asyncio.run(measure(chunks, asked, cache, Path(tmp), args.k, args.blend))
+        rows = asyncio.run(measure(chunks, asked, cache, Path(tmp), args.k))
     counts = {kind: sum(r["kind"] == kind for r in rows) for kind in ("squad+", "cmrc+", "squad-", "cmrc-")}
     print(f"questions: {counts}; squad collection {len(chunks['squad'])} chunks, cmrc {len(chunks['cmrc'])}")
-    result: dict = {"questions": counts, "k": args.k, "blend": args.blend, "scores": {}}
+    result: dict = {"questions": counts, "k": args.k, "scores": {}}
     for score in SCORES:
         table = curve(rows, score)
         best = choose(table)

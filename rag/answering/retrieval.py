@@ -58,7 +58,7 @@ class RetrievedChunk:
     dense_rank: int | None  # 1-based rank in the dense candidates, None when not among them
     lexical_rank: int | None
     cosine: float | None = None  # raw cosine similarity to the query (None when not a dense candidate)
-    coverage: float = 0.0  # share of the query's search terms that the chunk contains
+    coverage: float = 0.0  # share of the query's search terms that the chunk contains, weighted by their IDF
 
 
 @dataclass
@@ -73,9 +73,10 @@ class _Candidate:
     metadata: dict[str, Any] = field(default_factory=dict)
     score: float = 0.0
 
-    def result(self, terms: set[str], tokenize: Any) -> RetrievedChunk:
+    def result(self, weights: dict[str, float], tokenize: Any) -> RetrievedChunk:
         text = self.text or ""
-        coverage = len(terms & set(tokenize(text))) / len(terms) if terms else 0.0
+        total = sum(weights.values())
+        coverage = sum(weights[t] for t in set(tokenize(text)) & weights.keys()) / total if total > 0 else 0.0
         return RetrievedChunk(
             self.chunk_id, self.doc_id, text, self.metadata, self.score, self.dense_rank, self.lexical_rank,
             self.dense_score, round(coverage, 4),
@@ -92,8 +93,8 @@ def relevance(query: str, hits: Sequence[RetrievedChunk], settings: Settings, *,
     """How well the best retrieved chunk matches the query, on one scale for every query (0-1).
 
     A chunk scores a * cosine + (1 - a) * coverage, with a the query's dense weight (times `blend`):
-    the raw cosine is the embedder's own scale and the coverage (the share of the query's search terms
-    the chunk holds) is the lexical one, so a CJK query that MiniLM cannot read is judged by its terms.
+    the raw cosine is the embedder's own scale and the coverage (the IDF-weighted share of the query's
+    search terms the chunk holds: a rare name counts more than "year") is the lexical one, so a CJK query that MiniLM cannot read is judged by its terms.
     The fused score cannot serve: it is normalised per query, so every query's best chunk scores 1.
     """
     a = min(1.0, dense_weight_for(query, settings) * blend)
@@ -179,8 +180,8 @@ class Retriever:
         top = ranked[:k]
         await self._attach_texts(collection, top)
         tokenize = self.lexical.tokenizer
-        terms = set(tokenize(query))
-        return [c.result(terms, tokenize) for c in top if c.text is not None]
+        weights = await asyncio.to_thread(self.lexical.idf, tokenize(query)) if top else {}
+        return [c.result(weights, tokenize) for c in top if c.text is not None]
 
     async def _candidates(
         self, query: str, collection: str, depth: int, only: list[str] | None, mode: str

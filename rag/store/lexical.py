@@ -18,6 +18,7 @@ dirty or out of step on opening, or written with another tokenizer, is rebuilt f
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import sqlite3
@@ -226,6 +227,16 @@ class LexicalIndex:
                 )
             }
         return [LexicalHit(*found[rowid], score) for (score, _), rowid in zip(hits, rowids) if rowid in found]
+
+    def idf(self, terms: Iterable[str]) -> dict[str, float]:
+        """BM25's inverse document frequency of each term over the whole index (all collections).
+
+        A term no chunk holds gets the highest weight: a question about something absent is off-topic.
+        """
+        self._follow_other_writers()
+        searcher = self._index.searcher()
+        n = searcher.num_docs
+        return {t: math.log(1 + (n - (df := searcher.doc_freq("tokens", t)) + 0.5) / (df + 0.5)) for t in set(terms)}
 
     # Internals.
 
