@@ -32,7 +32,7 @@ import anyio
 from rag.answering.budget import Candidate, PackedPrompt, PromptBudget
 from rag.answering.citations import check_citations
 from rag.answering.followup import SearchQuery, search_query
-from rag.answering.retrieval import relevance
+from rag.answering.retrieval import relevance, relevance_floor
 from rag.core.config import Settings
 from rag.core.errors import ContextOverflow, InvalidRequest, LLMUnavailable, RagError
 from rag.answering.gate import GenerationGate, Permit
@@ -180,7 +180,7 @@ class Answerer:
         good = [h for h in hits if h.score >= self.settings.min_score]
         below = [{"chunk_id": h.chunk_id, "reason": "below_min_score"} for h in hits if h.score < self.settings.min_score]
         reason = "no_match" if hits else "nothing_retrieved"
-        if good and relevance(searched.text, good, self.settings) < self.settings.min_relevance:
+        if good and relevance(searched.text, good, self.settings) < relevance_floor(searched.text, self.settings):
             reason, good = "not_relevant", []
             below = [{"chunk_id": h.chunk_id, "reason": "below_min_relevance"} for h in hits]
         if not good:

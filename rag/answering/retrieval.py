@@ -101,6 +101,12 @@ def relevance(query: str, hits: Sequence[RetrievedChunk], settings: Settings, *,
     return max((a * max(h.cosine or 0.0, 0.0) + (1 - a) * h.coverage for h in hits), default=0.0)
 
 
+def relevance_floor(query: str, settings: Settings) -> float:
+    """The query's "not in the documents" floor: the CJK one in proportion to its CJK characters."""
+    c = cjk_fraction(query)
+    return settings.min_relevance * (1 - c) + settings.min_relevance_cjk * c
+
+
 def min_max(scores: Sequence[float]) -> list[float]:
     """Scores mapped onto [0, 1]; a list of equal scores maps to 1."""
     if not scores:

@@ -78,8 +78,10 @@ class Settings(BaseSettings):
     reranker_timeout_s: float = Field(default=10.0, gt=0)
     rerank_depth: int = Field(default=20, ge=1, le=200)
     # "Not in the documents": a question whose best chunk scores under this relevance (raw cosine and
-    # term coverage, comparable across queries; bench/relevance_floor.py) gets the fixed answer.
-    min_relevance: float = Field(default=0.0, ge=0, le=1)
+    # term coverage, comparable across queries) gets the fixed answer; the CJK floor is for Chinese,
+    # Japanese and Korean queries, judged by their terms alone. Calibrated by bench/relevance_floor.py.
+    min_relevance: float = Field(default=0.35, ge=0, le=1)
+    min_relevance_cjk: float = Field(default=0.16, ge=0, le=1)
     # Follow-ups: how the searched query is made from the conversation (rag/answering/followup.py), and
     # the share of the prompt budget kept for the latest turn pair before sources fill the rest.
     followup_rewrite: Literal["off", "rule", "generator"] = "rule"
