@@ -124,7 +124,7 @@ async def run(args: argparse.Namespace) -> dict:
         ranks: dict[str, list[int | None]] = {"original": [], "followup": [], "rule": [], "generator": []}
         ms: dict[str, list[float]] = {"rule": [], "generator": []}
         rewrites = []
-        for n, item in enumerate(followups):
+        for n, item in enumerate(followups):  # rewrite everything first: one batch of query embeddings
             queries = {"original": item.original, "followup": item.followup}
             started = time.perf_counter()
             queries["rule"] = rule_rewrite(item.history(), item.followup).text
@@ -133,10 +133,11 @@ async def run(args: argparse.Namespace) -> dict:
                 started = time.perf_counter()
                 queries["generator"] = (await generator_rewrite(llm, item.history(), item.followup)).text
                 ms["generator"].append((time.perf_counter() - started) * 1000)
-            cache.embed(list(queries.values()))
+            rewrites.append(queries)
+        cache.embed(sorted({q for queries in rewrites for q in queries.values()}))
+        for item, queries in zip(followups, rewrites):
             for name, query in queries.items():
                 ranks[name].append(found_at(await retriever.search(query, collection=COLLECTION, k=5), item))
-            rewrites.append({"followup": item.followup, **{k: v for k, v in queries.items() if k != "followup"}})
         lexical.close()
         if llm is not None:
             await llm.aclose()
@@ -152,6 +153,7 @@ async def run(args: argparse.Namespace) -> dict:
         "rewrite_ms": {name: {"p50": round(statistics.median(v), 3), "max": round(max(v), 3)}
                        for name, v in ms.items() if v},
         "rewritten_by_rule": sum(r["rule"] != r["followup"] for r in rewrites),
+        "load_average": open("/proc/loadavg").read().split()[:3],
         "examples": rewrites[:12],
     }
     original = result["recall@5"]["original"]

@@ -45,12 +45,20 @@ from pathlib import Path
 import numpy as np
 
 from bench.retrieval_quality import DATA, DATASETS, EmbeddingCache, make_splitter, sentence_encoder
-from rag.answering.retrieval import Retriever, relevance
+from rag.answering.retrieval import Retriever, relevance, relevance_floor
 from rag.core.config import Settings
 from rag.store.chunks import ChunkStore
 from rag.store.lexical import LexicalIndex
 
 THRESHOLDS = [round(0.01 * i, 2) for i in range(101)]
+KINDS = {
+    "squad+": "SQuAD questions, their article in the SQuAD collection",
+    "cmrc+": "CMRC questions, against the CMRC collection",
+    "squad-": "SQuAD questions of other articles, against the SQuAD collection (hard: same style, same wiki)",
+    "squad-x": "SQuAD questions against the CMRC collection (unrelated documents)",
+    "cmrc-": "CMRC questions against the SQuAD collection",
+}
+ISSUE_NEGATIVES = ("cmrc-", "squad-x")  # the negatives as the target defines them; squad- is reported apart
 BLENDS = (0.5, 1.0, 1.5)  # scales of the query's dense weight; 1.0 is what the answering core uses
 SCORES = ("cosine", "coverage", *(f"blend{b}" for b in BLENDS))
 
@@ -59,7 +67,7 @@ SCORES = ("cosine", "coverage", *(f"blend{b}" for b in BLENDS))
 class Asked:
     """One question against one collection."""
 
-    kind: str  # squad+ | cmrc+ | squad- | cmrc-
+    kind: str  # squad+ | cmrc+ (positives) | squad- | squad-x | cmrc- (negatives): see KINDS
     text: str
     answers: list[str]
     doc_id: str | None  # its paragraph, when the collection holds it
@@ -111,9 +119,11 @@ def build(args: argparse.Namespace) -> tuple[dict[str, dict[str, tuple[str, str]
             cmrc.extend(Asked("cmrc+", q, ans, doc_id) for q, ans in qas)
     cmrc_pos = sample(cmrc, args.questions)
     cmrc_neg = [Asked("cmrc-", q.text, q.answers, None) for q in sample(cmrc, 2 * args.questions)[args.questions:]]
+    squad_neg = sample(neg, args.questions)
+    unrelated = [Asked("squad-x", q.text, q.answers, None) for q in squad_neg]
     asked = {
-        "squad": sample(pos, args.questions) + sample(neg, args.questions) + cmrc_neg,
-        "cmrc": cmrc_pos,
+        "squad": sample(pos, args.questions) + squad_neg + cmrc_neg,
+        "cmrc": cmrc_pos + unrelated,
     }
     return {"squad": squad_chunks, "cmrc": cmrc_chunks}, asked
 
@@ -154,7 +164,7 @@ async def measure(chunks: dict[str, dict[str, tuple[str, str]]], asked: dict[str
                          and any(" ".join(a.lower().split()) in " ".join(h.text.lower().split()) for a in q.answers)),
                         None)
             rows.append({
-                "kind": q.kind, "rank": rank,
+                "kind": q.kind, "text": q.text, "rank": rank,
                 "cosine": max((h.cosine for h in hits if h.cosine is not None), default=0.0),
                 "coverage": max((h.coverage for h in hits), default=0.0),
                 **{f"blend{b}": relevance(q.text, hits, settings, blend=b) for b in BLENDS},
@@ -163,35 +173,63 @@ async def measure(chunks: dict[str, dict[str, tuple[str, str]]], asked: dict[str
     return rows
 
 
-def curve(rows: Sequence[dict], score: str) -> list[dict]:
-    kinds = {kind: [r for r in rows if r["kind"] == kind] for kind in ("squad+", "cmrc+", "squad-", "cmrc-")}
-    negatives = kinds["squad-"] + kinds["cmrc-"]
-    positives = kinds["squad+"] + kinds["cmrc+"]
+def _share(rows: Sequence[dict], test: Callable[[dict], bool]) -> float:
+    return round(sum(map(test, rows)) / len(rows), 4) if rows else 0.0
+
+
+def _found5(r: dict) -> bool:
+    return r["rank"] is not None and r["rank"] <= 5
+
+
+def curve(rows: Sequence[dict], score: str, positive: str, negatives: Sequence[str]) -> list[dict]:
+    """Per threshold: the share of each negative group refused, of positives kept, and positives' R@5."""
+    pos = [r for r in rows if r["kind"] == positive]
     out = []
     for t in THRESHOLDS:
-        def passed(rs: Sequence[dict]) -> float:
-            return sum(r[score] >= t for r in rs) / len(rs)
-
-        squad = kinds["squad+"]
-        out.append({
-            "threshold": t,
-            "negatives_refused": round(1 - passed(negatives), 4),
-            "squad_negatives_refused": round(1 - passed(kinds["squad-"]), 4),
-            "cmrc_negatives_refused": round(1 - passed(kinds["cmrc-"]), 4),
-            "positives_kept": round(passed(positives), 4),
-            "squad_positives_kept": round(passed(squad), 4),
-            "cmrc_positives_kept": round(passed(kinds["cmrc+"]), 4),
-            "squad_recall@5": round(sum(r["rank"] is not None and r["rank"] <= 5 and r[score] >= t
-                                        for r in squad) / len(squad), 4),
-        })
+        row = {"threshold": t, "kept": _share(pos, lambda r: r[score] >= t),
+               "recall@5": _share(pos, lambda r: _found5(r) and r[score] >= t)}
+        for kind in negatives:
+            row[f"refused {kind}"] = _share([r for r in rows if r["kind"] == kind], lambda r: r[score] < t)
+        out.append(row)
     return out
 
 
 def choose(table: list[dict]) -> dict:
-    """The highest threshold within the positive targets."""
-    base = table[0]["squad_recall@5"]
-    ok = [row for row in table if row["positives_kept"] >= 0.97 and base - row["squad_recall@5"] <= 0.01]
-    return max(ok, key=lambda row: row["threshold"])
+    """The highest threshold that keeps >= 97% of the positives and their R@5 within 0.01."""
+    base = table[0]["recall@5"]
+    return max((r for r in table if r["kept"] >= 0.97 and base - r["recall@5"] <= 0.01 + 1e-9),
+               key=lambda r: r["threshold"])
+
+
+def production(rows: Sequence[dict], floors: tuple[float, float]) -> dict:
+    """Every group under the per-query floor of the answering core (relevance_floor), on its score."""
+    settings = Settings(min_relevance=floors[0], min_relevance_cjk=floors[1])
+
+    def passes(r: dict) -> bool:
+        return r["blend1.0"] >= relevance_floor(r["text"], settings)
+
+    by = {kind: [r for r in rows if r["kind"] == kind] for kind in KINDS}
+    out = {"min_relevance": floors[0], "min_relevance_cjk": floors[1]}
+    for kind in KINDS:
+        out[("kept " if kind.endswith("+") else "refused ") + kind] = _share(
+            by[kind], passes if kind.endswith("+") else (lambda r: not passes(r)))
+    out["refused, negatives of the target (cmrc-, squad-x)"] = _share(
+        [r for k in ISSUE_NEGATIVES for r in by[k]], lambda r: not passes(r))
+    out["refused, all negatives (with the hard squad-)"] = _share(
+        [r for k in KINDS if not k.endswith("+") for r in by[k]], lambda r: not passes(r))
+    out["kept, all positives"] = _share(by["squad+"] + by["cmrc+"], passes)
+    out["squad recall@5 without floor"] = _share(by["squad+"], _found5)
+    out["squad recall@5 with floor"] = _share(by["squad+"], lambda r: _found5(r) and passes(r))
+    return out
+
+
+def _print_curve(title: str, table: list[dict], best: dict) -> None:
+    print(f"\n== {title}: chosen {best['threshold']:.2f}")
+    keys = list(table[0])
+    print("  " + "  ".join(f"{k:>16}" for k in keys))
+    for row in table:
+        if round(row["threshold"] * 100) % 5 == 0 or row is best:
+            print("  " + "  ".join(f"{row[k]:>16.3f}" for k in keys) + ("  <- chosen" if row is best else ""))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -208,21 +246,26 @@ def main(argv: list[str] | None = None) -> None:
     chunks, asked = build(args)
     with tempfile.TemporaryDirectory() as tmp:
         rows = asyncio.run(measure(chunks, asked, cache, Path(tmp), args.k))
-    counts = {kind: sum(r["kind"] == kind for r in rows) for kind in ("squad+", "cmrc+", "squad-", "cmrc-")}
+    counts = {kind: sum(r["kind"] == kind for r in rows) for kind in KINDS}
     print(f"questions: {counts}; squad collection {len(chunks['squad'])} chunks, cmrc {len(chunks['cmrc'])}")
-    result: dict = {"questions": counts, "k": args.k, "scores": {}}
+    print(f"load average: {open('/proc/loadavg').read().split()[:3]}")
+    result: dict = {"kinds": KINDS, "questions": counts, "k": args.k, "scores": {}}
     for score in SCORES:
-        table = curve(rows, score)
-        best = choose(table)
-        result["scores"][score] = {"chosen": best, "curve": table}
-        print(f"\n== {score}: chosen floor {best['threshold']:.2f}")
-        print("  floor  neg-refused (squad/cmrc)  pos-kept (squad/cmrc)  squad R@5")
-        for row in table:
-            if row["threshold"] * 100 % 5 == 0 or row is best:
-                print(f"  {row['threshold']:.2f}   {row['negatives_refused']:.3f} ({row['squad_negatives_refused']:.3f}"
-                      f"/{row['cmrc_negatives_refused']:.3f})    {row['positives_kept']:.3f} "
-                      f"({row['squad_positives_kept']:.3f}/{row['cmrc_positives_kept']:.3f})   "
-                      f"{row['squad_recall@5']:.3f}{'  <- chosen' if row is best else ''}")
+        english = curve(rows, score, "squad+", ("squad-", "squad-x", "cmrc-"))
+        cjk = curve(rows, score, "cmrc+", ("cmrc-", "squad-x"))
+        result["scores"][score] = {"english": {"chosen": choose(english), "curve": english},
+                                   "cjk": {"chosen": choose(cjk), "curve": cjk}}
+        if score in ("cosine", "blend1.0"):
+            _print_curve(f"{score}, English floor (squad+ positives)", english, choose(english))
+            _print_curve(f"{score}, CJK floor (cmrc+ positives)", cjk, choose(cjk))
+        else:
+            print(f"\n== {score}: English floor {choose(english)}\n   CJK floor {choose(cjk)}")
+    chosen = result["scores"]["blend1.0"]
+    floors = (chosen["english"]["chosen"]["threshold"], chosen["cjk"]["chosen"]["threshold"])
+    result["production"] = production(rows, floors)
+    print("\n== the answering core's floors (relevance, RAG_MIN_RELEVANCE / RAG_MIN_RELEVANCE_CJK)")
+    for key, value in result["production"].items():
+        print(f"  {key:<52} {value}")
     if args.json:
         result["rows"] = rows
         args.json.write_text(json.dumps(result, indent=1))

@@ -154,3 +154,50 @@ def test_a_follow_up_is_searched_with_its_previous_question_and_the_query_is_sho
     assert data["sources"]["rewrite"] == "rule"
     assert data["sources"]["sources"][0]["doc_id"] == "eiffel.txt"
     assert data["budget"]["kept_turns"] == 1
+
+
+# ---------------------------------------------------------------- the real stack
+
+
+def _chat(url: str, messages: list[dict[str, str]]) -> dict:
+    from tests.chat_helpers import chat_events
+
+    events = chat_events(url, {"messages": messages, "max_tokens": 8, "temperature": 0})
+    return {e.event: e.data for e in events}
+
+
+@pytest.mark.integration
+def test_an_off_topic_question_is_not_in_the_documents(backend_settings: Settings, llama_server) -> None:
+    from tests.chat_helpers import prompt_tokens_total, serve, upload
+
+    with serve(backend_settings) as url:
+        upload(url)
+        before = prompt_tokens_total(llama_server.url)
+        off = _chat(url, [{"role": "user", "content": "Who won the 2014 FIFA World Cup final?"}])
+        assert off["sources"]["sources"] == [] and off["done"]["no_sources"] == "not_relevant"
+        assert off["citations"] == {"citations": [], "invalid": []}
+        assert prompt_tokens_total(llama_server.url) == before, "no generation"
+        on = _chat(url, [{"role": "user", "content": "How tall is the Eiffel Tower?"}])
+        assert on["sources"]["sources"][0]["source"] == "eiffel.txt"
+
+
+@pytest.mark.integration
+def test_a_follow_up_with_a_pronoun_retrieves_the_paragraph_of_the_previous_turn(backend_settings: Settings) -> None:
+    from tests.chat_helpers import changed, serve, upload
+
+    conversation = [
+        {"role": "user", "content": "How tall is the Eiffel Tower?"},
+        {"role": "assistant", "content": "330 metres."},
+        {"role": "user", "content": "What is it made of?"},
+    ]
+    with serve(backend_settings) as url:
+        upload(url)
+        data = _chat(url, conversation)
+    assert data["sources"]["rewrite"] == "rule"
+    assert data["sources"]["query"] == "How tall is the Eiffel Tower? What is it made of?"
+    assert data["sources"]["sources"][0]["source"] == "eiffel.txt"
+    assert "wrought-iron" in data["sources"]["sources"][0]["text"]
+    assert data["budget"]["kept_turns"] == 1
+    with serve(changed(backend_settings, followup_rewrite="off")) as url:
+        alone = _chat(url, conversation)
+    assert alone["sources"]["query"] == "What is it made of?" and alone["sources"]["sources"] == []
