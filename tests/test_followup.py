@@ -201,3 +201,22 @@ def test_a_follow_up_with_a_pronoun_retrieves_the_paragraph_of_the_previous_turn
     with serve(changed(backend_settings, followup_rewrite="off")) as url:
         alone = _chat(url, conversation)
     assert alone["sources"]["query"] == "What is it made of?" and alone["sources"]["sources"] == []
+
+
+def test_an_off_topic_question_over_the_budget_is_still_refused_with_the_numbers() -> None:
+    from rag.core.errors import QuestionTooLong
+
+    server = ReplayLlamaServer("never", n_ctx=200)
+    retriever = OverlapRetriever([("eiffel.txt", "The Eiffel Tower is in Paris.")])
+
+    async def go():
+        llm = LlamaServerClient("http://llama.test", transport=server.transport())
+        try:
+            answerer = Answerer(llm, retriever, Settings(min_relevance=0.5))
+            await answerer.start(ChatQuery([{"role": "user", "content": "Why the match? " * 100}], "default", 8, 16))
+        finally:
+            await llm.aclose()
+
+    with pytest.raises(QuestionTooLong) as caught:
+        asyncio.run(go())
+    assert caught.value.detail["limit"] == 200 - 16 and server.prompts == []

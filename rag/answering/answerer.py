@@ -34,7 +34,7 @@ from rag.answering.citations import check_citations
 from rag.answering.followup import SearchQuery, search_query
 from rag.answering.retrieval import relevance, relevance_floor
 from rag.core.config import Settings
-from rag.core.errors import ContextOverflow, InvalidRequest, LLMUnavailable, RagError
+from rag.core.errors import BackendUnavailable, ContextOverflow, InvalidRequest, LLMUnavailable, RagError, UpstreamError
 from rag.answering.gate import GenerationGate, Permit
 from rag.clients.llm import LlamaServerClient, ServerProps, StreamDelta, StreamEnd
 from rag.answering.prompt import Message, no_sources_answer
@@ -184,7 +184,7 @@ class Answerer:
             reason, good = "not_relevant", []
             below = [{"chunk_id": h.chunk_id, "reason": "below_min_relevance"} for h in hits]
         if not good:
-            await _discard(ahead)  # no model call: llama-server may even be down
+            await self._question_fits(ahead, query, question)
             return NoSourcesAnswer(query, clock, reason, below, searched=searched)
         props, _ = await ahead
         by_id = {f"S{i}": hit for i, hit in enumerate(good, 1)}
@@ -197,6 +197,17 @@ class Answerer:
         permit = await self.gate.acquire()
         clock.mark("admitted")
         return Answer(self, query, history, question, candidates, by_id, packed, permit, clock, searched=searched)
+
+    async def _question_fits(self, ahead: asyncio.Future[Any], query: ChatQuery, question: str) -> None:
+        """Raise QuestionTooLong for a question alone over the budget, even when nothing will be generated.
+
+        No model call either way: llama-server counts tokens, and when it is down the fixed answer needs it not.
+        """
+        try:
+            props, _ = await ahead
+        except (BackendUnavailable, UpstreamError):
+            return
+        await self._pack(query, [], question, [], props.n_ctx)
 
     async def _pack(
         self, query: ChatQuery, history: list[Message], question: str, candidates: list[Candidate], n_ctx: int,
