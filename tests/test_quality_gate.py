@@ -19,7 +19,7 @@ from tests.conftest import SHARED_DATA
 from tests.servers import Server
 
 BASELINES = Path(__file__).resolve().parent / "baselines"
-MAX_DROP = 0.02  # one question of 60 (0.017) may move; two fail
+MAX_DROP = 0.01  # any question of 60 lost (0.017) fails: the runs are deterministic
 SLICES = [("squad-v1.1-dev.json", "squad-retrieval.json"), ("cmrc2018-trial.json", "cmrc-retrieval.json")]
 
 
