@@ -93,6 +93,18 @@ class _Clock:
         return round((self.marks[end] - begin) * 1000, 1)
 
 
+def cut_off(hits: Sequence[Hit], share: float) -> tuple[list[Hit], list[Hit]]:
+    """(kept, cut): hits scoring below `share` of the best one are not worth their prefill time.
+
+    Only for positive scores (fused ones lie in [0, 1]); a reranker's logits can be negative.
+    """
+    best = max((h.score for h in hits), default=0.0)
+    if best <= 0:
+        return list(hits), []
+    floor = share * best
+    return [h for h in hits if h.score >= floor], [h for h in hits if h.score < floor]
+
+
 def split_question(messages: Sequence[Message]) -> tuple[list[Message], str]:
     """(history, question): the question is the last message, which must come from the user."""
     if not messages:
@@ -183,6 +195,8 @@ class Answerer:
         if good and relevance(searched.text, good, self.settings) < relevance_floor(searched.text, self.settings):
             reason, good = "not_relevant", []
             below = [{"chunk_id": h.chunk_id, "reason": "below_min_relevance"} for h in hits]
+        good, far = cut_off(good, self.settings.pack_relative_score)
+        below += [{"chunk_id": h.chunk_id, "reason": "far_below_best"} for h in far]
         if not good:
             await self._question_fits(ahead, query, question)
             return NoSourcesAnswer(query, clock, reason, below, searched=searched)
