@@ -631,7 +631,8 @@ def _lexical_context(metadata: dict) -> str:
     BM25 recall@5 rose from 0.934 to 0.971 on CMRC and from 0.942 to 0.948 on SQuAD. A generated name
     (`squad-v1.1-dev-00092`, `scan_000123`, a hash) says nothing about the content and only adds
     shared terms to every chunk: indexed with such stems, hybrid R@1 fell from 0.900 to 0.867 on a
-    30-question SQuAD slice of `rag eval`.
+    30-question SQuAD slice of `rag eval` (0.900 to 0.883 on 60); without them, on 200 questions,
+    hybrid is unchanged (R@1 0.880, R@5 0.970) and lexical R@1/R@5 rise from 0.865/0.970 to 0.870/0.975.
     """
     source = str(metadata.get("source", ""))
     stem = source.rsplit(".", 1)[0].replace("_", " ").replace("-", " ")
