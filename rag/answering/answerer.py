@@ -366,7 +366,8 @@ class NoSourcesAnswer(Answer):
             return Event("budget", self.packed.to_dict())
         return Event("budget", {
             "n_ctx": None, "reserve": self.query.max_tokens, "limit": None, "used": 0, "system": 0, "history": 0,
-            "question": 0, "chunks": [], "dropped": self.dropped, "dropped_turns": 0,
+            "question": 0, "chunks": [], "dropped": self.dropped, "dropped_turns": 0, "kept_turns": 0,
+            "latest_turn_reserved": 0,
         })
 
     async def events(self) -> AsyncIterator[Event]:
