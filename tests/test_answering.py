@@ -91,7 +91,7 @@ def test_no_sources_means_a_fixed_answer_and_no_model_call():
     data = by_name(events)
     assert retriever.calls == 1
     assert server.prompts == []
-    assert data["sources"] == {"sources": []}
+    assert data["sources"] == {"sources": [], "query": "Quantum chromodynamics?", "rewrite": "off"}
     assert "".join(e.data["text"] for e in events if e.name == "token") == no_sources_answer("default")
     assert data["citations"] == {"citations": [], "invalid": [], "echoed": [], "sentences": []}
     assert data["done"]["no_sources"] == "nothing_retrieved"

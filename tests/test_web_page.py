@@ -258,7 +258,7 @@ def test_stop_ends_the_stream_and_frees_the_slot(context, endless_api, endless_l
     doc.write_text("Counting practice: one, two, three, four, five, six, seven, eight, nine, ten.\n")
     expect(upload(page, doc)).to_have_attribute("data-status", "indexed")
 
-    answer = ask(page, "Count from 1 to 1000, separated by commas, and never stop.", max_tokens=2000)
+    answer = ask(page, "Which numbers does the counting practice list?", max_tokens=2000)
     page.wait_for_function(
         "() => document.querySelector('li.message.assistant:last-child .answer').textContent.length > 20",
         timeout=ANSWER_TIMEOUT_MS,
@@ -458,7 +458,7 @@ def test_scripted_stream_renders_markdown_citations_budget_and_errors_safely(con
                          "2. If that fails, a factory reset [S2] clears every setting; ask support [S9] first.\n"]),
         scripted_answer(MARKUP),
         {"status": 200, "content_type": "text/event-stream",
-         "body": sse([("sources", {"sources": []}),
+         "body": sse([("sources", {"sources": [], "query": "Show me the raw notes. And then?", "rewrite": "rule"}),
                       ("error", {"code": "upstream_error", "message": "llama-server closed the stream"})])},
         json_error(503, {"code": "llm_unavailable", "message": "llama-server is loading its model"}),
         json_error(429, {"code": "busy", "message": "8 questions are waiting", "detail": {"retry_after": 3}}),
@@ -516,6 +516,9 @@ def test_scripted_stream_renders_markdown_citations_budget_and_errors_safely(con
     wait_finished(failed)
     expect(failed).to_have_attribute("data-state", "error")
     expect(failed.locator(".status")).to_have_text("The answer failed. llama-server closed the stream.")
+    # The query searched for a follow-up is shown, so a wrong rewrite is visible.
+    expect(failed.locator(".sources summary .searched")).to_contain_text("rewritten from the conversation")
+    expect(failed.locator(".searched-query")).to_have_text("Show me the raw notes. And then?")
     unavailable = ask(page, "Still there?")
     wait_finished(unavailable)
     expect(unavailable.locator(".status")).to_have_text(

@@ -57,6 +57,8 @@ class RetrievedChunk:
     score: float
     dense_rank: int | None  # 1-based rank in the dense candidates, None when not among them
     lexical_rank: int | None
+    cosine: float | None = None  # raw cosine similarity to the query (None when not a dense candidate)
+    coverage: float = 0.0  # share of the query's search terms that the chunk contains, weighted by their IDF
 
 
 @dataclass
@@ -71,9 +73,13 @@ class _Candidate:
     metadata: dict[str, Any] = field(default_factory=dict)
     score: float = 0.0
 
-    def result(self) -> RetrievedChunk:
+    def result(self, weights: dict[str, float], tokenize: Any) -> RetrievedChunk:
+        text = self.text or ""
+        total = sum(weights.values())
+        coverage = sum(weights[t] for t in set(tokenize(text)) & weights.keys()) / total if total > 0 else 0.0
         return RetrievedChunk(
-            self.chunk_id, self.doc_id, self.text or "", self.metadata, self.score, self.dense_rank, self.lexical_rank
+            self.chunk_id, self.doc_id, text, self.metadata, self.score, self.dense_rank, self.lexical_rank,
+            self.dense_score, round(coverage, 4),
         )
 
 
@@ -81,6 +87,24 @@ def dense_weight_for(query: str, settings: Settings) -> float:
     """The query's dense weight: the CJK weight in proportion to the query's CJK characters."""
     c = cjk_fraction(query)
     return settings.hybrid_dense_weight * (1 - c) + settings.hybrid_dense_weight_cjk * c
+
+
+def relevance(query: str, hits: Sequence[RetrievedChunk], settings: Settings, *, blend: float = 1.0) -> float:
+    """How well the best retrieved chunk matches the query, on one scale for every query (0-1).
+
+    A chunk scores a * cosine + (1 - a) * coverage, with a the query's dense weight (times `blend`):
+    the raw cosine is the embedder's own scale and the coverage (the IDF-weighted share of the query's
+    search terms the chunk holds: a rare name counts more than "year") is the lexical one, so a CJK query that MiniLM cannot read is judged by its terms.
+    The fused score cannot serve: it is normalised per query, so every query's best chunk scores 1.
+    """
+    a = min(1.0, dense_weight_for(query, settings) * blend)
+    return max((a * max(h.cosine or 0.0, 0.0) + (1 - a) * h.coverage for h in hits), default=0.0)
+
+
+def relevance_floor(query: str, settings: Settings) -> float:
+    """The query's "not in the documents" floor: the CJK one in proportion to its CJK characters."""
+    c = cjk_fraction(query)
+    return settings.min_relevance * (1 - c) + settings.min_relevance_cjk * c
 
 
 def min_max(scores: Sequence[float]) -> list[float]:
@@ -161,7 +185,9 @@ class Retriever:
             ranked = await self._rerank(query, collection, ranked[: max(k, self.settings.rerank_depth)])
         top = ranked[:k]
         await self._attach_texts(collection, top)
-        return [c.result() for c in top if c.text is not None]
+        tokenize = self.lexical.tokenizer
+        weights = await asyncio.to_thread(self.lexical.idf, tokenize(query)) if top else {}
+        return [c.result(weights, tokenize) for c in top if c.text is not None]
 
     async def _candidates(
         self, query: str, collection: str, depth: int, only: list[str] | None, mode: str

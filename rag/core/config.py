@@ -77,6 +77,15 @@ class Settings(BaseSettings):
     reranker_model: str = "reranker"
     reranker_timeout_s: float = Field(default=10.0, gt=0)
     rerank_depth: int = Field(default=20, ge=1, le=200)
+    # "Not in the documents": a question whose best chunk scores under this relevance (raw cosine and
+    # term coverage, comparable across queries) gets the fixed answer; the CJK floor is for Chinese,
+    # Japanese and Korean queries, judged by their terms alone. Calibrated by bench/relevance_floor.py.
+    min_relevance: float = Field(default=0.35, ge=0, le=1)
+    min_relevance_cjk: float = Field(default=0.16, ge=0, le=1)
+    # Follow-ups: how the searched query is made from the conversation (rag/answering/followup.py), and
+    # the share of the prompt budget kept for the latest turn pair before sources fill the rest.
+    followup_rewrite: Literal["off", "rule", "generator"] = "rule"
+    history_share: float = Field(default=0.25, ge=0, le=0.9)
 
     # Ingestion.
     chunk_tokens: int = Field(default=200, ge=16)
