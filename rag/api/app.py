@@ -9,7 +9,7 @@ from fastapi import Depends, FastAPI
 
 from rag.api.deps import require_api_key
 from rag.api.errors import install_error_handlers
-from rag.api.routes import chat, documents, health, openai_compat, web
+from rag.api.routes import chat, documents, health, models, openai_compat, web
 from rag.api.services import Services, build_services
 from rag.core.config import Settings, get_settings
 
@@ -34,5 +34,6 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.include_router(documents.router, prefix="/v1", dependencies=protected)
     app.include_router(chat.router, prefix="/v1", dependencies=protected)
     app.include_router(openai_compat.router, prefix="/v1", dependencies=protected)
+    app.include_router(models.router, prefix="/v1", dependencies=protected)
     app.include_router(web.router)
     return app
