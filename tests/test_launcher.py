@@ -99,7 +99,7 @@ def test_rag_up_refuses_a_busy_port(isolated_env: Path, generator_model: Path):
         done = subprocess.run([sys.executable, "-m", "rag.cli", "up"], env=env, capture_output=True, text=True,
                               timeout=120)
     assert done.returncode == 1
-    assert f"port {port}" in done.stderr and "busy" in done.stderr
+    assert f"port {port}" in done.stderr and "busy" in done.stderr and "RAG_API_PORT" in done.stderr
 
 
 def test_rag_up_stops_the_rest_when_a_part_fails(isolated_env: Path, tmp_path: Path):
@@ -109,3 +109,13 @@ def test_rag_up_stops_the_rest_when_a_part_fails(isolated_env: Path, tmp_path: P
     done = subprocess.run([sys.executable, "-m", "rag.cli", "up"], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert "llama-server exited during start-up" in done.stderr
+
+
+def test_logs_are_kept_per_run_and_rotated(tmp_path: Path):
+    from rag.deploy.runlogs import new_run_dir, run_dirs
+
+    logs = tmp_path / "logs"
+    made = [new_run_dir(logs, keep=3) for _ in range(5)]
+    assert run_dirs(logs) == made[-3:], "the newest three runs stay, in order"
+    assert (logs / "latest").resolve() == made[-1].resolve()
+    assert len({p.name for p in made}) == 5, "runs in one second get folders of their own"
