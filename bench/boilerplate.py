@@ -12,7 +12,7 @@ chunk, decided from the source page and not from the extractor:
   entry "ffi_call: | | The Basics");
 - a chunk is *boilerplate* when navigation lines hold at least half of its non-space characters.
 
-Also counted: chunks that still hold ANSI escape sequences or C0 control characters, in every file the
+Also counted: chunks that still hold ANSI escape sequences (or their remains, "[1m") or control characters, in every file the
 loader takes under --root (text files too; `NAME.txt.gz`, `.md.gz` and `.html.gz` are unpacked first,
 as a user would before ingesting them, among them man-db's manual with its terminal colour codes). The results give the share of boilerplate chunks and the
 characters of non-boilerplate text kept, so a drop in boilerplate that also lost content would show.
@@ -43,7 +43,8 @@ from rag.core.errors import RagError  # noqa: E402
 
 NAV_WORDS = re.compile(r"\b(next|previous|prev|up|home|index|contents|top|jump to)\b", re.I)
 LETTER = re.compile(r"[^\W\d_]")
-DIRTY = re.compile(r"\x1b|[\x00-\x08\x0b\x0e-\x1f\x7f]")
+# An escape or control character, or what an older loader left of a colour code once it dropped the ESC.
+DIRTY = re.compile(r"\x1b|[\x00-\x08\x0b\x0e-\x1f\x7f]|\[[0-9;]{1,8}m")
 
 
 def link_texts(html: bytes) -> list[str]:

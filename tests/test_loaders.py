@@ -240,12 +240,13 @@ def test_html_drops_navigation_blocks_and_furniture_but_keeps_cross_references(l
 <p>libffi assumes that you have a pointer to the function. See <a href="t.html">Types</a>.</p>
 <ul class="mini-toc"><li><a href="a.html">Arrays</a></li><li><a href="b.html">Unions</a></li></ul>
 <p>Function: ffi_status ffi_prep_cif (ffi_cif *cif)</p>
+<p>message <a href="#s">&lt;string&gt;</a> | <a href="#e">&lt;Error&gt;</a></p>
 <p>Next: <a href="s.html">Simple Example</a>, Up: <a href="u.html">Using libffi</a></p>
 </div><div id="sidebar">Popular posts this week</div></body></html>"""
     doc = load(page, "basics.html")
     assert doc.text == (
         "2.1 The Basics\n\nlibffi assumes that you have a pointer to the function. See Types.\n\n"
-        "Function: ffi_status ffi_prep_cif (ffi_cif *cif)"
+        "Function: ffi_status ffi_prep_cif (ffi_cif *cif)\n\nmessage <string> | <Error>"
     )
     assert [s.headings for s in doc.sections] == [("2.1 The Basics",)]
 

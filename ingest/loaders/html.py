@@ -9,11 +9,12 @@ main content. When the page marks its main content (`<main>`, `role="main"`, a s
 that is kept.
 
 Readability-style rules drop the rest of the boilerplate that pages do not mark with tags:
-- elements whose class or id names page furniture (readability's "unlikely candidates": header, footer,
-  nav, menu, sidebar, breadcrumbs, pagination, toc, related...), unless they also name content;
-- blocks that are mostly link text with nothing else but separators ("Next: Simple Example, Up: Using
-  libffi [Index]", an index entry, a table of contents line): at least half their letters are link text
-  and either two links or fewer than three letters outside the links;
+- block elements whose class or id names page furniture (readability's "unlikely candidates": header,
+  footer, nav, menu, sidebar, breadcrumbs, pagination, toc, related...), unless they also name content;
+- blocks of links, separators and navigation words ("Next: Simple Example, Up: Using libffi [Index]", a
+  table of contents line): at least half their letters are link text, and outside the links fewer than
+  three letters remain once Next/Previous/Up/Home/Index/Contents/Top and the like are taken out (so
+  "See Types." and "message <string> | <Error>" stay);
 - text hidden by CSS where the page says so itself: `font-size: 0`, `opacity: 0`, off-screen positions
   or indents (-999px and beyond), a zero clip, a colour equal to the background it sits on (white on
   white), the classes that frameworks hide (`hidden`, `d-none`, `sr-only`, `visually-hidden`...), and
@@ -73,6 +74,7 @@ _SIMPLE_SELECTOR = re.compile(r"^\s*([.#])([-\w]+)\s*$")
 _COLOR = re.compile(r"(?<![-\w])(background(?:-color)?|color)\s*:\s*([^;!]+)", re.I)
 _NAMED = {"white": "#ffffff", "black": "#000000", "transparent": None}
 _LETTER = re.compile(r"[^\W\d_]")
+_NAV_WORDS = re.compile(r"\b(?:next|previous|prev|up|home|index|contents|top|back|forward|jump to|go to|toc)\b", re.I)
 _SPACE = re.compile(r"[ \t\n\r\f\v\u00a0\u200b]+")
 _BREAK = "\x00"  # stands for <br> until whitespace is collapsed
 
@@ -182,10 +184,11 @@ def _collapse(text: str) -> str:
     return "\n".join(_SPACE.sub(" ", clean(line)).strip() for line in text.split(_BREAK)).strip()
 
 
-def _navigation(text: str, link_letters: int, links: int) -> bool:
-    """A block of links and separators: most letters are link text, and little else is there."""
+def _navigation(text: str, link_letters: int, plain: str) -> bool:
+    """A block of links, separators and navigation words: at least half its letters are link text, and
+    the text outside the links keeps fewer than 3 letters once the navigation words are taken out."""
     letters = len(_LETTER.findall(text))
-    return letters > 0 and link_letters * 2 >= letters and (links >= 2 or letters - link_letters < 3)
+    return letters > 0 and link_letters * 2 >= letters and len(_LETTER.findall(_NAV_WORDS.sub(" ", plain))) < 3
 
 
 @dataclass
@@ -205,7 +208,7 @@ class _Walker:
         self.rules = rules
         self.inline: list[str] = []
         self.link_letters = 0
-        self.links = 0
+        self.plain: list[str] = []  # the block's text outside links
         self.last_tight = False
 
     def walk(self, root: LexborNode) -> None:
@@ -222,10 +225,13 @@ class _Walker:
                 self.inline.append(text)
                 if frame.in_link:
                     self.link_letters += len(_LETTER.findall(text))
+                else:
+                    self.plain.append(text)
                 continue
             if not node.is_element_node or tag in _SKIP or self.rules.hidden(node, frame.background):
                 continue
-            if not frame.in_content and (tag in _CHROME or (node is not root and self.rules.furniture(node))):
+            furniture = tag in _BLOCKS and node is not root and self.rules.furniture(node)  # not inline: <b class=header>
+            if not frame.in_content and (tag in _CHROME or furniture):
                 continue
             if self._enter(node, tag):
                 frame.leaving = True
@@ -237,7 +243,6 @@ class _Walker:
                     child = child.next
                 inside = frame.in_content or tag in _CONTENT
                 in_link = frame.in_link or tag == "a"
-                self.links += tag == "a"
                 background = _background(node, frame.background)
                 stack.extend(_Frame(c, inside, in_link, background) for c in reversed(children))
 
@@ -271,9 +276,10 @@ class _Walker:
 
     def _flush(self, tight: bool = False) -> None:
         text = _collapse("".join(self.inline))
-        navigation = _navigation(text, self.link_letters, self.links)
+        navigation = _navigation(text, self.link_letters, "".join(self.plain))
         self.inline.clear()
-        self.link_letters = self.links = 0
+        self.plain.clear()
+        self.link_letters = 0
         if not navigation:
             self._emit(text, tight)
 
