@@ -119,3 +119,13 @@ def test_logs_are_kept_per_run_and_rotated(tmp_path: Path):
     assert run_dirs(logs) == made[-3:], "the newest three runs stay, in order"
     assert (logs / "latest").resolve() == made[-1].resolve()
     assert len({p.name for p in made}) == 5, "runs in one second get folders of their own"
+
+
+def test_rag_help_lists_whole_command_descriptions():
+    from click.testing import CliRunner
+
+    from rag.cli import cli
+
+    listing = " ".join(CliRunner().invoke(cli, ["--help"], terminal_width=80).output.split("Commands:")[1].split())
+    assert "Start llama-server, the embedding server and the API; Ctrl-C stops them all." in listing
+    assert "..." not in listing
