@@ -367,7 +367,11 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 
 def machine() -> dict[str, Any]:
+    import subprocess
+
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     return {"cpus": os.cpu_count(), "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
+            "host": platform.node(), "commit": commit.stdout.strip() or None,
             "load_avg_at_start": [round(x, 2) for x in os.getloadavg()]}
 
 
