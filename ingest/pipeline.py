@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from ingest.detect import check_zip_file
 from rag.store.catalog import DocumentCatalog, DocumentRecord, OwnerLease
 from rag.core.config import Settings
 from rag.core.errors import (
@@ -539,6 +540,7 @@ def _read_limited(path: Path, limit: int) -> tuple[bytes, str]:
     size = path.stat().st_size
     if size > limit:
         raise FileTooLarge(f"the file is {size:,} bytes; the limit is {limit:,} (RAG_MAX_UPLOAD_BYTES)", limit=limit)
+    check_zip_file(path)  # a ZIP directory flood is refused from the file's tail, before it is read
     data = path.read_bytes()
     return data, document_id(data)
 

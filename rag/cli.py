@@ -51,14 +51,17 @@ def cli() -> None:
 @cli.command()
 def up() -> None:
     """Start llama-server, the embedding server and the API; Ctrl-C stops them all."""
-    from rag.deploy.launcher import Stack, plan_parts
+    from rag.deploy.launcher import Stack, Stopped, plan_parts, stop_on_signals
 
+    stop_on_signals()  # from the first moment: a build or a start-up can be stopped too
     settings = load_settings()
-    stack = Stack(plan_parts(settings), echo=click.echo)
-    stack.start()
-    click.echo(f"open {settings.api_url}/  (logs in {settings.data_dir / 'logs'}; Ctrl-C stops)")
-    stack.watch()
-    click.echo("stopped")
+    try:
+        stack = Stack(plan_parts(settings), echo=click.echo, pid_file=settings.data_dir / "run" / "rag-up.json")
+        stack.start()
+        click.echo(f"open {settings.api_url}/  (logs in {settings.data_dir / 'logs'}; Ctrl-C stops)")
+        stack.watch()
+    except Stopped as exc:
+        click.echo(f"stopped ({exc})")
 
 
 @cli.command("serve-api")

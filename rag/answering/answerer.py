@@ -89,6 +89,18 @@ class _Clock:
         return round((self.marks[end] - begin) * 1000, 1)
 
 
+def cut_off(hits: Sequence[Hit], share: float) -> tuple[list[Hit], list[Hit]]:
+    """(kept, cut): hits scoring below `share` of the best one are not worth their prefill time.
+
+    Only for positive scores (fused ones lie in [0, 1]); a reranker's logits can be negative.
+    """
+    best = max((h.score for h in hits), default=0.0)
+    if best <= 0:
+        return list(hits), []
+    floor = share * best
+    return [h for h in hits if h.score >= floor], [h for h in hits if h.score < floor]
+
+
 def split_question(messages: Sequence[Message]) -> tuple[list[Message], str]:
     """(history, question): the question is the last message, which must come from the user."""
     if not messages:
@@ -174,6 +186,8 @@ class Answerer:
         clock.mark("retrieved")
         good = [h for h in hits if h.score >= self.settings.min_score]
         below = [{"chunk_id": h.chunk_id, "reason": "below_min_score"} for h in hits if h.score < self.settings.min_score]
+        good, far = cut_off(good, self.settings.pack_relative_score)
+        below += [{"chunk_id": h.chunk_id, "reason": "far_below_best"} for h in far]
         if not good:
             await _discard(ahead)  # no model call: llama-server may even be down
             return NoSourcesAnswer(query, clock, "no_match" if hits else "nothing_retrieved", below)

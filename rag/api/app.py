@@ -6,9 +6,11 @@ import logging
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
+from fastapi.responses import JSONResponse
 
 from rag.api.deps import require_api_key
 from rag.api.errors import install_error_handlers
+from rag.api.limits import ChatBodyLimit
 from rag.api.metrics import Metrics, MetricsMiddleware, instrument
 from rag.api.routes import chat, documents, health, metrics, models, openai_compat, web
 from rag.api.services import Services, build_services
@@ -29,8 +31,12 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
             await app.state.services.aclose()
 
     logging.basicConfig(level=logging.DEBUG if settings.debug else logging.INFO)
-    app = FastAPI(title="rag", version="0.1.0", lifespan=lifespan)
+    # No /docs or /redoc: FastAPI's pages load their scripts from a CDN, which a local stack must not
+    # need. The schema stays, as a /v1 route behind the key like the rest.
+    app = FastAPI(title="rag", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
+    app.add_middleware(ChatBodyLimit, limit=settings.max_request_bytes)
+    # Added last, so outermost: the metrics count what the body limit refuses too.
     app.state.metrics = Metrics()
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     protected = [Depends(require_api_key)]
@@ -41,4 +47,9 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.include_router(models.router, prefix="/v1", dependencies=protected)
     app.include_router(metrics.router, dependencies=protected)
     app.include_router(web.router)
+
+    @app.get("/v1/openapi.json", include_in_schema=False, dependencies=protected)
+    async def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
     return app

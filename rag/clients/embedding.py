@@ -10,6 +10,15 @@ import openai
 from rag.core.errors import EmbedderUnavailable, UpstreamError
 
 
+def _encodable(text: str) -> str:
+    """The text with lone UTF-16 surrogates (which UTF-8 cannot encode) replaced by U+FFFD."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return text
+
+
 class EmbeddingClient:
     """Embeds texts through `POST /v1/embeddings`; failures become typed errors."""
 
@@ -39,6 +48,7 @@ class EmbeddingClient:
     async def embed(self, texts: list[str]) -> list[list[float]]:
         if not texts:
             return []
+        texts = [_encodable(text) for text in texts]
         try:
             # The SDK asks for base64 on the wire and decodes it itself when no format is given.
             response = await self._openai.embeddings.create(model=self.model, input=texts)

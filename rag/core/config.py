@@ -90,6 +90,17 @@ class Settings(BaseSettings):
     queue_max: int = Field(default=8, ge=0)
     queue_timeout_s: float = Field(default=30.0, ge=0)
 
+    # Bounds checked on what a client sent, before any costly step.
+    max_request_bytes: int = Field(default=2 * 1024 * 1024, ge=1024)
+    max_messages: int = Field(default=1_000, ge=1)
+    max_message_chars: int = Field(default=64_000, ge=1)
+    max_question_chars: int = Field(default=32_000, ge=1)
+    max_document_pages: int = Field(default=2_000, ge=1)
+    max_document_chunks: int = Field(default=10_000, ge=1)
+    # Packing cut-off: a source whose fused score is below this share of the best source's is not packed
+    # (fewer new tokens to prefill; the curve behind the default is in bench/packing_cutoff.py). 0: off.
+    pack_relative_score: float = Field(default=0.35, ge=0, le=1)
+
     debug: bool = False
 
     @field_validator("llm_url", "embed_url")

@@ -6,6 +6,7 @@
     │   ├── UnsupportedFileType (415)      the file's bytes are not a type we load
     │   ├── FileTooLarge (413)             an upload or a request body over its limit
     │   ├── TooManyInputs (413)            more embedding inputs than one request may carry
+    │   ├── LimitExceeded (413)            a chat request over a RAG_MAX_* bound (messages, characters)
     │   └── DocumentRejected (422)         a readable file with nothing to index (empty, scanned, encrypted)
     ├── Unauthorized (401)
     ├── NotFound (404)
@@ -15,7 +16,7 @@
     ├── Conflict (409)                     another request is indexing or deleting this document
     ├── UpstreamError (502)                a backend answered with something we cannot use
     │   └── ContextOverflow (502)          llama-server's exceed_context_size_error
-    └── BackendUnavailable (503)
+    └── BackendUnavailable (503)          with Retry-After: a backend that is down or loading comes back
         ├── LLMUnavailable (503)           llama-server down or loading its model
         ├── EmbedderUnavailable (503)
         └── StoreUnavailable (503)
@@ -62,6 +63,10 @@ class FileTooLarge(InvalidRequest):
 
 class TooManyInputs(InvalidRequest):
     status, code = 413, "too_many_inputs"
+
+
+class LimitExceeded(InvalidRequest):
+    status, code = 413, "limit_exceeded"
 
 
 class DocumentRejected(InvalidRequest):
@@ -115,6 +120,7 @@ class ContextOverflow(UpstreamError):
 
 class BackendUnavailable(RagError):
     status, code = 503, "backend_unavailable"
+    retry_after = 5  # seconds: a restart of llama-server or the embedder (rag up restarts them) takes about this
 
 
 class LLMUnavailable(BackendUnavailable):
