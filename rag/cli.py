@@ -58,7 +58,7 @@ def up() -> None:
     try:
         stack = Stack(plan_parts(settings), echo=click.echo, pid_file=settings.data_dir / "run" / "rag-up.json")
         stack.start()
-        click.echo(f"open {settings.api_url}/  (logs in {settings.data_dir / 'logs'}; Ctrl-C stops)")
+        click.echo(f"open {settings.api_url}/  (this run's logs in {stack.parts[0].log_path.parent}; Ctrl-C stops)")
         stack.watch()
     except Stopped as exc:
         click.echo(f"stopped ({exc})")
