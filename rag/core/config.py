@@ -55,7 +55,7 @@ class Settings(BaseSettings):
     # CPU threads of the embedding model for batches (unset: all cores); short requests (queries) use one.
     embed_threads: int | None = Field(default=None, ge=1)
     embed_max_batch: int = Field(default=64, ge=1)
-    embed_max_wait_ms: float = Field(default=5.0, ge=0)
+    embed_max_wait_ms: float = Field(default=0.0, ge=0)  # 0: batch what queued during the last encode
     embed_max_inputs: int = Field(default=512, ge=1)
 
     # Chroma: embedded on disk (the default) or a `chroma run` server.

@@ -10,6 +10,7 @@
     │   └── DocumentRejected (422)         a readable file with nothing to index (empty, scanned, encrypted)
     ├── Unauthorized (401)
     ├── NotFound (404)
+    │   └── ModelNotFound (404)            a model name this API does not serve (OpenAI's error shape)
     ├── Busy (429)                         the generation queue is full or waited too long
     ├── StoreLocked (409)                  another process holds the embedded Chroma store
     ├── Conflict (409)                     another request is indexing or deleting this document
@@ -78,6 +79,14 @@ class Unauthorized(RagError):
 
 class NotFound(RagError):
     status, code = 404, "not_found"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+    def to_dict(self) -> dict[str, Any]:
+        # OpenAI's shape, which its SDKs and other clients read: type and param beside code and message.
+        return {**super().to_dict(), "type": "invalid_request_error", "param": "model"}
 
 
 class Busy(RagError):

@@ -36,7 +36,8 @@ async def _store_state(services: ServicesDep) -> dict[str, Any]:
     alive = await asyncio.to_thread(services.store.heartbeat)
     mode = services.settings.chroma_mode
     where = services.settings.chroma_url if mode == "server" else str(services.settings.chroma_path)
-    return {"state": "ok" if alive else "down", "mode": mode, "location": where}
+    return {"state": "ok" if alive else "down", "mode": mode, "location": where,
+            "data_dir": str(services.settings.data_dir)}
 
 
 @router.get("/health")
