@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +86,7 @@ def build_services(settings: Settings, *, owner: str = "the rag API") -> Service
         catalog=catalog,
         store_lock=lock,
     )
+    remove_leftover_uploads(settings)
     # Documents that a stopped process left half indexed or half deleted go (they are not searchable
     # meanwhile: the catalog does not list them as indexed). A store that is away is retried next start.
     try:
@@ -92,3 +94,15 @@ def build_services(settings: Settings, *, owner: str = "the rag API") -> Service
     except BackendUnavailable as exc:
         log.warning("could not clean up interrupted ingestion yet: %s", exc.message)
     return services
+
+
+def remove_leftover_uploads(settings: Settings) -> None:
+    """Delete the upload folders a stopped API left behind (this process holds the store: none is in use).
+
+    With a Chroma server several APIs may share a data dir, so only the embedded store's owner cleans up.
+    """
+    if settings.chroma_mode != "embedded":
+        return
+    for folder in sorted((settings.data_dir / "uploads").glob("upload-*")):
+        log.warning("removing the upload folder %s left by a stopped process", folder.name)
+        shutil.rmtree(folder, ignore_errors=True)
