@@ -40,7 +40,7 @@ from rag.core.errors import (
 )
 from rag.store.lexical import LexicalIndex
 from rag.store.chunks import ChunkStore
-from rag.store.record import EmbedderIdentity
+from rag.store.record import EmbedderIdentity, rounded
 
 log = logging.getLogger("ingest")
 
@@ -331,6 +331,7 @@ class IngestPipeline:
         return leftovers
 
     def write_chunks(self, collection: str, records: list[ChunkRecord], vectors: list[list[float]]) -> None:
+        vectors = rounded(vectors)
         with store_errors():
             self.store.upsert(
                 collection,

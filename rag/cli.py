@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import click
 
@@ -42,9 +43,24 @@ def up() -> None:
     settings = load_settings()
     stack = Stack(plan_parts(settings), echo=click.echo)
     stack.start()
+    report_store_damage(settings)
     click.echo(f"open {settings.api_url}/  (logs in {settings.data_dir / 'logs'}; Ctrl-C stops)")
     stack.watch()
     click.echo("stopped")
+
+
+def report_store_damage(settings: Settings) -> None:
+    """Say plainly what the API found wrong with the store at start, and the command that fixes it."""
+    import httpx
+
+    try:
+        store = httpx.get(f"{settings.api_url}/health", timeout=10).json()["backends"]["store"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return
+    for name, problem in (store.get("problems") or {}).items():
+        click.echo(f"store         DAMAGED collection {name}: {problem}")
+    if store.get("fix"):
+        click.echo(f"store         the other collections work; to fix: {store['fix']}")
 
 
 @cli.command("serve-api")
@@ -124,6 +140,96 @@ def models_prepare() -> None:
     from rag.deploy.modellock import ensure_bundled_generator
 
     click.echo(ensure_bundled_generator(load_settings()))
+
+
+@cli.group()
+def store() -> None:
+    """The store: the catalog and the chunk record, and the indexes derived from them (Chroma, BM25).
+
+    \b
+    Examples:
+      rag store check             per collection: catalog, record, Chroma and BM25 counts
+      rag store repair            rebuild Chroma from the record (stop the API first)
+    """
+
+
+@store.command("check")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def store_check(as_json: bool) -> None:
+    """Compare the catalog, the record, Chroma and the BM25 index; exit 1 when they disagree."""
+    import json
+
+    from rag.store.repair import check_store
+
+    settings = load_settings()
+    report = check_store(settings.data_dir, settings.chroma_path)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        click.echo(f"{'collection':<24} {'documents':>9} {'catalog':>9} {'record':>9} {'vectors':>9} {'chroma':>9}  state")
+        for c in report.collections:
+            chroma = "-" if c.chroma is None else f"{c.chroma:,}"
+            state = "; ".join(c.problems) or "ok"
+            click.echo(
+                f"{c.name:<24} {c.documents:>9,} {c.catalog_chunks:>9,} {c.record_chunks:>9,} {c.record_vectors:>9,} {chroma:>9}  {state}"
+            )
+        if report.probe.unreadable:
+            click.echo(f"Chroma store: {report.probe.unreadable}")
+        click.echo(f"BM25 index: {report.lexical_index:,} of the record's {report.lexical_record:,} chunks")
+        click.echo("consistent" if report.consistent else "fix: stop the API, then run `rag store repair`")
+    if not report.consistent:
+        sys.exit(1)
+
+
+@store.command("repair")
+def store_repair() -> None:
+    """Rebuild Chroma from the record; resumable. Chunks without a stored vector take theirs from the
+    old Chroma where it still opens, else from the embedding server (RAG_EMBED_URL)."""
+    import asyncio
+
+    from rich.progress import Progress
+
+    from rag.clients.embedding import EmbeddingClient
+    from rag.store.chunks import StoreLock
+    from rag.store.repair import repair_store
+
+    settings = load_settings()
+    lock = StoreLock(settings.data_dir)
+    lock.acquire("rag store repair")
+
+    async def run(bar: Progress) -> dict[str, int]:
+        client = EmbeddingClient(settings.embed_url, model=settings.embed_model)
+        loop = asyncio.get_running_loop()
+        tasks: dict[str, Any] = {}
+
+        def embed(texts: list[str]) -> list[list[float]]:
+            step = settings.embed_batch  # one request at a time: the repair must not crowd out other work
+            return [
+                vector
+                for i in range(0, len(texts), step)
+                for vector in asyncio.run_coroutine_threadsafe(client.embed(texts[i : i + step]), loop).result()
+            ]
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total)
+            bar.update(tasks[stage], completed=done, total=total)
+
+        try:
+            return await asyncio.to_thread(
+                repair_store, settings.data_dir, settings.chroma_path, embed=embed, progress=progress
+            )
+        finally:
+            await client.aclose()
+
+    try:
+        with Progress(disable=not sys.stderr.isatty()) as bar:
+            written = asyncio.run(run(bar))
+    finally:
+        lock.release()
+    for name, n in written.items():
+        click.echo(f"{name}: {n:,} vectors in Chroma")
+    click.echo("repaired; the old Chroma folder is kept beside the new one as chroma.damaged-*")
 
 
 cli.add_command(eval_command)

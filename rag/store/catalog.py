@@ -253,6 +253,14 @@ class DocumentCatalog:
             ).fetchall()
         return [(name, int(n or 0)) for name, n in rows]
 
+    def indexed_chunks(self, collection: str) -> dict[str, int]:
+        """Every indexed document of the collection with its number of chunks."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT doc_id, chunks FROM documents WHERE collection = ? AND state = 'indexed'", (collection,)
+            ).fetchall()
+        return {doc_id: int(n) for doc_id, n in rows}
+
     def indexed_ids(self, collection: str, doc_ids: Iterable[str]) -> set[str]:
         """The subset of `doc_ids` that is searchable now."""
         wanted = list(dict.fromkeys(doc_ids))

@@ -14,6 +14,7 @@ from rag.core.config import Settings
 from rag.core.errors import NotFound, StoreLocked, StoreUnavailable
 
 HNSW = {"space": "cosine", "ef_construction": 200, "ef_search": 200}
+REPAIR_HINT = "stop the API and run `rag store repair`"
 # Document ids in one Chroma `$in` filter: SQLite refuses a statement with more than 32,766 variables.
 FILTER_BATCH = 5000
 
@@ -59,6 +60,11 @@ class ChunkStore:
         self._collections: dict[str, Any] = {}
         # Reads of the default collection before anything was ingested find it empty, not unknown.
         self.default_collection = default_collection
+        # Found by the start-up probe: collections (or the whole store, client None) never to be opened
+        # in this process, since opening them can crash it; and collections that lost vectors.
+        self.damaged: dict[str, str] = {}
+        self.out_of_step: dict[str, str] = {}
+        self.unreadable: str | None = None
 
     @classmethod
     def open(cls, settings: Settings) -> "ChunkStore":
@@ -81,6 +87,9 @@ class ChunkStore:
 
     def collection(self, name: str, *, create: bool = False) -> Any:
         """The Chroma collection `name`; only writes create it, a read of an unknown one is NotFound."""
+        reason = self.unreadable or self.damaged.get(name)
+        if reason is not None or self._client is None:
+            raise StoreUnavailable(f"Chroma's collection {name!r} is damaged ({reason}); {REPAIR_HINT}", fix="rag store repair")
         if name not in self._collections:
             from chromadb.errors import NotFoundError
 
@@ -104,6 +113,8 @@ class ChunkStore:
 
     def names(self) -> list[str]:
         """The collections that exist in Chroma."""
+        if self._client is None:
+            return sorted(self.damaged)
         try:
             found = self._client.list_collections()
         except Exception as exc:  # chromadb raises many kinds when its server is away
@@ -130,6 +141,8 @@ class ChunkStore:
         return int(self._client.get_max_batch_size())
 
     def heartbeat(self) -> bool:
+        if self._client is None:
+            return False
         try:
             self._client.heartbeat()
         except Exception:

@@ -205,13 +205,17 @@ class LexicalIndex:
             writer.delete_documents_by_term("collection", collection)
         return n
 
-    def set_vectors(self, collection: str, vectors: Iterable[tuple[str, Any]]) -> None:
-        """Store re-made vectors of existing chunks (the text, so the search index, is unchanged)."""
-        rows = [(record.encode_vector(v), collection, cid) for cid, v in vectors]
+    def set_vectors(self, collection: str, vectors: Iterable[tuple[str, Any, dict | None]]) -> None:
+        """Store (chunk_id, vector, metadata) of existing chunks; a stored metadata is kept. The text,
+        so the search index, is unchanged."""
+        rows = [(record.encode_vector(v), record.encode_metadata(m), collection, cid) for cid, v, m in vectors]
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                self._db.executemany("UPDATE chunks SET vector = ? WHERE collection = ? AND chunk_id = ?", rows)
+                self._db.executemany(
+                    "UPDATE chunks SET vector = ?, metadata = coalesce(metadata, ?) WHERE collection = ? AND chunk_id = ?",
+                    rows,
+                )
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise

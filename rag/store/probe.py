@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 PROBE_TIMEOUT_S = 120.0
+SAMPLES = 20  # stored vectors per collection that the index must find
 
 
 @dataclass
@@ -66,8 +67,10 @@ def probe_chroma(path: Path, timeout_s: float = PROBE_TIMEOUT_S) -> ChromaProbe:
         found.damaged[opened] = died
 
 
-def export_vectors(path: Path, collection: str, out: Path, timeout_s: float = 600.0) -> dict[str, list[float]] | None:
-    """The vectors of a healthy collection by chunk id, read in a child; None if the child failed."""
+def export_vectors(
+    path: Path, collection: str, out: Path, timeout_s: float = 600.0
+) -> dict[str, tuple[list[float], dict[str, Any]]] | None:
+    """The vectors and metadata of a healthy collection by chunk id, read in a child; None if it failed."""
     import numpy as np
 
     _, died = _run_child([str(path), "--export", collection, str(out)], timeout_s)
@@ -75,8 +78,9 @@ def export_vectors(path: Path, collection: str, out: Path, timeout_s: float = 60
         return None
     with np.load(out) as data:
         ids, vectors = data["ids"].tolist(), data["vectors"].astype(np.float32)
+        metadatas = json.loads(str(data["metadatas"]))
     out.unlink()
-    return {i: v.tolist() for i, v in zip(ids, vectors)}
+    return {i: (v.tolist(), m or {}) for i, v, m in zip(ids, vectors, metadatas)}
 
 
 def _run_child(args: list[str], timeout_s: float) -> tuple[list[dict[str, Any]], str | None]:
@@ -134,13 +138,28 @@ def _probe(path: str, skip: set[str]) -> None:
         try:
             coll = client.get_collection(name, embedding_function=None)
             count = coll.count()
-            if count:
-                head = coll.get(limit=1, include=["embeddings"])
-                coll.query(query_embeddings=[list(head["embeddings"][0])], n_results=min(10, count), include=[])
+            lost = _lost_vectors(coll, count)
         except Exception as exc:  # any failure of one collection is that collection's damage
             _say(error=name, message=f"{exc.__class__.__name__}: {exc}"[:500])
             continue
-        _say(ok=name, count=count)
+        if lost:
+            _say(error=name, message=lost)
+        else:
+            _say(ok=name, count=count)
+
+
+def _lost_vectors(coll: Any, count: int, samples: int = SAMPLES) -> str | None:
+    """Query the index with stored vectors spread over the collection: each must find itself."""
+    tried = missed = 0
+    for offset in range(0, count, max(1, count // samples)):
+        got = coll.get(limit=1, offset=offset, include=["embeddings"])
+        if not got["ids"]:
+            continue
+        hit = coll.query(query_embeddings=[list(got["embeddings"][0])], n_results=1, include=["distances"])
+        tried += 1
+        # Another chunk of the same text is as good a hit: what matters is that the vector is there.
+        missed += not hit["ids"][0] or float(hit["distances"][0][0]) > 1e-4
+    return f"the index does not find {missed} of {tried} stored vectors sampled" if missed else None
 
 
 def _export(path: str, name: str, out: str) -> None:
@@ -149,14 +168,16 @@ def _export(path: str, name: str, out: str) -> None:
     coll = _client(path).get_collection(name, embedding_function=None)
     ids: list[str] = []
     vectors: list[Any] = []
+    metadatas: list[Any] = []
     step = 2000
     for offset in range(0, coll.count(), step):
-        got = coll.get(limit=step, offset=offset, include=["embeddings"])
+        got = coll.get(limit=step, offset=offset, include=["embeddings", "metadatas"])
         ids += got["ids"]
         vectors += list(got["embeddings"])
+        metadatas += [dict(m or {}) for m in got["metadatas"]]
     array = np.asarray(vectors, dtype=np.float16) if vectors else np.zeros((0, 0), dtype=np.float16)
     with open(out, "wb") as f:
-        np.savez(f, ids=np.asarray(ids), vectors=array)
+        np.savez(f, ids=np.asarray(ids), vectors=array, metadatas=np.asarray(json.dumps(metadatas)))
     _say(exported=name, count=len(ids))
 
 
