@@ -71,7 +71,10 @@ def serve_api() -> None:
     from rag.api.app import create_app
 
     settings = load_settings()
-    uvicorn.run(create_app(settings), host=settings.api_host, port=settings.api_port, log_level="info")
+    uvicorn.run(
+        create_app(settings), host=settings.api_host, port=settings.api_port, log_level="info",
+        timeout_graceful_shutdown=settings.shutdown_grace_s,
+    )
 
 
 @cli.command("serve-embeddings")

@@ -52,6 +52,7 @@ class Services:
         return self.answering
 
     async def aclose(self) -> None:
+        await self.jobs.cancel_all()
         if self.answering:
             await self.answering.aclose()
         await self.llm.aclose()

@@ -90,6 +90,10 @@ class Settings(BaseSettings):
     queue_max: int = Field(default=8, ge=0)
     queue_timeout_s: float = Field(default=30.0, ge=0)
 
+    # Shutdown: how long in-flight requests (uploads being indexed) may run on after SIGTERM before
+    # they are cancelled and their unfinished documents rolled back.
+    shutdown_grace_s: float = Field(default=20.0, gt=0)
+
     debug: bool = False
 
     @field_validator("llm_url", "embed_url")
