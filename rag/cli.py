@@ -153,6 +153,7 @@ def store() -> None:
     Examples:
       rag store check             per collection: catalog, record, Chroma and BM25 counts
       rag store repair            rebuild Chroma from the record (stop the API first)
+      rag store reindex --collection default   embed it again after a model change
     """
 
 
@@ -188,25 +189,51 @@ def store_check(as_json: bool) -> None:
 def store_repair() -> None:
     """Rebuild Chroma from the record; resumable. Chunks without a stored vector take theirs from the
     old Chroma where it still opens, else from the embedding server (RAG_EMBED_URL)."""
+    from rag.store.repair import repair_store
+
+    settings = load_settings()
+    written = _with_embedder(settings, "rag store repair", lambda embed, progress: repair_store(
+        settings.data_dir, settings.chroma_path, embed=embed, progress=progress
+    ))
+    for name, n in written.items():
+        click.echo(f"{name}: {n:,} vectors in Chroma")
+    click.echo("repaired; the old Chroma folder is kept beside the new one as chroma.damaged-*")
+
+
+@store.command("reindex")
+@click.option("--collection", required=True, help="The collection to embed again.")
+def store_reindex(collection: str) -> None:
+    """Embed a collection again from the record's texts with the embedder now served (after a model
+    change), then rebuild Chroma. Resumable; stop the API first."""
+    from rag.store.repair import reindex_collection
+
+    settings = load_settings()
+    written = _with_embedder(settings, "rag store reindex", lambda embed, progress: reindex_collection(
+        settings.data_dir, settings.chroma_path, collection, model=settings.embed_model, embed=embed, progress=progress
+    ))
+    click.echo(f"{collection}: {written.get(collection, 0):,} vectors of {settings.embed_model} in Chroma")
+
+
+def _with_embedder(settings: Settings, owner: str, work: Any) -> Any:
+    """Run `work(embed, progress)` in a thread under the store's lock, with the embedding server and a
+    progress bar; embedding requests go one at a time so as not to crowd out other work."""
     import asyncio
 
     from rich.progress import Progress
 
     from rag.clients.embedding import EmbeddingClient
     from rag.store.chunks import StoreLock
-    from rag.store.repair import repair_store
 
-    settings = load_settings()
     lock = StoreLock(settings.data_dir)
-    lock.acquire("rag store repair")
+    lock.acquire(owner)
 
-    async def run(bar: Progress) -> dict[str, int]:
+    async def run(bar: Progress) -> Any:
         client = EmbeddingClient(settings.embed_url, model=settings.embed_model)
         loop = asyncio.get_running_loop()
         tasks: dict[str, Any] = {}
 
         def embed(texts: list[str]) -> list[list[float]]:
-            step = settings.embed_batch  # one request at a time: the repair must not crowd out other work
+            step = settings.embed_batch
             return [
                 vector
                 for i in range(0, len(texts), step)
@@ -219,20 +246,15 @@ def store_repair() -> None:
             bar.update(tasks[stage], completed=done, total=total)
 
         try:
-            return await asyncio.to_thread(
-                repair_store, settings.data_dir, settings.chroma_path, embed=embed, progress=progress
-            )
+            return await asyncio.to_thread(work, embed, progress)
         finally:
             await client.aclose()
 
     try:
         with Progress(disable=not sys.stderr.isatty()) as bar:
-            written = asyncio.run(run(bar))
+            return asyncio.run(run(bar))
     finally:
         lock.release()
-    for name, n in written.items():
-        click.echo(f"{name}: {n:,} vectors in Chroma")
-    click.echo("repaired; the old Chroma folder is kept beside the new one as chroma.damaged-*")
 
 
 cli.add_command(eval_command)

@@ -20,7 +20,7 @@ from rag.core.errors import EmbedderMismatch
 from rag.store.chunks import ChunkStore
 from rag.store.lexical import LexicalIndex
 from rag.store.probe import probe_chroma
-from rag.store.repair import check_store, repair_store
+from rag.store.repair import check_store, reindex_collection, repair_store
 from tests.conftest import SHARED_DATA
 from tests.ingest_helpers import HashEmbedder, census, open_pipeline, paragraph_chunks
 
@@ -157,6 +157,16 @@ def test_another_embedder_is_refused_with_the_reindex_command(built, tmp_path: P
     path.write_text("A new file.")
     with pytest.raises(EmbedderMismatch, match="rag store reindex --collection alpha"):
         asyncio.run(pipeline.run([SourceFile(path, str(path), path.name)], "alpha"))
+    # The command it names re-embeds the collection from the record; then the new file goes in.
+    other = HashEmbedder(dim=32)
+    written = reindex_collection(
+        settings.data_dir, settings.chroma_path, "alpha", model="other", embed=lambda texts: asyncio.run(other.embed(texts))
+    )
+    assert written == SIZES and other.texts == SIZES["alpha"]
+    _forget_chroma()
+    pipeline = open_pipeline(settings, other, paragraph_chunks)
+    assert asyncio.run(pipeline.run([SourceFile(path, str(path), path.name)], "alpha"))[0].status == "indexed"
+    assert census(settings.data_dir, "alpha", pipeline.store).consistent()
 
 
 # The shared damaged store.
@@ -187,3 +197,49 @@ def test_the_api_starts_on_the_shared_damaged_store_and_reports_it(damaged_store
         assert refused.status_code == 503 and "rag store repair" in refused.json()["error"]["message"]
         fine = client.post("/v1/documents", data={"collection": "killtest"}, files={"files": ("b.txt", b"Other words here.")})
         assert fine.status_code == 200, fine.text
+
+
+@pytest.mark.integration
+def test_rag_store_repair_restores_every_indexed_document_of_the_shared_store(
+    damaged_store: Path, embedding_server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slow: the damaged collection's 3,035 chunks predate the record's vectors and are embedded again."""
+    from collections import Counter
+
+    from click.testing import CliRunner
+
+    from rag.cli import cli
+    from rag.core.config import get_settings
+    from rag.store.catalog import DocumentCatalog
+
+    monkeypatch.setenv("RAG_DATA_DIR", str(damaged_store))
+    monkeypatch.setenv("RAG_EMBED_URL", embedding_server.url)
+    get_settings.cache_clear()
+    try:
+        assert CliRunner().invoke(cli, ["store", "check"]).exit_code == 1
+        result = CliRunner().invoke(cli, ["store", "repair"])
+        assert result.exit_code == 0, result.output
+        check = CliRunner().invoke(cli, ["store", "check"])
+        assert check.exit_code == 0 and "consistent" in check.output, check.output
+        settings = get_settings()
+    finally:
+        get_settings.cache_clear()
+    catalog = DocumentCatalog(damaged_store / "catalog.sqlite")
+    store = ChunkStore.open(settings)
+    lexical = LexicalIndex(damaged_store / "lexical.sqlite")
+    try:
+        for name in ("default", "killtest"):
+            held = Counter(m["doc_id"] for m in store.collection(name).get(include=["metadatas"])["metadatas"])
+            assert held == Counter(catalog.indexed_chunks(name))  # every indexed document, every chunk
+        # 50 questions: the rebuilt index's top 10 are the exact top 10 over the record's vectors.
+        rows = [r for batch in lexical.records("default") for r in batch]
+        ids = [r[0] for r in rows]
+        matrix = np.asarray([r[4] for r in rows], dtype=np.float32)
+        for chunk_id, _, text, _, vector in rows[:: len(rows) // 50][:50]:
+            query = np.asarray(vector, dtype=np.float32) + 0.05 * matrix[hash(text) % len(rows)]
+            query /= np.linalg.norm(query)
+            exact = [ids[i] for i in np.argsort(-(matrix @ query), kind="stable")[:10]]
+            assert [h.id for h in store.query("default", query.tolist(), 10)] == exact
+    finally:
+        lexical.close()
+        catalog.close()

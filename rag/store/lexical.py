@@ -221,6 +221,28 @@ class LexicalIndex:
                 raise
             self._db.execute("COMMIT")
 
+    def begin_reindex(self, collection: str) -> None:
+        """Drop the collection's vectors and embedder, marked as a re-embedding in progress (once)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                if self._meta(f"reindex:{collection}") is None:
+                    self._db.execute("UPDATE chunks SET vector = NULL WHERE collection = ?", (collection,))
+                    self._db.execute("DELETE FROM embedders WHERE collection = ?", (collection,))
+                    self._db.execute("INSERT INTO meta (key, value) VALUES (?, '1')", (f"reindex:{collection}",))
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def reindexing(self, collection: str) -> bool:
+        with self._lock:
+            return self._meta(f"reindex:{collection}") is not None
+
+    def end_reindex(self, collection: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM meta WHERE key = ?", (f"reindex:{collection}",))
+
     def set_embedder(self, collection: str, identity: EmbedderIdentity) -> None:
         with self._lock:
             record.write_embedder(self._db, collection, identity, time.time())

@@ -157,7 +157,7 @@ def _fill_vectors(
     ]
     if not missing:
         return
-    if name in probe.counts and probe.counts[name]:
+    if name in probe.counts and probe.counts[name] and not lexical.reindexing(name):  # not the old model's
         salvaged = export_vectors(chroma_path, name, chroma_path.with_name(f".{name}.vectors.npz")) or {}
         found = [(cid, *salvaged[cid]) for cid, _, _ in missing if cid in salvaged]
         lexical.set_vectors(name, found)
@@ -175,6 +175,39 @@ def _fill_vectors(
         vectors = embed([text for _, _, text in part])
         lexical.set_vectors(name, [(cid, v, _fallback_metadata(cid, did, names[did])) for (cid, did, _), v in zip(part, vectors)])
         progress(f"{name}: embedding", start + len(part), len(missing))
+
+
+def reindex_collection(
+    data_dir: Path, chroma_path: Path, collection: str, *, model: str, embed: Embed, progress: Progress = lambda *a: None
+) -> dict[str, int]:
+    """Re-embed a collection from the record's texts with the current embedder, then rebuild Chroma.
+
+    Resumable: the old vectors are dropped once, at the start; a second run embeds only what is left.
+    """
+    from rag.store.record import EmbedderIdentity
+
+    lexical = LexicalIndex(data_dir / "lexical.sqlite")
+    try:
+        lexical.begin_reindex(collection)
+        missing = [(cid, text) for batch in lexical.records(collection) for cid, _, text, _, vec in batch if vec is None]
+        total = sum(n for n, _ in lexical.document_counts(collection).values())
+        done = total - len(missing)
+        for start in range(0, len(missing), BATCH):
+            part = missing[start : start + BATCH]
+            vectors = embed([text for _, text in part])
+            lexical.set_vectors(collection, [(cid, v, None) for (cid, _), v in zip(part, vectors)])
+            if lexical.embedder(collection) is None:
+                lexical.set_embedder(collection, EmbedderIdentity.of(model, part[0][1], vectors[0]))
+            progress(f"{collection}: embedding", done + start + len(part), total)
+    finally:
+        lexical.close()
+    written = repair_store(data_dir, chroma_path, embed=embed, progress=progress)
+    lexical = LexicalIndex(data_dir / "lexical.sqlite")
+    try:
+        lexical.end_reindex(collection)
+    finally:
+        lexical.close()
+    return written
 
 
 def _fallback_metadata(chunk_id: str, doc_id: str, row: Any) -> dict[str, Any]:
