@@ -209,27 +209,27 @@ class LexicalIndex:
         """Store (chunk_id, vector, metadata) of existing chunks; a stored metadata is kept. The text,
         so the search index, is unchanged."""
         rows = [(record.encode_vector(v), record.encode_metadata(m), collection, cid) for cid, v, m in vectors]
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.executemany(
-                    "UPDATE chunks SET vector = ?, metadata = coalesce(metadata, ?) WHERE collection = ? AND chunk_id = ?",
-                    rows,
-                )
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self._record() as db:
+            db.executemany(
+                "UPDATE chunks SET vector = ?, metadata = coalesce(metadata, ?) WHERE collection = ? AND chunk_id = ?",
+                rows,
+            )
 
     def begin_reindex(self, collection: str) -> None:
         """Drop the collection's vectors and embedder, marked as a re-embedding in progress (once)."""
+        with self._record() as db:
+            if self._meta(f"reindex:{collection}") is None:
+                db.execute("UPDATE chunks SET vector = NULL WHERE collection = ?", (collection,))
+                db.execute("DELETE FROM embedders WHERE collection = ?", (collection,))
+                db.execute("INSERT INTO meta (key, value) VALUES (?, '1')", (f"reindex:{collection}",))
+
+    @contextmanager
+    def _record(self) -> Iterator[sqlite3.Connection]:
+        """One transaction on the record's vectors and embedders (the search index is not touched)."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                if self._meta(f"reindex:{collection}") is None:
-                    self._db.execute("UPDATE chunks SET vector = NULL WHERE collection = ?", (collection,))
-                    self._db.execute("DELETE FROM embedders WHERE collection = ?", (collection,))
-                    self._db.execute("INSERT INTO meta (key, value) VALUES (?, '1')", (f"reindex:{collection}",))
+                yield self._db
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
