@@ -200,6 +200,7 @@ def test_the_api_starts_on_the_shared_damaged_store_and_reports_it(damaged_store
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(2400)  # ~3 min idle; 3,035 chunks embedded on a busy 2-core machine took 15 min
 def test_rag_store_repair_restores_every_indexed_document_of_the_shared_store(
     damaged_store: Path, embedding_server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
