@@ -94,6 +94,13 @@ def test_the_record_keeps_every_chunk_with_its_vector_and_embedder(built) -> Non
         lexical.close()
 
 
+def test_a_restart_keeps_the_top_k(built) -> None:
+    """1,400 chunks, the store closed and opened again: every query's top 10 in the same order."""
+    settings, queries, before = built
+    store = ChunkStore.open(settings)
+    assert {c: _top(store, c, queries) for c in SIZES} == before
+
+
 def _segment_dirs(chroma: Path) -> list[Path]:
     return [p for p in chroma.iterdir() if p.is_dir()]
 
