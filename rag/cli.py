@@ -163,10 +163,21 @@ def store_check(as_json: bool) -> None:
     """Compare the catalog, the record, Chroma and the BM25 index; exit 1 when they disagree."""
     import json
 
+    from rag.core.errors import StoreLocked
+    from rag.store.chunks import StoreLock
     from rag.store.repair import check_store
 
     settings = load_settings()
-    report = check_store(settings.data_dir, settings.chroma_path)
+    lock = StoreLock(settings.data_dir)
+    try:
+        # A second process must not open Chroma while another writes it, even to read.
+        lock.acquire("rag store check")
+    except StoreLocked as exc:
+        raise click.ClickException(f"{exc.message}; the running API reports the store's state at /health") from None
+    try:
+        report = check_store(settings.data_dir, settings.chroma_path)
+    finally:
+        lock.release()
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
