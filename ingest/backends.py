@@ -41,7 +41,7 @@ class Backend(Protocol):
     async def ingest(self, files: Sequence[SourceFile], collection: str, progress: Progress) -> list[FileResult]: ...
     async def documents(self, collection: str) -> list[KnownDocument]: ...
     async def state_of(self, collection: str, doc_id: str) -> str | None: ...
-    async def delete(self, collection: str, doc_id: str) -> None: ...
+    async def delete(self, collection: str, doc_id: str, source: str | None = None) -> None: ...
 
 
 def file_id(path: Path) -> str:
@@ -131,8 +131,8 @@ class LocalBackend:
         record = await asyncio.to_thread(self.catalog.get, collection, doc_id)
         return record.state if record else None
 
-    async def delete(self, collection: str, doc_id: str) -> None:
-        await self.pipeline.delete(collection, doc_id)
+    async def delete(self, collection: str, doc_id: str, source: str | None = None) -> None:
+        await self.pipeline.delete(collection, doc_id, source)
 
 
 class ApiBackend:
@@ -234,8 +234,9 @@ class ApiBackend:
             raise _error_of(response)
         return str(response.json()["state"])
 
-    async def delete(self, collection: str, doc_id: str) -> None:
-        response = await self._request("DELETE", f"/v1/documents/{doc_id}", params={"collection": collection})
+    async def delete(self, collection: str, doc_id: str, source: str | None = None) -> None:
+        params = {"collection": collection} | ({"source": source} if source is not None else {})
+        response = await self._request("DELETE", f"/v1/documents/{doc_id}", params=params)
         if response.status_code not in (204, 404):
             raise _error_of(response)
 

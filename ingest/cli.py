@@ -104,7 +104,7 @@ async def _main(
             stale = stale_documents(await backend.documents(collection), roots, files, recursive)
             for doc in stale:
                 if not dry_run:
-                    await backend.delete(collection, doc.id)
+                    await backend.delete(collection, doc.id, doc.source)
                 report.deleted.append(doc)
                 report.line(f"{'would delete' if dry_run else 'deleted':<13} {doc.source}")
 

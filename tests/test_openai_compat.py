@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from rag.core.config import Settings
-from tests.chat_helpers import changed, serve, upload
+from tests.chat_helpers import changed, empty_collection, serve, upload
 from tests.servers import free_port
 
 pytestmark = pytest.mark.integration
@@ -77,6 +77,7 @@ def test_the_async_sdk_streams_too(api: str):
 
 
 def test_retrieval_options_ride_in_extra_body_and_system_messages_are_left_out(api: str):
+    empty_collection(api, "nothing-here")
     completion = client(api).chat.completions.create(
         model=MODEL,
         messages=[{"role": "system", "content": "You are a pirate."}, *QUESTION],

@@ -109,6 +109,9 @@ class Settings(BaseSettings):
     # Packing cut-off: a source whose fused score is below this share of the best source's is not packed
     # (fewer new tokens to prefill; the curve behind the default is in bench/packing_cutoff.py). 0: off.
     pack_relative_score: float = Field(default=0.35, ge=0, le=1)
+    # Shutdown: how long in-flight requests (uploads being indexed) may run on after SIGTERM before
+    # they are cancelled and their unfinished documents rolled back.
+    shutdown_grace_s: float = Field(default=20.0, gt=0)
 
     debug: bool = False
 

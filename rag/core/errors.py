@@ -14,6 +14,7 @@
     ├── Busy (429)                         the generation queue is full or waited too long
     ├── StoreLocked (409)                  another process holds the embedded Chroma store
     ├── Conflict (409)                     another request is indexing or deleting this document
+    │   └── EmbedderMismatch (409)         the embedder is not the model that built the collection
     ├── UpstreamError (502)                a backend answered with something we cannot use
     │   └── ContextOverflow (502)          llama-server's exceed_context_size_error
     └── BackendUnavailable (503)          with Retry-After: a backend that is down or loading comes back
@@ -133,3 +134,7 @@ class EmbedderUnavailable(BackendUnavailable):
 
 class StoreUnavailable(BackendUnavailable):
     code = "store_unavailable"
+
+
+class EmbedderMismatch(Conflict):
+    code = "embedder_mismatch"
