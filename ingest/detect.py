@@ -155,7 +155,8 @@ def _looks_binary(data: bytes) -> bool:
     if b"\x00" in head:
         # UTF-16 without a BOM has NULs in every other byte of ASCII text; anything else is binary.
         return not _utf16_without_bom(head)
-    controls = sum(1 for b in head if b < 32 and b not in (9, 10, 12, 13, 27))
+    # ESC and backspace belong to terminal output (colour codes, nroff's overstrike): the loaders strip them.
+    controls = sum(1 for b in head if b < 32 and b not in (8, 9, 10, 12, 13, 27))
     return controls > len(head) * 0.05
 
 

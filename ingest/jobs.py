@@ -84,6 +84,13 @@ class JobRegistry:
         self._tasks.add(task)
         task.add_done_callback(self._done)
 
+    async def cancel_all(self) -> None:
+        """Stop the background jobs (at shutdown): each rolls back its unfinished documents."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     def _done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         # The job records the failure; an unexpected one also goes to the log, with its traceback.

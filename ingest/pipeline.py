@@ -35,12 +35,14 @@ from rag.core.errors import (
     BackendUnavailable,
     Conflict,
     DocumentRejected,
+    EmbedderMismatch,
     FileTooLarge,
     RagError,
     StoreUnavailable,
 )
 from rag.store.lexical import LexicalIndex
 from rag.store.chunks import ChunkStore
+from rag.store.record import EmbedderIdentity, rounded
 
 log = logging.getLogger("ingest")
 
@@ -234,6 +236,7 @@ class IngestPipeline:
         self._flush_s = flush_s
         self._window_batches = window_batches
         self.locks = KeyedLocks()
+        self._verified: set[str] = set()  # collections whose recorded embedder this process checked
         keep_big_buffers_out_of_the_heap()
 
     # A run.
@@ -246,6 +249,7 @@ class IngestPipeline:
         A file that cannot be indexed gets a `failed` result and the run goes on; a backend that fails
         (embedder, store) ends the run with its error, after taking this run's half-done documents out.
         """
+        await self.check_embedder(collection)
         run = _Run(self, collection, files, progress or NoProgress())
         try:
             async with asyncio.TaskGroup() as group:
@@ -258,6 +262,27 @@ class IngestPipeline:
             raise
         return [r for r in run.results if r is not None]
 
+    async def check_embedder(self, collection: str) -> None:
+        """Refuse to add vectors of another model to a collection: embed its probe text again and compare.
+
+        Checked once per collection and process (one short request); the first write records the model.
+        """
+        if collection in self._verified:
+            return
+        recorded = await asyncio.to_thread(self.lexical.embedder, collection)
+        if recorded is not None:
+            (vector,) = await self.embedder.embed([recorded.probe_text])
+            now = EmbedderIdentity.of(self.settings.embed_model, recorded.probe_text, vector)
+            if not now.same_as(recorded):
+                raise EmbedderMismatch(
+                    f"collection {collection!r} was embedded with {recorded.describe()}; the embedding server now "
+                    f"gives {now.describe()}. Serve the original model, or re-embed the collection with "
+                    f"`rag store reindex --collection {collection}`",
+                    recorded=recorded.describe(),
+                    current=now.describe(),
+                )
+        self._verified.add(collection)
+
     def held_elsewhere(self, owner: str | None) -> bool:
         """Whether another live process works on a row. Callers hold the document's lock, so a row of
         this process that is still pending or deleting was left by a failed run: it may be taken over."""
@@ -265,11 +290,19 @@ class IngestPipeline:
 
     # Deletion and recovery (also used by the API and --sync).
 
-    async def delete(self, collection: str, doc_id: str) -> DocumentRecord | None:
-        """Take a document out of search, then delete its chunks and its row; None if unknown."""
+    async def delete(self, collection: str, doc_id: str, source: str | None = None) -> DocumentRecord | None:
+        """Take a document out of search, then delete its chunks and its row; None if unknown.
+
+        With `source`, only that name of the document goes; its content stays while another names it.
+        """
         key = (collection, doc_id)
         await self.locks.acquire(key)
         try:
+            record = await asyncio.to_thread(self.catalog.get, collection, doc_id)
+            if record is None or (source is not None and await asyncio.to_thread(
+                self.catalog.drop_name, collection, doc_id, source
+            )):
+                return record
             record = await asyncio.to_thread(
                 self.catalog.mark_deleting, collection, doc_id, owner=self.lease.token, is_live=self.held_elsewhere
             )
@@ -300,6 +333,7 @@ class IngestPipeline:
         return leftovers
 
     def write_chunks(self, collection: str, records: list[ChunkRecord], vectors: list[list[float]]) -> None:
+        vectors = rounded(vectors)
         with store_errors():
             self.store.upsert(
                 collection,
@@ -308,8 +342,14 @@ class IngestPipeline:
                 documents=[r.text for r in records],
                 metadatas=[r.metadata for r in records],
             )
-        rows = [(r.id, str(r.metadata["doc_id"]), r.text, _lexical_context(r.metadata)) for r in records]
+        rows = [
+            (r.id, str(r.metadata["doc_id"]), r.text, _lexical_context(r.metadata), r.metadata, v)
+            for r, v in zip(records, vectors)
+        ]
         self.lexical.add(collection, rows)
+        if records and self.lexical.embedder(collection) is None:
+            identity = EmbedderIdentity.of(self.settings.embed_model, records[0].text, vectors[0])
+            self.lexical.set_embedder(collection, identity)
 
 
 class _Run:
@@ -407,6 +447,8 @@ class _Run:
         )
         for old in retired:
             await self._io(self.p.purge, self.collection, old)
+        # Known under another source: this one becomes another name of it, listed and kept on its own.
+        await self._io(self.p.catalog.add_name, self.collection, doc.doc_id, source=doc.file.source, name=doc.file.name)
         self._release(doc, FileResult(doc.file.name, doc.file.source, doc.doc_id, "unchanged", chunks=record.chunks))
 
     async def _fail(self, doc: _Doc, exc: RagError) -> None:

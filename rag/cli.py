@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import click
 
@@ -22,7 +23,21 @@ def load_settings() -> Settings:
         raise click.ClickException(settings_error_line(exc)) from None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """A group whose command list shows each command's whole first sentence, wrapped, not cut at the
+    terminal's width as click does by default."""
+
+    group_class = type  # subgroups (`rag models`, ...) list their commands the same way
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, command.get_short_help_str(limit=300)) for name in self.list_commands(ctx)
+                if (command := self.get_command(ctx, name)) is not None and not command.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
     """A local RAG stack: llama-server, an embedding server, Chroma and an API.
 
@@ -44,10 +59,25 @@ def up() -> None:
     try:
         stack = Stack(plan_parts(settings), echo=click.echo, pid_file=settings.data_dir / "run" / "rag-up.json")
         stack.start()
-        click.echo(f"open {settings.api_url}/  (logs in {settings.data_dir / 'logs'}; Ctrl-C stops)")
+        report_store_damage(settings)
+        click.echo(f"open {settings.api_url}/  (this run's logs in {stack.parts[0].log_path.parent}; Ctrl-C stops)")
         stack.watch()
     except Stopped as exc:
         click.echo(f"stopped ({exc})")
+
+
+def report_store_damage(settings: Settings) -> None:
+    """Say plainly what the API found wrong with the store at start, and the command that fixes it."""
+    import httpx
+
+    try:
+        store = httpx.get(f"{settings.api_url}/health", timeout=10).json()["backends"]["store"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return
+    for name, problem in (store.get("problems") or {}).items():
+        click.echo(f"store         DAMAGED collection {name}: {problem}")
+    if store.get("fix"):
+        click.echo(f"store         the other collections work; to fix: {store['fix']}")
 
 
 @cli.command("serve-api")
@@ -58,7 +88,10 @@ def serve_api() -> None:
     from rag.api.app import create_app
 
     settings = load_settings()
-    uvicorn.run(create_app(settings), host=settings.api_host, port=settings.api_port, log_level="info")
+    uvicorn.run(
+        create_app(settings), host=settings.api_host, port=settings.api_port, log_level="info",
+        timeout_graceful_shutdown=settings.shutdown_grace_s,
+    )
 
 
 @cli.command("serve-embeddings")
@@ -127,6 +160,129 @@ def models_prepare() -> None:
     from rag.deploy.modellock import ensure_bundled_generator
 
     click.echo(ensure_bundled_generator(load_settings()))
+
+
+@cli.group()
+def store() -> None:
+    """The store: the catalog and the chunk record, and the indexes derived from them (Chroma, BM25).
+
+    \b
+    Examples:
+      rag store check             per collection: catalog, record, Chroma and BM25 counts
+      rag store repair            rebuild Chroma from the record (stop the API first)
+      rag store reindex --collection default   embed it again after a model change
+    """
+
+
+@store.command("check")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def store_check(as_json: bool) -> None:
+    """Compare the catalog, the record, Chroma and the BM25 index; exit 1 when they disagree."""
+    import json
+
+    from rag.core.errors import StoreLocked
+    from rag.store.chunks import StoreLock
+    from rag.store.repair import check_store
+
+    settings = load_settings()
+    lock = StoreLock(settings.data_dir)
+    try:
+        # A second process must not open Chroma while another writes it, even to read.
+        lock.acquire("rag store check")
+    except StoreLocked as exc:
+        raise click.ClickException(f"{exc.message}; the running API reports the store's state at /health") from None
+    try:
+        report = check_store(settings.data_dir, settings.chroma_path)
+    finally:
+        lock.release()
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        click.echo(f"{'collection':<24} {'documents':>9} {'catalog':>9} {'record':>9} {'vectors':>9} {'chroma':>9}  state")
+        for c in report.collections:
+            chroma = "-" if c.chroma is None else f"{c.chroma:,}"
+            state = "; ".join(c.problems) or "ok"
+            click.echo(
+                f"{c.name:<24} {c.documents:>9,} {c.catalog_chunks:>9,} {c.record_chunks:>9,} {c.record_vectors:>9,} {chroma:>9}  {state}"
+            )
+        if report.probe.unreadable:
+            click.echo(f"Chroma store: {report.probe.unreadable}")
+        click.echo(f"BM25 index: {report.lexical_index:,} of the record's {report.lexical_record:,} chunks")
+        click.echo("consistent" if report.consistent else "fix: stop the API, then run `rag store repair`")
+    if not report.consistent:
+        sys.exit(1)
+
+
+@store.command("repair")
+def store_repair() -> None:
+    """Rebuild Chroma from the record; resumable. Chunks without a stored vector take theirs from the
+    old Chroma where it still opens, else from the embedding server (RAG_EMBED_URL)."""
+    from rag.store.repair import repair_store
+
+    settings = load_settings()
+    written = _with_embedder(settings, "rag store repair", lambda embed, progress: repair_store(
+        settings.data_dir, settings.chroma_path, embed=embed, progress=progress
+    ))
+    for name, n in written.items():
+        click.echo(f"{name}: {n:,} vectors in Chroma")
+    click.echo("repaired; the old Chroma folder is kept beside the new one as chroma.damaged-*")
+
+
+@store.command("reindex")
+@click.option("--collection", required=True, help="The collection to embed again.")
+def store_reindex(collection: str) -> None:
+    """Embed a collection again from the record's texts with the embedder now served (after a model
+    change), then rebuild Chroma. Resumable; stop the API first."""
+    from rag.store.repair import reindex_collection
+
+    settings = load_settings()
+    written = _with_embedder(settings, "rag store reindex", lambda embed, progress: reindex_collection(
+        settings.data_dir, settings.chroma_path, collection, model=settings.embed_model, embed=embed, progress=progress
+    ))
+    click.echo(f"{collection}: {written.get(collection, 0):,} vectors of {settings.embed_model} in Chroma")
+
+
+def _with_embedder(settings: Settings, owner: str, work: Any) -> Any:
+    """Run `work(embed, progress)` in a thread under the store's lock, with the embedding server and a
+    progress bar; embedding requests go one at a time so as not to crowd out other work."""
+    import asyncio
+
+    from rich.progress import Progress
+
+    from rag.clients.embedding import EmbeddingClient
+    from rag.store.chunks import StoreLock
+
+    lock = StoreLock(settings.data_dir)
+    lock.acquire(owner)
+
+    async def run(bar: Progress) -> Any:
+        client = EmbeddingClient(settings.embed_url, model=settings.embed_model)
+        loop = asyncio.get_running_loop()
+        tasks: dict[str, Any] = {}
+
+        def embed(texts: list[str]) -> list[list[float]]:
+            step = settings.embed_batch
+            return [
+                vector
+                for i in range(0, len(texts), step)
+                for vector in asyncio.run_coroutine_threadsafe(client.embed(texts[i : i + step]), loop).result()
+            ]
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total)
+            bar.update(tasks[stage], completed=done, total=total)
+
+        try:
+            return await asyncio.to_thread(work, embed, progress)
+        finally:
+            await client.aclose()
+
+    try:
+        with Progress(disable=not sys.stderr.isatty()) as bar:
+            return asyncio.run(run(bar))
+    finally:
+        lock.release()
 
 
 cli.add_command(eval_command)

@@ -78,6 +78,12 @@ def upload(url: str, docs: dict[str, str] = DOCS, *, collection: str | None = No
     return body
 
 
+def empty_collection(url: str, name: str) -> None:
+    """Make `name` a collection that exists and holds nothing (an unknown one is 404)."""
+    doc = upload(url, {"gone.txt": "A note that is deleted at once."}, collection=name)["results"][0]["document_id"]
+    assert httpx.delete(f"{url}/v1/documents/{doc}", params={"collection": name}, timeout=60).status_code == 204
+
+
 @dataclass
 class SSEEvent:
     event: str

@@ -102,7 +102,7 @@ class Census:
 def census(data_dir: Path, collection: str, store: ChunkStore | None = None) -> Census:
     """Count what is stored; opens the embedded store unless given one (never while another process has it)."""
     store = store or ChunkStore.open(Settings(data_dir=data_dir))
-    got = store.collection(collection).get(include=["metadatas"])
+    got = store.collection(collection).get(include=["metadatas"]) if store.exists(collection) else {"metadatas": []}
     chroma = Counter(str(m["doc_id"]) for m in got["metadatas"])
     with sqlite3.connect(data_dir / "lexical.sqlite") as db:
         rows = db.execute("SELECT doc_id, count(*) FROM chunks WHERE collection = ? GROUP BY doc_id", (collection,))

@@ -117,6 +117,20 @@ def test_concurrent_requests_are_batched_to_identical_vectors(embedding_server: 
         assert np.allclose(vector, alone[i % len(TEXTS)], atol=1e-5)
 
 
+def test_batches_of_uneven_texts_from_many_clients_at_once_all_succeed(embedding_server: Server):
+    """Counting one request's tokens while another's batch encodes must not disturb the encode."""
+    batches = [[f"{i} {j} " + "word " * (5 + (7 * i + 13 * j) % 120) for j in range(2 if i % 2 else 12)] for i in range(16)]
+
+    async def go():
+        async with httpx.AsyncClient(timeout=120) as http:
+            replies = await asyncio.gather(
+                *(http.post(f"{embedding_server.url}/v1/embeddings", json={"input": b, "model": "m"}) for b in batches)
+            )
+        return [r.status_code for r in replies]
+
+    assert run(go()) == [200] * len(batches)
+
+
 def test_embedding_server_speaks_the_openai_api(embedding_server: Server):
     url = embedding_server.url
     floats = httpx.post(f"{url}/v1/embeddings", json={"input": "hello", "encoding_format": "float"}).json()

@@ -12,7 +12,7 @@ import pytest
 
 from rag.core.config import Settings
 from rag.answering.prompt import no_sources_answer
-from tests.chat_helpers import changed, ask, chat_events, parse_sse, prompt_tokens_total, serve, upload
+from tests.chat_helpers import changed, ask, chat_events, empty_collection, parse_sse, prompt_tokens_total, serve, upload
 from tests.servers import Server, free_port, start_llama_server
 
 pytestmark = pytest.mark.integration
@@ -82,6 +82,7 @@ def test_a_follow_up_reprocesses_only_what_changed(api: str):
 
 
 def test_an_empty_collection_gets_a_plain_answer_without_calling_the_model(api: str, llama_server: Server):
+    empty_collection(api, "empty-one")
     before = prompt_tokens_total(llama_server.url)
     events = chat_events(api, ask("When was the Eiffel Tower completed?", collection="empty-one"))
     data = {e.event: e.data for e in events}

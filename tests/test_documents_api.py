@@ -322,8 +322,13 @@ def test_the_same_file_twice_and_a_new_version(api: LiveApi) -> None:
     newer = api.upload(("plan.txt", text_of(3, "v2"))).json()["results"][0]
     assert newer["status"] == "indexed" and newer["document_id"] != first["document_id"]
     seen = api.census()
-    assert seen.consistent() and seen.indexed() == {newer["document_id"]: newer["chunks"]}
+    # plan-copy.txt still holds the first version's bytes: its content stays, under that name alone.
+    assert seen.consistent() and seen.indexed() == {newer["document_id"]: newer["chunks"], first["document_id"]: first["chunks"]}
+    assert api.client.get(f"/v1/documents/{first['document_id']}").json()["source_key"] == "plan-copy.txt"
+    copy = api.upload(("plan-copy.txt", text_of(4, "v3"))).json()["results"][0]
+    assert copy["status"] == "indexed"
     assert api.client.get(f"/v1/documents/{first['document_id']}").status_code == 404
+    assert api.census().indexed() == {newer["document_id"]: newer["chunks"], copy["document_id"]: copy["chunks"]}
 
 
 @pytest.mark.parametrize(
@@ -433,3 +438,93 @@ def test_chroma_server_down_is_503_never_500(ingest_settings: Settings, tmp_path
         server.should_exit = True
         thread.join(30)
         chroma.stop()
+
+
+# No silent loss.
+
+
+def _listed(api: LiveApi, collection: str = "default") -> list[tuple[str, str]]:
+    docs = api.client.get("/v1/documents", params={"collection": collection, "limit": 1000}).json()["documents"]
+    return sorted((d["source_key"], d["id"]) for d in docs)
+
+
+def test_the_same_bytes_under_two_names_are_two_listed_documents_that_never_delete_each_other(api: LiveApi) -> None:
+    data = text_of(3, "shared")
+    a = api.upload(("a.txt", data)).json()["results"][0]
+    b = api.upload(("b.txt", data)).json()["results"][0]
+    assert (a["status"], b["status"]) == ("indexed", "unchanged") and a["document_id"] == b["document_id"]
+    doc = a["document_id"]
+    assert _listed(api) == [("a.txt", doc), ("b.txt", doc)]
+    assert api.client.get("/v1/documents").json()["total"] == 2
+    # Deleting one name keeps the content for the other.
+    assert api.client.delete(f"/v1/documents/{doc}", params={"source": "a.txt"}).status_code == 204
+    assert _listed(api) == [("b.txt", doc)]
+    assert api.census().indexed() == {doc: a["chunks"]} and api.census().consistent()
+    # A new version of the remaining name replaces it; a name the document never had is 404.
+    assert api.client.delete(f"/v1/documents/{doc}", params={"source": "a.txt"}).status_code == 404
+    newer = api.upload(("b.txt", text_of(2, "newer"))).json()["results"][0]
+    assert _listed(api) == [("b.txt", newer["document_id"])]
+    assert api.census().indexed() == {newer["document_id"]: newer["chunks"]} and api.census().consistent()
+    assert api.client.get("/v1/collections").json()["collections"] == [{"name": "default", "documents": 1}]
+
+
+def test_deleting_by_id_alone_removes_the_content_under_every_name(api: LiveApi) -> None:
+    data = text_of(2, "both")
+    doc = api.upload(("one.txt", data), ("two.txt", data)).json()["results"][0]["document_id"]
+    assert len(_listed(api)) == 2
+    assert api.client.delete(f"/v1/documents/{doc}").status_code == 204
+    assert _listed(api) == [] and api.census().indexed() == {}
+
+
+@pytest.mark.parametrize(
+    "cut",
+    [
+        pytest.param(lambda body: body[: body.rindex(b"\r\n--QQ--")], id="no closing boundary"),
+        pytest.param(lambda body: body[: len(body) // 2], id="cut in the middle of the file"),
+    ],
+)
+def test_a_truncated_multipart_body_is_400_and_nothing_is_indexed(api: LiveApi, cut) -> None:
+    before = api.census()
+    body = (
+        b'--QQ\r\nContent-Disposition: form-data; name="files"; filename="whole.txt"\r\n\r\n'
+        + text_of(40, "truncated")
+        + b"\r\n--QQ--\r\n"
+    )
+    response = api.client.post("/v1/documents", content=cut(body), headers={"content-type": "multipart/form-data; boundary=QQ"})
+    assert response.status_code == 400 and "cut short" in response.json()["error"]["message"]
+    api.assert_healthy_and_unchanged(before)
+    assert _listed(api) == []
+
+
+def test_reads_never_create_collections(api: LiveApi) -> None:
+    api.upload(("known.txt", text_of(2)), collection="known-one")
+    store = api.services.store
+    before = store.names()
+    response = api.client.post("/v1/chat", json={"messages": [{"role": "user", "content": "Rivers?"}], "collection": "no-such-coll"})
+    assert response.status_code == 404, response.text
+    error = response.json()["error"]
+    assert "no-such-coll" in error["message"] and "known-one" in error["message"]
+    assert api.client.get("/v1/documents", params={"collection": "no-such-coll"}).json()["total"] == 0
+    assert store.names() == before == ["known-one"]
+
+
+def test_leftover_upload_folders_are_removed_at_start(ingest_settings: Settings) -> None:
+    left = ingest_settings.data_dir / "uploads" / "upload-crashed"
+    left.mkdir(parents=True)
+    for i in range(200):
+        (left / f"part-{i:05d}").write_bytes(b"x")
+    server, thread, url, app = serve(ingest_settings)
+    try:
+        assert not left.exists()
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def test_a_long_doc_ids_filter_works_in_parts(api: LiveApi) -> None:
+    doc = api.upload(("rivers.txt", text_of(3, "rivers"))).json()["results"][0]["document_id"]
+    many = [f"{i:064x}" for i in range(100_000)] + [doc]
+    vector = [1.0] + [0.0] * 383
+    hits = api.services.store.query("default", vector, 5, many)
+    assert hits and {h.metadata["doc_id"] for h in hits} == {doc}
+    assert api.services.lexical.search("default", "rivers", 5, many)[0].doc_id == doc

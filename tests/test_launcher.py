@@ -99,7 +99,7 @@ def test_rag_up_refuses_a_busy_port(isolated_env: Path, generator_model: Path):
         done = subprocess.run([sys.executable, "-m", "rag.cli", "up"], env=env, capture_output=True, text=True,
                               timeout=120)
     assert done.returncode == 1
-    assert f"port {port}" in done.stderr and "busy" in done.stderr
+    assert f"port {port}" in done.stderr and "busy" in done.stderr and "RAG_API_PORT" in done.stderr
 
 
 def test_rag_up_stops_the_rest_when_a_part_fails(isolated_env: Path, tmp_path: Path):
@@ -199,3 +199,23 @@ def test_rag_up_stopped_3_s_into_start_up_leaves_nothing_and_the_next_start_work
         again.send_signal(signal.SIGINT)
         again.wait(60)
     assert again.returncode == 0
+
+
+def test_logs_are_kept_per_run_and_rotated(tmp_path: Path):
+    from rag.deploy.runlogs import new_run_dir, run_dirs
+
+    logs = tmp_path / "logs"
+    made = [new_run_dir(logs, keep=3) for _ in range(5)]
+    assert run_dirs(logs) == made[-3:], "the newest three runs stay, in order"
+    assert (logs / "latest").resolve() == made[-1].resolve()
+    assert len({p.name for p in made}) == 5, "runs in one second get folders of their own"
+
+
+def test_rag_help_lists_whole_command_descriptions():
+    from click.testing import CliRunner
+
+    from rag.cli import cli
+
+    listing = " ".join(CliRunner().invoke(cli, ["--help"], terminal_width=80).output.split("Commands:")[1].split())
+    assert "Start llama-server, the embedding server and the API; Ctrl-C stops them all." in listing
+    assert "..." not in listing

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from rag.core.config import Settings
 from rag.clients.embedding import EmbeddingClient
-from rag.core.errors import BackendUnavailable, InvalidRequest, UpstreamError
+from rag.core.errors import BackendUnavailable, InvalidRequest, NotFound, UpstreamError
 from rag.store.lexical import LexicalIndex, lexical_tokens
 from rag.clients.rerank import RerankClient
 from rag.answering.retrieval import Retriever, dense_weight_for, fuse, min_max
@@ -286,7 +286,10 @@ async def test_bad_mode_and_empty_queries(retriever: Retriever) -> None:
         await retriever.search("x", collection="docs", k=3, mode="sparse")
     assert await retriever.search("   ", collection="docs", k=3) == []
     assert await retriever.search("Chicago", collection="docs", k=0) == []
+    retriever.store.collection("empty-one", create=True)
     assert await retriever.search("Chicago", collection="empty-one", k=3) == []
+    with pytest.raises(NotFound):
+        await retriever.search("Chicago", collection="never-made", k=3, mode="dense")
 
 
 async def test_reranker_reorders_the_fused_head(parts) -> None:

@@ -19,6 +19,7 @@ dense list is noise (R@5 0.18) and every w > 0.05 loses to BM25 alone, hence a C
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -198,7 +199,7 @@ class Retriever:
         lexical_hits, dense_hits = await asyncio.gather(_or_empty(lexical_job), _or_empty(dense_job))
         by_id: dict[str, _Candidate] = {}
         for rank, hit in enumerate(dense_hits, 1):
-            doc_id = str(hit.metadata.get("doc_id") or hit.id.rsplit(":", 1)[0])
+            doc_id = str(hit.metadata.get("doc_id") or hit.id.rsplit(":", 1)[0])  # a chunk id is "doc_id:index"
             by_id[hit.id] = _Candidate(hit.id, doc_id, dense_score=hit.score, dense_rank=rank, text=hit.text,
                                        metadata=hit.metadata)
         for rank, hit in enumerate(lexical_hits, 1):
@@ -215,7 +216,8 @@ class Retriever:
 
     async def _dense(self, query: str, collection: str, depth: int, only: list[str] | None) -> list[Any]:
         vector = (await self.embedder.embed([query]))[0]
-        return await asyncio.to_thread(self.store.query, collection, vector, depth, only)
+        # Ids and distances only: texts and metadata are read for the final top k (_attach_texts).
+        return await asyncio.to_thread(functools.partial(self.store.query, texts=False), collection, vector, depth, only)
 
     async def _indexed_only(self, collection: str, candidates: list[_Candidate]) -> list[_Candidate]:
         if not candidates:
@@ -224,7 +226,7 @@ class Retriever:
         return [c for c in candidates if c.doc_id in indexed]
 
     async def _attach_texts(self, collection: str, candidates: list[_Candidate]) -> None:
-        """Text and metadata from Chroma for the lexical-only candidates (the FTS index keeps no metadata)."""
+        """Text and metadata from Chroma for the candidates that have none yet (dense hits come without)."""
         missing = [c for c in candidates if c.text is None]
         if not missing:
             return

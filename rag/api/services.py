@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import shutil
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,11 +14,12 @@ from rag.answering.answerer import Answerer
 from rag.store.catalog import DocumentCatalog, OwnerLease
 from rag.core.config import Settings
 from rag.clients.embedding import EmbeddingClient
-from rag.core.errors import BackendUnavailable
+from rag.core.errors import BackendUnavailable, NotFound
 from rag.store.lexical import LexicalIndex
 from rag.clients.llm import LlamaServerClient
 from rag.answering.retrieval import Retriever
-from rag.store.chunks import ChunkStore, StoreLock
+from rag.store.chunks import REPAIR_HINT, ChunkStore, StoreLock
+from rag.store.probe import probe_chroma
 
 log = logging.getLogger("rag.api")
 
@@ -34,6 +37,7 @@ class Services:
     jobs: JobRegistry = field(default_factory=JobRegistry)
     answering: Answerer | None = None  # built on first use when not given
     extras: dict[str, Any] = field(default_factory=dict)
+    started: int = field(default_factory=lambda: int(time.time()))  # `created` of /v1/models
 
     def pipeline(self) -> IngestPipeline:
         """The ingestion pipeline over this process's store, embedder and catalog."""
@@ -50,6 +54,7 @@ class Services:
         return self.answering
 
     async def aclose(self) -> None:
+        await self.jobs.cancel_all()
         if self.answering:
             await self.answering.aclose()
         await self.llm.aclose()
@@ -69,7 +74,7 @@ def build_services(settings: Settings, *, owner: str = "the rag API") -> Service
         lock = StoreLock(settings.data_dir)
         lock.acquire(owner)
     try:
-        store = ChunkStore.open(settings)
+        store = open_store(settings)
         lexical = LexicalIndex(settings.data_dir / "lexical.sqlite")
         catalog = DocumentCatalog(settings.data_dir / "catalog.sqlite")
     except BaseException:
@@ -85,10 +90,57 @@ def build_services(settings: Settings, *, owner: str = "the rag API") -> Service
         catalog=catalog,
         store_lock=lock,
     )
+    remove_leftover_uploads(settings)
     # Documents that a stopped process left half indexed or half deleted go (they are not searchable
     # meanwhile: the catalog does not list them as indexed). A store that is away is retried next start.
     try:
         services.pipeline().recover()
     except BackendUnavailable as exc:
         log.warning("could not clean up interrupted ingestion yet: %s", exc.message)
+    find_lost_vectors(services)
     return services
+
+
+def open_store(settings: Settings) -> ChunkStore:
+    """Chroma, probed first in a child process when embedded: a damaged collection is reported and
+    never opened here, since opening it can crash the process."""
+    if settings.chroma_mode != "embedded":
+        return ChunkStore.open(settings)
+    probe = probe_chroma(settings.chroma_path)
+    for name, reason in probe.damaged.items():
+        log.error("Chroma's collection %r is damaged (%s); %s", name, reason, REPAIR_HINT)
+    if probe.unreadable is not None:
+        log.error("the Chroma store at %s cannot be opened (%s); %s", settings.chroma_path, probe.unreadable, REPAIR_HINT)
+        store = ChunkStore(None, settings.collection)
+    else:
+        store = ChunkStore.open(settings)
+    store.damaged, store.unreadable = dict(probe.damaged), probe.unreadable
+    return store
+
+
+def find_lost_vectors(services: Services) -> None:
+    """Note the collections where Chroma holds fewer vectors than the catalog's indexed chunks."""
+    store, catalog = services.store, services.catalog
+    for name, _ in catalog.collections():
+        if name in store.damaged or store.unreadable:
+            continue
+        expected = sum(catalog.indexed_chunks(name).values())
+        try:
+            held = store.count(name) if expected else 0
+        except (BackendUnavailable, NotFound):
+            held = 0
+        if held < expected:
+            store.out_of_step[name] = f"Chroma holds {held:,} vectors for {expected:,} indexed chunks"
+            log.error("collection %r is out of step: %s; %s", name, store.out_of_step[name], REPAIR_HINT)
+
+
+def remove_leftover_uploads(settings: Settings) -> None:
+    """Delete the upload folders a stopped API left behind (this process holds the store: none is in use).
+
+    With a Chroma server several APIs may share a data dir, so only the embedded store's owner cleans up.
+    """
+    if settings.chroma_mode != "embedded":
+        return
+    for folder in sorted((settings.data_dir / "uploads").glob("upload-*")):
+        log.warning("removing the upload folder %s left by a stopped process", folder.name)
+        shutil.rmtree(folder, ignore_errors=True)

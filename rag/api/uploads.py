@@ -71,6 +71,7 @@ class _Receiver:
         self._sink: BinaryIO | None = None
         self._field: tuple[str, bytearray] | None = None
         self._parts = 0
+        self.complete = False  # the closing boundary was seen
 
     def callbacks(self) -> dict[str, object]:
         return {
@@ -81,6 +82,7 @@ class _Receiver:
             "on_headers_finished": self._headers_finished,
             "on_part_data": lambda data, start, end: self._data(data[start:end]),
             "on_part_end": self._part_end,
+            "on_end": self._end,
         }
 
     def _part_begin(self) -> None:
@@ -137,6 +139,9 @@ class _Receiver:
                 raise InvalidRequest(f"form field {name[:50]!r} is not UTF-8") from None
             self._field = None
 
+    def _end(self) -> None:
+        self.complete = True
+
     def close(self) -> None:
         if self._sink is not None:
             self._sink.close()
@@ -160,6 +165,7 @@ async def receive_multipart(
                 raise FileTooLarge(f"the upload is over the limit of {limit:,} bytes (RAG_MAX_UPLOAD_BYTES)", limit=limit)
             parser.write(chunk)
         parser.finalize()
+        _check_complete(receiver, received, content_length)
     except MultipartParseError as exc:
         raise InvalidRequest(f"malformed multipart body: {exc}") from None
     except ClientDisconnect:
@@ -169,6 +175,17 @@ async def receive_multipart(
     if not receiver.form.files:
         raise InvalidRequest("no files: send them in the multipart field 'files'")
     return receiver.form
+
+
+def _check_complete(receiver: _Receiver, received: int, content_length: str | None) -> None:
+    """A body cut short (before its closing boundary, or under its Content-Length) is refused whole: the
+    parser would otherwise hand over the last file's first bytes as if they were all of it."""
+    if content_length and content_length.isdigit() and received < int(content_length):
+        raise InvalidRequest(
+            f"the upload was cut short: {received:,} of {int(content_length):,} bytes (Content-Length) arrived"
+        )
+    if not receiver.complete:
+        raise InvalidRequest("the upload was cut short: the multipart body ends before its closing boundary")
 
 
 # Names.

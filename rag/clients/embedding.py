@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import openai
 
@@ -61,11 +63,11 @@ class EmbeddingClient:
     async def embed_one(self, text: str) -> list[float]:
         return (await self.embed([text]))[0]
 
-    async def health(self) -> dict[str, str]:
+    async def health(self) -> dict[str, Any]:
         try:
             response = await self._http.get("/health", timeout=5.0)
         except httpx.TransportError as exc:
             return {"state": "down", "reason": f"unreachable: {exc.__class__.__name__}"}
         if response.status_code == 200:
-            return {"state": "ok", **{k: str(v) for k, v in response.json().items() if k != "status"}}
+            return {"state": "ok", **{k: v for k, v in response.json().items() if k != "status"}}  # dimensions: an int
         return {"state": "loading" if response.status_code == 503 else "down", "reason": f"HTTP {response.status_code}"}

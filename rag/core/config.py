@@ -55,7 +55,7 @@ class Settings(BaseSettings):
     # CPU threads of the embedding model for batches (unset: all cores); short requests (queries) use one.
     embed_threads: int | None = Field(default=None, ge=1)
     embed_max_batch: int = Field(default=64, ge=1)
-    embed_max_wait_ms: float = Field(default=5.0, ge=0)
+    embed_max_wait_ms: float = Field(default=0.0, ge=0)  # 0: batch what queued during the last encode
     embed_max_inputs: int = Field(default=512, ge=1)
 
     # Chroma: embedded on disk (the default) or a `chroma run` server.
@@ -109,6 +109,9 @@ class Settings(BaseSettings):
     # Packing cut-off: a source whose fused score is below this share of the best source's is not packed
     # (fewer new tokens to prefill; the curve behind the default is in bench/packing_cutoff.py). 0: off.
     pack_relative_score: float = Field(default=0.35, ge=0, le=1)
+    # Shutdown: how long in-flight requests (uploads being indexed) may run on after SIGTERM before
+    # they are cancelled and their unfinished documents rolled back.
+    shutdown_grace_s: float = Field(default=20.0, gt=0)
 
     debug: bool = False
 

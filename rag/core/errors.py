@@ -10,9 +10,11 @@
     │   └── DocumentRejected (422)         a readable file with nothing to index (empty, scanned, encrypted)
     ├── Unauthorized (401)
     ├── NotFound (404)
+    │   └── ModelNotFound (404)            a model name this API does not serve (OpenAI's error shape)
     ├── Busy (429)                         the generation queue is full or waited too long
     ├── StoreLocked (409)                  another process holds the embedded Chroma store
     ├── Conflict (409)                     another request is indexing or deleting this document
+    │   └── EmbedderMismatch (409)         the embedder is not the model that built the collection
     ├── UpstreamError (502)                a backend answered with something we cannot use
     │   └── ContextOverflow (502)          llama-server's exceed_context_size_error
     └── BackendUnavailable (503)          with Retry-After: a backend that is down or loading comes back
@@ -80,6 +82,14 @@ class NotFound(RagError):
     status, code = 404, "not_found"
 
 
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+    def to_dict(self) -> dict[str, Any]:
+        # OpenAI's shape, which its SDKs and other clients read: type and param beside code and message.
+        return {**super().to_dict(), "type": "invalid_request_error", "param": "model"}
+
+
 class Busy(RagError):
     status, code = 429, "busy"
 
@@ -124,3 +134,7 @@ class EmbedderUnavailable(BackendUnavailable):
 
 class StoreUnavailable(BackendUnavailable):
     code = "store_unavailable"
+
+
+class EmbedderMismatch(Conflict):
+    code = "embedder_mismatch"

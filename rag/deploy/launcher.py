@@ -20,6 +20,7 @@ from rag.core.config import Settings
 from rag.core.errors import RagError
 from rag.deploy.modellock import ensure_bundled_generator
 from rag.deploy.profiles import get_profile
+from rag.deploy.runlogs import new_run_dir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -191,8 +192,12 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+# The setting that moves each part's port, for the busy-port error.
+PORT_SETTINGS = {"llama-server": "RAG_LLM_URL", "embedder": "RAG_EMBED_URL", "api": "RAG_API_PORT"}
+
+
 def plan_parts(settings: Settings) -> list[Part]:
-    logs = settings.data_dir / "logs"
+    logs = new_run_dir(settings.data_dir / "logs")
     llm = urlparse(settings.llm_url)
     embed = urlparse(settings.embed_url)
     model = settings.llm_model_path or ensure_bundled_generator(settings)
@@ -277,7 +282,9 @@ class Stack:
     def check_ports(self) -> None:
         for part in self.parts:
             if not port_is_free(part.host, part.port):
-                raise LaunchError(f"port {part.port} on {part.host} ({part.name}) is busy; choose another in the settings")
+                setting = PORT_SETTINGS.get(part.name, "the settings")
+                raise LaunchError(f"port {part.port} on {part.host} ({part.name}) is busy: stop what listens there, "
+                                  f"or choose another port with {setting}")
 
     def clean_leftovers(self) -> None:
         """Stops what a previous rag up that was killed left running (before the ports are checked)."""

@@ -64,6 +64,11 @@ class MicroBatcher:
     async def _collect(self) -> list[_Pending]:
         batch = [await self._queue.get()]
         size = len(batch[0].texts)
+        # What queued up while the last batch was encoding joins at once (one encode thread batches
+        # concurrent requests by itself); waiting longer for more is the max_wait's choice.
+        while size < self._max_batch and not self._queue.empty():
+            batch.append(self._queue.get_nowait())
+            size += len(batch[-1].texts)
         deadline = asyncio.get_running_loop().time() + self._max_wait_s
         while size < self._max_batch:
             timeout = deadline - asyncio.get_running_loop().time()
@@ -109,6 +114,7 @@ class SentenceEmbedder:
     ) -> None:
         import torch
         from sentence_transformers import SentenceTransformer
+        from tokenizers import Tokenizer
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self._torch = torch
@@ -120,6 +126,12 @@ class SentenceEmbedder:
         self.batch_size = batch_size
         self.max_seq_length = int(self.model.max_seq_length)
         self.dimensions = int(self.model.get_sentence_embedding_dimension() or 0)
+        # Counting runs beside an encode. Calling the model's own tokenizer with other truncation and padding
+        # options rewrites its shared Rust state mid-encode ("expected sequence of length 194 at dim 1 (got
+        # 193)" under 16 concurrent requests): counts use a copy of it that nothing reconfigures.
+        self._counter = Tokenizer.from_str(self.model.tokenizer.backend_tokenizer.to_str())
+        self._counter.no_truncation()
+        self._counter.no_padding()
 
     def encode(self, texts: list[str]) -> np.ndarray:
         # A query on one thread: two threads on two busy cores stall each other (one query took 80-125 ms
@@ -131,8 +143,7 @@ class SentenceEmbedder:
         return np.asarray(vectors, dtype=np.float32)
 
     def token_counts(self, texts: list[str]) -> list[int]:
-        encoded = self.model.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)
-        return [len(ids) for ids in encoded["input_ids"]]
+        return [len(e.ids) for e in self._counter.encode_batch(texts, add_special_tokens=True)]
 
 
 def resolve_embedder_path(settings: Settings) -> str:
@@ -205,7 +216,9 @@ def create_embedding_app(settings: Settings, embedder: SentenceEmbedder | None =
                 413, f"{len(texts)} inputs in one request; the limit is {settings.embed_max_inputs} (RAG_EMBED_MAX_INPUTS)"
             )
         model: SentenceEmbedder = state["model"]
-        counts = await asyncio.to_thread(model.token_counts, texts)
+        # A query's count is cheaper than the hop to a thread (the event loop waits ~0.1 ms for it).
+        short = len(texts) <= SHORT_REQUEST
+        counts = model.token_counts(texts) if short else await asyncio.to_thread(model.token_counts, texts)
         vectors = await state["batcher"].submit(texts)
         used = [min(c, model.max_seq_length) for c in counts]
         truncated = sum(c > model.max_seq_length for c in counts)

@@ -8,6 +8,10 @@ Only `indexed` documents are searchable: retrieval asks `indexed_ids()` and drop
 document. A new version of a source becomes searchable, and the old one unsearchable, in one SQLite
 transaction (`mark_indexed`); the old version's chunks are deleted after. A process that dies leaves
 `pending` or `deleting` rows whose owner lease is free: `leftovers()` finds them for clean-up.
+
+The same bytes under two sources are one document (its id is the content's hash, its chunks stored
+once) with two names: the row's own source and name, and a row of `document_names` for each other
+one. Listings show every name; retiring or deleting one name keeps the content while another names it.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any, Literal
 
 from filelock import FileLock, Timeout
 
-from rag.core.errors import Conflict, InvalidRequest
+from rag.core.errors import Conflict, InvalidRequest, NotFound
 
 State = Literal["pending", "indexed", "failed", "deleting"]
 Claim = Literal["claimed", "indexed", "busy"]
@@ -50,6 +54,15 @@ CREATE TABLE IF NOT EXISTS documents (
 );
 CREATE INDEX IF NOT EXISTS documents_by_source ON documents (collection, source);
 CREATE INDEX IF NOT EXISTS documents_by_state ON documents (state);
+CREATE TABLE IF NOT EXISTS document_names (
+    collection TEXT NOT NULL,
+    doc_id     TEXT NOT NULL,
+    source     TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (collection, doc_id, source)
+);
+CREATE INDEX IF NOT EXISTS document_names_by_source ON document_names (collection, source);
 """
 
 # Chroma's rule for collection names.
@@ -64,6 +77,14 @@ def check_collection(name: str) -> str:
 
 
 _COLUMNS = "collection, doc_id, source, name, size, pages, chunks, state, error, owner, created_at, indexed_at"
+# Every name of every document: the rows themselves, and their other names with the row's state.
+_NAMED = f"""(
+    SELECT {_COLUMNS} FROM documents
+    UNION ALL
+    SELECT d.collection, d.doc_id, n.source, n.name, d.size, d.pages, d.chunks, d.state, d.error, d.owner,
+           n.created_at, d.indexed_at
+    FROM document_names n JOIN documents d ON d.collection = n.collection AND d.doc_id = n.doc_id
+)"""
 
 
 def _iso(ts: float | None) -> str | None:
@@ -190,7 +211,8 @@ class DocumentCatalog:
     def list(
         self, collection: str, offset: int = 0, limit: int = 50, state: State | None = None
     ) -> list[DocumentRecord]:
-        sql = f"SELECT {_COLUMNS} FROM documents WHERE collection = ?"
+        """Every name of the collection's documents (content under two names is listed twice)."""
+        sql = f"SELECT {_COLUMNS} FROM {_NAMED} WHERE collection = ?"
         params: list[Any] = [collection]
         if state:
             sql += " AND state = ?"
@@ -199,7 +221,7 @@ class DocumentCatalog:
         return self._rows(sql, [*params, limit, offset])
 
     def count(self, collection: str, state: State | None = None) -> int:
-        sql, params = "SELECT count(*) FROM documents WHERE collection = ?", [collection]
+        sql, params = f"SELECT count(*) FROM {_NAMED} WHERE collection = ?", [collection]
         if state:
             sql += " AND state = ?"
             params.append(state)
@@ -208,17 +230,36 @@ class DocumentCatalog:
 
     def by_source(self, collection: str, source: str) -> list[DocumentRecord]:
         return self._rows(
-            f"SELECT {_COLUMNS} FROM documents WHERE collection = ? AND source = ? ORDER BY created_at",
+            f"SELECT {_COLUMNS} FROM {_NAMED} WHERE collection = ? AND source = ? ORDER BY created_at",
             (collection, source),
         )
 
-    def collections(self) -> list[tuple[str, int]]:
-        """Every collection with a row, and how many of its documents are indexed."""
+    def names(self, collection: str, doc_id: str) -> list[str]:
+        """The sources that name a document: its own first, then the others by age."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT collection, sum(state = 'indexed') FROM documents GROUP BY collection ORDER BY collection"
+                "SELECT source FROM documents WHERE collection = ? AND doc_id = ? UNION ALL "
+                "SELECT source FROM (SELECT source FROM document_names WHERE collection = ? AND doc_id = ? "
+                "ORDER BY created_at)",
+                (collection, doc_id, collection, doc_id),
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    def collections(self) -> list[tuple[str, int]]:
+        """Every collection with a row, and how many of its documents' names are indexed."""
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT collection, sum(state = 'indexed') FROM {_NAMED} GROUP BY collection ORDER BY collection"
             ).fetchall()
         return [(name, int(n or 0)) for name, n in rows]
+
+    def indexed_chunks(self, collection: str) -> dict[str, int]:
+        """Every indexed document of the collection with its number of chunks."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT doc_id, chunks FROM documents WHERE collection = ? AND state = 'indexed'", (collection,)
+            ).fetchall()
+        return {doc_id: int(n) for doc_id, n in rows}
 
     def indexed_ids(self, collection: str, doc_ids: Iterable[str]) -> set[str]:
         """The subset of `doc_ids` that is searchable now."""
@@ -287,20 +328,71 @@ class DocumentCatalog:
         with self._write() as db:
             return self._retire(db, collection, source, keep=keep, owner=owner)
 
-    @staticmethod
-    def _retire(db: sqlite3.Connection, collection: str, source: str, *, keep: str, owner: str) -> list[str]:
-        old = [
-            r[0]
-            for r in db.execute(
-                "SELECT doc_id FROM documents WHERE collection = ? AND source = ? AND doc_id != ? AND state = 'indexed'",
-                (collection, source, keep),
-            )
-        ]
+    @classmethod
+    def _retire(cls, db: sqlite3.Connection, collection: str, source: str, *, keep: str, owner: str) -> list[str]:
+        """Take the name `source` from every indexed document but `keep`; those left unnamed go."""
+        named = db.execute(
+            "SELECT doc_id FROM documents WHERE collection = ? AND source = ? AND doc_id != ? AND state = 'indexed' "
+            "UNION SELECT n.doc_id FROM document_names n JOIN documents d USING (collection, doc_id) "
+            "WHERE n.collection = ? AND n.source = ? AND n.doc_id != ? AND d.state = 'indexed'",
+            (collection, source, keep, collection, source, keep),
+        ).fetchall()
+        old = [doc_id for (doc_id,) in named if not cls._drop_name(db, collection, doc_id, source)]
         db.executemany(
             "UPDATE documents SET state = 'deleting', owner = ? WHERE collection = ? AND doc_id = ?",
             [(owner, collection, d) for d in old],
         )
         return old
+
+    @staticmethod
+    def _drop_name(db: sqlite3.Connection, collection: str, doc_id: str, source: str) -> bool:
+        """Remove one name of a document that has others; False (nothing done) when it is the only one."""
+        if db.execute(
+            "DELETE FROM document_names WHERE collection = ? AND doc_id = ? AND source = ?", (collection, doc_id, source)
+        ).rowcount:
+            return True
+        other = db.execute(
+            "SELECT source, name FROM document_names WHERE collection = ? AND doc_id = ? ORDER BY created_at LIMIT 1",
+            (collection, doc_id),
+        ).fetchone()
+        if other is None:
+            return False
+        # The row's own name goes: the oldest other name takes its place.
+        db.execute(
+            "UPDATE documents SET source = ?, name = ? WHERE collection = ? AND doc_id = ?", (*other, collection, doc_id)
+        )
+        db.execute(
+            "DELETE FROM document_names WHERE collection = ? AND doc_id = ? AND source = ?", (collection, doc_id, other[0])
+        )
+        return True
+
+    def add_name(self, collection: str, doc_id: str, *, source: str, name: str) -> None:
+        """Record `source` as another name of an indexed document (the same bytes under a second name)."""
+        with self._write() as db:
+            row = db.execute(
+                "SELECT source FROM documents WHERE collection = ? AND doc_id = ?", (collection, doc_id)
+            ).fetchone()
+            if row is None:
+                return
+            if row[0] == source:  # its own name: the display name may have changed
+                db.execute("UPDATE documents SET name = ? WHERE collection = ? AND doc_id = ?", (name, collection, doc_id))
+                return
+            db.execute(
+                "INSERT INTO document_names (collection, doc_id, source, name, created_at) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT DO UPDATE SET name = excluded.name",
+                (collection, doc_id, source, name, time.time()),
+            )
+
+    def drop_name(self, collection: str, doc_id: str, source: str) -> bool:
+        """Remove one name of a document; False when it is the document's only name (delete it instead)."""
+        with self._write() as db:
+            names = db.execute(
+                f"SELECT count(*) FROM {_NAMED} WHERE collection = ? AND doc_id = ? AND source = ?",
+                (collection, doc_id, source),
+            ).fetchone()[0]
+            if not names:
+                raise NotFound(f"document {doc_id} has no source {source[:200]!r}")
+            return self._drop_name(db, collection, doc_id, source)
 
     def mark_failed(self, collection: str, doc_id: str, error: str) -> None:
         with self._write() as db:
@@ -333,6 +425,7 @@ class DocumentCatalog:
     def remove(self, collection: str, doc_id: str) -> None:
         with self._write() as db:
             db.execute("DELETE FROM documents WHERE collection = ? AND doc_id = ?", (collection, doc_id))
+            db.execute("DELETE FROM document_names WHERE collection = ? AND doc_id = ?", (collection, doc_id))
 
 
 class DocumentBusy(Conflict):

@@ -11,15 +11,18 @@ from urllib.parse import urlparse
 from filelock import FileLock, Timeout
 
 from rag.core.config import Settings
-from rag.core.errors import StoreLocked, StoreUnavailable
+from rag.core.errors import NotFound, StoreLocked, StoreUnavailable
 
 HNSW = {"space": "cosine", "ef_construction": 200, "ef_search": 200}
+REPAIR_HINT = "stop the API and run `rag store repair`"
+# Document ids in one Chroma `$in` filter: SQLite refuses a statement with more than 32,766 variables.
+FILTER_BATCH = 5000
 
 
 @dataclass
 class StoredChunk:
     id: str
-    text: str
+    text: str | None  # None when a query left texts out
     metadata: dict[str, Any]
     score: float = 0.0  # cosine similarity for dense hits
 
@@ -52,9 +55,16 @@ class StoreLock:
 class ChunkStore:
     """Collections of chunk vectors with their text and metadata."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, default_collection: str = "default") -> None:
         self._client = client
         self._collections: dict[str, Any] = {}
+        # Reads of the default collection before anything was ingested find it empty, not unknown.
+        self.default_collection = default_collection
+        # Found by the start-up probe: collections (or the whole store, client None) never to be opened
+        # in this process, since opening them can crash it; and collections that lost vectors.
+        self.damaged: dict[str, str] = {}
+        self.out_of_step: dict[str, str] = {}
+        self.unreadable: str | None = None
 
     @classmethod
     def open(cls, settings: Settings) -> "ChunkStore":
@@ -73,22 +83,66 @@ class ChunkStore:
         else:
             settings.chroma_path.mkdir(parents=True, exist_ok=True)
             client = chromadb.PersistentClient(path=str(settings.chroma_path), settings=chroma_settings)
-        return cls(client)
+        return cls(client, settings.collection)
 
-    def collection(self, name: str) -> Any:
+    def collection(self, name: str, *, create: bool = False) -> Any:
+        """The Chroma collection `name`; only writes create it, a read of an unknown one is NotFound."""
+        reason = self.unreadable or self.damaged.get(name)
+        if reason is not None or self._client is None:
+            raise StoreUnavailable(f"Chroma's collection {name!r} is damaged ({reason}); {REPAIR_HINT}", fix="rag store repair")
         if name not in self._collections:
+            from chromadb.errors import NotFoundError
+
             try:
-                self._collections[name] = self._client.get_or_create_collection(
-                    name, configuration={"hnsw": HNSW}, embedding_function=None
-                )
+                if create:
+                    self._collections[name] = self._client.get_or_create_collection(
+                        name, configuration={"hnsw": HNSW}, embedding_function=None
+                    )
+                else:
+                    self._collections[name] = self._client.get_collection(name, embedding_function=None)
+            except NotFoundError:
+                raise self._unknown(name) from None
             except Exception as exc:  # chromadb raises many kinds when its server is away
                 raise StoreUnavailable(f"Chroma is unavailable: {exc}") from exc
         return self._collections[name]
+
+    def _unknown(self, name: str) -> NotFound:
+        known = self.names()
+        shown = ", ".join(known[:50]) or "none yet"
+        return NotFound(f"no collection {name!r}; the collections are: {shown}", collections=known)
+
+    def names(self) -> list[str]:
+        """The collections that exist in Chroma."""
+        if self._client is None:
+            return sorted(self.damaged)
+        try:
+            found = self._client.list_collections()
+        except Exception as exc:  # chromadb raises many kinds when its server is away
+            raise StoreUnavailable(f"Chroma is unavailable: {exc}") from exc
+        return sorted(getattr(c, "name", c) for c in found)
+
+    def exists(self, name: str) -> bool:
+        try:
+            self.collection(name)
+        except NotFound:
+            return False
+        return True
+
+    def _readable(self, name: str) -> Any | None:
+        """The collection for a read; None for the default collection before its first document."""
+        try:
+            return self.collection(name)
+        except NotFound:
+            if name == self.default_collection:
+                return None
+            raise
 
     def max_batch_size(self) -> int:
         return int(self._client.get_max_batch_size())
 
     def heartbeat(self) -> bool:
+        if self._client is None:
+            return False
         try:
             self._client.heartbeat()
         except Exception:
@@ -103,7 +157,7 @@ class ChunkStore:
         documents: list[str],
         metadatas: list[dict[str, Any]],
     ) -> None:
-        coll = self.collection(collection)
+        coll = self.collection(collection, create=True)
         step = min(self.max_batch_size(), 1000)
         for start in range(0, len(ids), step):
             end = start + step
@@ -115,18 +169,23 @@ class ChunkStore:
             )
 
     def delete_document(self, collection: str, doc_id: str) -> None:
-        self.collection(collection).delete(where={"doc_id": doc_id})
+        if self.exists(collection):
+            self.collection(collection).delete(where={"doc_id": doc_id})
 
     def count_document(self, collection: str, doc_id: str) -> int:
+        if not self.exists(collection):
+            return 0
         return len(self.collection(collection).get(where={"doc_id": doc_id}, include=[])["ids"])
 
     def count(self, collection: str) -> int:
-        return int(self.collection(collection).count())
+        coll = self._readable(collection)
+        return int(coll.count()) if coll is not None else 0
 
     def get(self, collection: str, ids: list[str]) -> list[StoredChunk]:
-        if not ids:
+        coll = self._readable(collection) if ids else None
+        if coll is None:
             return []
-        got = self.collection(collection).get(ids=ids, include=["documents", "metadatas"])
+        got = coll.get(ids=ids, include=["documents", "metadatas"])
         by_id = {
             i: StoredChunk(i, doc or "", dict(meta or {}))
             for i, doc, meta in zip(got["ids"], got["documents"], got["metadatas"])
@@ -134,23 +193,24 @@ class ChunkStore:
         return [by_id[i] for i in ids if i in by_id]
 
     def query(
-        self, collection: str, embedding: list[float], k: int, doc_ids: list[str] | None = None
+        self, collection: str, embedding: list[float], k: int, doc_ids: list[str] | None = None, *, texts: bool = True
     ) -> list[StoredChunk]:
-        coll = self.collection(collection)
-        n = coll.count()
-        if n == 0:
+        """The k nearest chunks. `texts=False` reads only ids and distances (text None, metadata empty):
+        a search fetches texts for its final top k alone, not for every candidate."""
+        # No count() first: Chroma answers an empty collection or a k over its size with fewer hits, and
+        # the count cost 8.6 ms p50 (25 ms p95) per query at 100k chunks.
+        coll = self._readable(collection)
+        if coll is None:
             return []
-        where = {"doc_id": {"$in": doc_ids}} if doc_ids else None
-        got = coll.query(
-            query_embeddings=[embedding],
-            n_results=min(k, n),
-            where=where,
-            include=["documents", "metadatas", "distances"],
-        )
-        return [
-            StoredChunk(i, doc or "", dict(meta or {}), 1.0 - float(dist))
-            for i, doc, meta, dist in zip(got["ids"][0], got["documents"][0], got["metadatas"][0], got["distances"][0])
+        if not doc_ids:
+            return _hits(coll, embedding, k, None, texts)
+        # A long filter goes in parts (one SQL statement each), their hits merged by score.
+        hits = [
+            hit
+            for start in range(0, len(doc_ids), FILTER_BATCH)
+            for hit in _hits(coll, embedding, k, {"doc_id": {"$in": doc_ids[start : start + FILTER_BATCH]}}, texts)
         ]
+        return sorted(hits, key=lambda h: -h.score)[:k]
 
     def delete_collection(self, name: str) -> None:
         self._collections.pop(name, None)
@@ -160,3 +220,15 @@ class ChunkStore:
             self._client.delete_collection(name)
         except NotFoundError:
             pass
+
+
+def _hits(coll: Any, embedding: list[float], k: int, where: dict[str, Any] | None, texts: bool) -> list[StoredChunk]:
+    include = ["documents", "metadatas", "distances"] if texts else ["distances"]
+    got = coll.query(query_embeddings=[embedding], n_results=k, where=where, include=include)
+    ids, distances = got["ids"][0], got["distances"][0]
+    documents = got["documents"][0] if texts else [None] * len(ids)
+    metadatas = got["metadatas"][0] if texts else [None] * len(ids)
+    return [
+        StoredChunk(i, (doc or "") if texts else None, dict(meta or {}), 1.0 - float(dist))
+        for i, doc, meta, dist in zip(ids, documents, metadatas, distances)
+    ]

@@ -5,8 +5,9 @@ better and 6x faster to index than jieba words), other words are lower-cased, En
 and ASCII words Snowball-stemmed ("founded" finds "founding").
 
 Two parts on disk, side by side:
-- `lexical.sqlite`: the chunks themselves (collection, chunk id, document id, text), the record that
-  counts and the one the search index is rebuilt from;
+- `lexical.sqlite`: the chunks themselves (collection, chunk id, document id, text, metadata and the
+  float16 vector: see `rag/store/record.py`), the system of record from which both the search index
+  and Chroma are rebuilt;
 - `lexical.tantivy/`: a tantivy (Rust, Lucene-like) inverted index of the tokens, keyed by the SQLite
   rowid. Its top-k BM25 skips whole posting blocks that cannot reach the top (block-max WAND): at 100k
   chunks a query takes about a millisecond, where SQLite FTS5, which scores every matching row, took
@@ -28,11 +29,14 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import Stemmer
 import tantivy
 
 from rag.core.errors import StoreLocked
+from rag.store import record
+from rag.store.record import EmbedderIdentity
 
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af"
 _TOKEN = re.compile(rf"[{_CJK}]+|[^\W_{_CJK}]+", re.UNICODE)
@@ -136,12 +140,14 @@ class LexicalIndex:
         self.tokenizer = tokenizer
         self._schema = _search_schema()
         self._dir = path.with_suffix(".tantivy")
+        self._path = path
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30.0)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
         if "context" not in {row[1] for row in self._db.execute("PRAGMA table_info(chunks)")}:
             self._db.execute("ALTER TABLE chunks ADD COLUMN context TEXT NOT NULL DEFAULT ''")
+        record.add_columns(self._db)
         # Searches read through their own connection: under WAL they never wait for a write.
         self._reader = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
@@ -156,13 +162,17 @@ class LexicalIndex:
 
     # Writes.
 
-    def add(self, collection: str, rows: Iterable[tuple[str, ...]]) -> None:
-        """Index (chunk_id, doc_id, text[, context]) rows; re-adding a chunk id replaces it.
+    def add(self, collection: str, rows: Iterable[tuple[Any, ...]]) -> None:
+        """Index (chunk_id, doc_id, text[, context[, metadata, vector]]) rows; re-adding a chunk id replaces it.
 
         `context` (the document's title or the chunk's heading path) is searched with the chunk: a
-        chunk that never names its subject is still found by it.
+        chunk that never names its subject is still found by it. `metadata` and `vector` are kept for
+        rebuilding Chroma.
         """
-        prepared = [(cid, did, text, ctx, self._tokens(text, ctx)) for cid, did, text, ctx in map(_with_context, rows)]
+        prepared = [
+            (cid, did, text, ctx, self._tokens(text, ctx), record.encode_metadata(meta), vec)
+            for cid, did, text, ctx, meta, vec in map(_with_context, rows)
+        ]
         if not prepared:
             return
         with self._writer() as writer:
@@ -171,14 +181,15 @@ class LexicalIndex:
                 db.executemany("DELETE FROM chunks WHERE id = ?", [(r,) for r in old])
                 new = [
                     db.execute(
-                        "INSERT INTO chunks (collection, chunk_id, doc_id, text, context) VALUES (?, ?, ?, ?, ?)",
-                        (collection, cid, did, text, ctx),
+                        "INSERT INTO chunks (collection, chunk_id, doc_id, text, context, metadata, vector) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (collection, cid, did, text, ctx, meta, None if vec is None else record.encode_vector(vec)),
                     ).lastrowid
-                    for cid, did, text, ctx, _ in prepared
+                    for cid, did, text, ctx, _, meta, vec in prepared
                 ]
             if old:
                 writer.delete_documents_by_query(tantivy.Query.term_set_query(self._schema, "rowid", old))
-            for rowid, (_, doc_id, _, _, tokens) in zip(new, prepared):
+            for rowid, (_, doc_id, _, _, tokens, _, _) in zip(new, prepared):
                 writer.add_document(self._document(int(rowid or 0), collection, doc_id, tokens))
 
     def delete_document(self, collection: str, doc_id: str) -> int:
@@ -194,6 +205,90 @@ class LexicalIndex:
                 n = db.execute("DELETE FROM chunks WHERE collection = ?", (collection,)).rowcount
             writer.delete_documents_by_term("collection", collection)
         return n
+
+    def set_vectors(self, collection: str, vectors: Iterable[tuple[str, Any, dict | None]]) -> None:
+        """Store (chunk_id, vector, metadata) of existing chunks; a stored metadata is kept. The text,
+        so the search index, is unchanged."""
+        rows = [(record.encode_vector(v), record.encode_metadata(m), collection, cid) for cid, v, m in vectors]
+        with self._record() as db:
+            db.executemany(
+                "UPDATE chunks SET vector = ?, metadata = coalesce(metadata, ?) WHERE collection = ? AND chunk_id = ?",
+                rows,
+            )
+
+    def begin_reindex(self, collection: str) -> None:
+        """Drop the collection's vectors and embedder, marked as a re-embedding in progress (once)."""
+        with self._record() as db:
+            if self._meta(f"reindex:{collection}") is None:
+                db.execute("UPDATE chunks SET vector = NULL WHERE collection = ?", (collection,))
+                db.execute("DELETE FROM embedders WHERE collection = ?", (collection,))
+                db.execute("INSERT INTO meta (key, value) VALUES (?, '1')", (f"reindex:{collection}",))
+
+    @contextmanager
+    def _record(self) -> Iterator[sqlite3.Connection]:
+        """One transaction on the record's vectors and embedders (the search index is not touched)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def reindexing(self, collection: str) -> bool:
+        with self._lock:
+            return self._meta(f"reindex:{collection}") is not None
+
+    def end_reindex(self, collection: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM meta WHERE key = ?", (f"reindex:{collection}",))
+
+    def set_embedder(self, collection: str, identity: EmbedderIdentity) -> None:
+        with self._lock:
+            record.write_embedder(self._db, collection, identity, time.time())
+
+    # The record.
+
+    def embedder(self, collection: str) -> EmbedderIdentity | None:
+        with self._read_lock:
+            return record.read_embedder(self._reader, collection)
+
+    def collections(self) -> list[str]:
+        with self._read_lock:
+            return [r[0] for r in self._reader.execute("SELECT DISTINCT collection FROM chunks ORDER BY collection")]
+
+    def document_counts(self, collection: str) -> dict[str, tuple[int, int]]:
+        """Per document: its chunks in the record, and how many of them have a vector."""
+        with self._read_lock:
+            rows = self._reader.execute(
+                "SELECT doc_id, count(*), count(vector) FROM chunks WHERE collection = ? GROUP BY doc_id", (collection,)
+            ).fetchall()
+        return {doc_id: (int(n), int(v)) for doc_id, n, v in rows}
+
+    def records(self, collection: str, batch: int = 500) -> Iterator[list[tuple[str, str, str, dict, list[float] | None]]]:
+        """The collection's chunks as (chunk_id, doc_id, text, metadata, vector or None), in batches."""
+        reader = sqlite3.connect(str(self._path), check_same_thread=False)
+        try:
+            cursor = reader.execute(
+                "SELECT chunk_id, doc_id, text, metadata, vector FROM chunks WHERE collection = ? ORDER BY id",
+                (collection,),
+            )
+            for rows in _batches(cursor, batch):
+                yield [
+                    (cid, did, text, record.decode_metadata(meta), None if vec is None else record.decode_vector(vec))
+                    for cid, did, text, meta, vec in rows
+                ]
+        finally:
+            reader.close()
+
+    def search_count(self) -> int:
+        """Chunks in the search index (all collections); compare with the record's."""
+        self._follow_other_writers()
+        return int(self._index.searcher().num_docs)
+
+    def total(self) -> int:
+        return self._count("SELECT count(*) FROM chunks", ())
 
     # Reads.
 
@@ -349,9 +444,10 @@ class LexicalIndex:
             )
 
 
-def _with_context(row: tuple[str, ...]) -> tuple[str, str, str, str]:
-    chunk_id, doc_id, text, *context = row
-    return chunk_id, doc_id, text, context[0] if context else ""
+def _with_context(row: tuple[Any, ...]) -> tuple[str, str, str, str, dict | None, Any]:
+    chunk_id, doc_id, text, *rest = row
+    rest += [None] * (3 - len(rest))
+    return chunk_id, doc_id, text, rest[0] or "", rest[1], rest[2]
 
 
 def _batches(cursor: sqlite3.Cursor, size: int) -> Iterator[list[tuple]]:

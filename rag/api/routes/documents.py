@@ -135,11 +135,18 @@ async def get_document(doc_id: str, settings: SettingsDep, catalog: CatalogDep, 
 
 @router.delete("/documents/{doc_id}", status_code=204)
 async def delete_document(
-    doc_id: str, settings: SettingsDep, pipeline: PipelineDep, collection: CollectionQuery = None
+    doc_id: str,
+    settings: SettingsDep,
+    pipeline: PipelineDep,
+    collection: CollectionQuery = None,
+    source: Annotated[str | None, Query(description="Remove only this name (`source_key`) of the document.")] = None,
 ) -> Response:
-    """Remove a document: out of search at once, then every chunk from Chroma and the lexical index."""
+    """Remove a document: out of search at once, then every chunk from Chroma and the lexical index.
+
+    With `source`, only that name goes when the same content is also known under another (whose chunks stay).
+    """
     name = check_collection(collection or settings.collection)
-    if await pipeline.delete(name, doc_id) is None:
+    if await pipeline.delete(name, doc_id, source) is None:
         raise NotFound(f"no document {doc_id} in collection {name}")
     return Response(status_code=204)
 

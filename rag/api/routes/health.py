@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from rag.answering.prompt import choose_style
 from rag.api.deps import ServicesDep
 from rag.core.errors import BackendUnavailable, RagError
+from rag.store.chunks import REPAIR_HINT
 
 router = APIRouter()
 
@@ -39,10 +40,19 @@ async def _embedder_state(services: ServicesDep) -> dict[str, Any]:
 
 
 async def _store_state(services: ServicesDep) -> dict[str, Any]:
-    alive = await asyncio.to_thread(services.store.heartbeat)
+    store = services.store
+    alive = await asyncio.to_thread(store.heartbeat)
     mode = services.settings.chroma_mode
     where = services.settings.chroma_url if mode == "server" else str(services.settings.chroma_path)
-    return {"state": "ok" if alive else "down", "mode": mode, "location": where}
+    state: dict[str, Any] = {"state": "ok" if alive else "down", "mode": mode, "location": where,
+                             "data_dir": str(services.settings.data_dir)}
+    problems = {**store.out_of_step, **store.damaged}
+    if store.unreadable:
+        problems["*"] = store.unreadable
+    if problems:
+        # The API serves the healthy collections meanwhile; the damaged ones answer 503 with this fix.
+        state.update(state="damaged", problems=problems, fix=f"{REPAIR_HINT}")
+    return state
 
 
 @router.get("/health")
@@ -50,6 +60,9 @@ async def health(services: ServicesDep) -> JSONResponse:
     llm, embedder, store = await asyncio.gather(_llm_state(services), _embedder_state(services), _store_state(services))
     backends = {"llm": llm, "embedder": embedder, "store": store}
     states = {b["state"] for b in backends.values()}
+    if states == {"ok", "damaged"}:
+        # Up, and it stays so: the damage is reported, not waited for (a repair needs the API stopped).
+        return JSONResponse({"status": "degraded", "backends": backends}, status_code=200)
     overall = "ok" if states == {"ok"} else ("loading" if "down" not in states else "down")
     if overall == "ok":
         return JSONResponse({"status": overall, "backends": backends})

@@ -1,0 +1,124 @@
+"""The system of record's encodings: each chunk's vector kept compactly beside its text, and per
+collection the embedding model that made the vectors.
+
+The chunks table of `lexical.sqlite` is the record (`rag/store/lexical.py` writes it): text, metadata
+(JSON) and the vector as float16 (2 bytes a dimension: 768 bytes at 384-d, 2 KiB at 1024-d). From it
+Chroma and the BM25 index can be rebuilt without the embedder. float16 rather than int8 with a scale:
+at unit length its error (< 5e-4 a component) keeps the cosine of a vector with its copy above 0.99999,
+so a rebuilt index ranks like the original except for near-ties; int8 would halve the size again.
+
+The embedder of a collection is named by its model name, dimension, whether it normalizes, and a
+probe: the first text it embedded for the collection, with that vector. Embedding the probe's text
+again tells whether the embedder is still the same model: another model (or other weights under the
+same name) gives another vector; the same model on another device one within rounding (cosine > 0.999).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+SAME_MODEL_COSINE = 0.999
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS embedders (
+    collection TEXT PRIMARY KEY,
+    model      TEXT NOT NULL,
+    dimensions INTEGER NOT NULL,
+    normalized INTEGER NOT NULL,
+    probe_text TEXT NOT NULL,
+    probe      BLOB NOT NULL,
+    created_at REAL NOT NULL
+);
+"""
+CHUNK_COLUMNS = {"metadata": "TEXT", "vector": "BLOB"}
+
+
+def encode_vector(vector: Any) -> bytes:
+    return np.asarray(vector, dtype=np.float16).tobytes()
+
+
+def rounded(vectors: list[list[float]]) -> list[list[float]]:
+    """Vectors as the record keeps them. Chroma gets these same values, so an index rebuilt from the
+    record ranks exactly like the one written at ingestion."""
+    return np.asarray(vectors, dtype=np.float16).astype(np.float32).tolist()
+
+
+def decode_vector(blob: bytes) -> list[float]:
+    return np.frombuffer(blob, dtype=np.float16).astype(np.float32).tolist()
+
+
+def encode_metadata(metadata: dict[str, Any] | None) -> str | None:
+    return None if metadata is None else json.dumps(metadata, ensure_ascii=False, sort_keys=True)
+
+
+def decode_metadata(text: str | None) -> dict[str, Any]:
+    return json.loads(text) if text else {}
+
+
+def add_columns(db: sqlite3.Connection) -> None:
+    """Bring an older record up to this schema (its chunks then have no vector until re-embedded)."""
+    db.executescript(SCHEMA)
+    have = {row[1] for row in db.execute("PRAGMA table_info(chunks)")}
+    for name, kind in CHUNK_COLUMNS.items():
+        if name not in have:
+            db.execute(f"ALTER TABLE chunks ADD COLUMN {name} {kind}")
+
+
+@dataclass(frozen=True)
+class EmbedderIdentity:
+    """What made a collection's vectors."""
+
+    model: str
+    dimensions: int
+    normalized: bool
+    probe_text: str
+    probe: tuple[float, ...]
+
+    @classmethod
+    def of(cls, model: str, probe_text: str, probe: list[float]) -> "EmbedderIdentity":
+        norm = math.sqrt(sum(x * x for x in probe))
+        return cls(model, len(probe), abs(norm - 1.0) < 1e-3, probe_text, tuple(float(x) for x in probe))
+
+    @property
+    def fingerprint(self) -> str:
+        """A short name for the probe (rounded, so that one model on two devices usually agrees)."""
+        return hashlib.sha256(np.round(np.asarray(self.probe), 2).astype(np.float16).tobytes()).hexdigest()[:12]
+
+    def describe(self) -> str:
+        norm = "normalized" if self.normalized else "not normalized"
+        return f"{self.model} ({self.dimensions}-d, {norm}, fingerprint {self.fingerprint})"
+
+    def same_as(self, other: "EmbedderIdentity") -> bool:
+        if self.dimensions != other.dimensions or self.normalized != other.normalized:
+            return False
+        a, b = np.asarray(self.probe), np.asarray(other.probe)
+        cosine = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) or 1.0))
+        return cosine >= SAME_MODEL_COSINE
+
+
+def read_embedder(db: sqlite3.Connection, collection: str) -> EmbedderIdentity | None:
+    row = db.execute(
+        "SELECT model, dimensions, normalized, probe_text, probe FROM embedders WHERE collection = ?", (collection,)
+    ).fetchone()
+    if row is None:
+        return None
+    model, dimensions, normalized, probe_text, probe = row
+    return EmbedderIdentity(model, int(dimensions), bool(normalized), probe_text, tuple(decode_vector(probe)))
+
+
+def write_embedder(db: sqlite3.Connection, collection: str, identity: EmbedderIdentity, now: float) -> None:
+    db.execute(
+        "INSERT OR REPLACE INTO embedders (collection, model, dimensions, normalized, probe_text, probe, created_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (
+            collection, identity.model, identity.dimensions, int(identity.normalized), identity.probe_text,
+            encode_vector(identity.probe), now,
+        ),
+    )

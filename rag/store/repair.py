@@ -1,0 +1,269 @@
+"""`rag store check` and `rag store repair`: the derived indexes measured against the record, and rebuilt
+from it.
+
+The catalog says which documents are indexed and how many chunks each has; the record (the chunks
+table of `lexical.sqlite`) holds those chunks' texts, metadata and vectors. Chroma and the BM25 index
+are derived from them. A check counts, per collection, the catalog's chunks, the record's, Chroma's
+(probed in a child process: a damaged collection can crash its engine) and the BM25 index's.
+
+A repair rebuilds Chroma from the record into a new folder beside the old one and swaps them at the
+end; the old one is kept as `chroma.damaged-<time>`. Chunks written before the record kept vectors get
+theirs from the old Chroma where that collection still opens, else from the embedder. Every step is
+written as it goes (vectors into the record, chunks into the new folder), so an interrupted repair
+goes on where it stopped when run again. The BM25 index rebuilds itself from the record whenever it is
+found out of step on opening (`LexicalIndex`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rag.core.errors import StoreUnavailable
+from rag.store.catalog import DocumentCatalog
+from rag.store.chunks import HNSW
+from rag.store.lexical import LexicalIndex
+from rag.store.probe import ChromaProbe, export_vectors, probe_chroma
+
+REPAIR_COMMAND = "rag store repair"
+BATCH = 500
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+Embed = Callable[[list[str]], list[list[float]]]
+
+
+@dataclass
+class CollectionCheck:
+    name: str
+    documents: int  # indexed documents in the catalog
+    catalog_chunks: int
+    record_chunks: int  # chunks of indexed documents in the record
+    record_vectors: int  # of those, with a stored vector
+    chroma: int | None  # vectors in Chroma; None when it cannot be read
+    chroma_state: str  # ok, damaged, missing
+    not_in_record: list[str] = field(default_factory=list)  # indexed documents whose chunks the record lacks
+
+    @property
+    def problems(self) -> list[str]:
+        out = []
+        if self.chroma_state == "damaged":
+            out.append("Chroma cannot open this collection")
+        elif self.chroma is not None and self.chroma < self.catalog_chunks:
+            out.append(f"Chroma holds {self.chroma:,} vectors for {self.catalog_chunks:,} indexed chunks")
+        elif self.chroma_state == "missing" and self.catalog_chunks:
+            out.append("Chroma has no such collection")
+        if self.not_in_record:
+            out.append(f"{len(self.not_in_record)} indexed documents are missing from the record: upload them again")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "collection": self.name, "documents": self.documents, "catalog_chunks": self.catalog_chunks,
+            "record_chunks": self.record_chunks, "record_vectors": self.record_vectors, "chroma": self.chroma,
+            "chroma_state": self.chroma_state, "problems": self.problems,
+        }
+
+
+@dataclass
+class StoreCheck:
+    collections: list[CollectionCheck]
+    lexical_record: int  # chunks in the record, all collections
+    lexical_index: int  # chunks in the BM25 index
+    probe: ChromaProbe
+
+    @property
+    def consistent(self) -> bool:
+        return self.probe.unreadable is None and not any(c.problems for c in self.collections)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "consistent": self.consistent,
+            "chroma_unreadable": self.probe.unreadable,
+            "lexical": {"record": self.lexical_record, "index": self.lexical_index},
+            "collections": [c.to_dict() for c in self.collections],
+            "fix": None if self.consistent else REPAIR_COMMAND,
+        }
+
+
+def check_store(data_dir: Path, chroma_path: Path, probe: ChromaProbe | None = None) -> StoreCheck:
+    """Count every collection in the catalog, the record, Chroma and the BM25 index."""
+    probe = probe or probe_chroma(chroma_path)
+    catalog = DocumentCatalog(data_dir / "catalog.sqlite")
+    lexical = LexicalIndex(data_dir / "lexical.sqlite")
+    try:
+        names = sorted({n for n, _ in catalog.collections()} | set(lexical.collections()) | set(probe.counts) | set(probe.damaged))
+        checks = [_check_collection(name, catalog, lexical, probe) for name in names]
+        return StoreCheck(checks, lexical.total(), lexical.search_count(), probe)
+    finally:
+        lexical.close()
+        catalog.close()
+
+
+def _check_collection(name: str, catalog: DocumentCatalog, lexical: LexicalIndex, probe: ChromaProbe) -> CollectionCheck:
+    indexed = catalog.indexed_chunks(name)
+    in_record = lexical.document_counts(name)
+    record = [in_record.get(d, (0, 0)) for d in indexed]
+    state = "damaged" if name in probe.damaged else "ok" if name in probe.counts else "missing"
+    if probe.unreadable is not None:
+        state = "damaged"
+    return CollectionCheck(
+        name=name,
+        documents=len(indexed),
+        catalog_chunks=sum(indexed.values()),
+        record_chunks=sum(n for n, _ in record),
+        record_vectors=sum(v for _, v in record),
+        chroma=probe.counts.get(name),
+        chroma_state=state,
+        not_in_record=[d for d, n in indexed.items() if in_record.get(d, (0, 0))[0] < n],
+    )
+
+
+# Repair.
+
+
+def repair_store(
+    data_dir: Path, chroma_path: Path, *, embed: Embed | None = None, progress: Progress = lambda *a: None
+) -> dict[str, int]:
+    """Rebuild Chroma from the record: every indexed document's chunks, nothing else. Returns the
+    vectors written per collection. The caller holds the store's lock (no API is running on it)."""
+    probe = probe_chroma(chroma_path) if chroma_path.exists() else ChromaProbe()
+    catalog = DocumentCatalog(data_dir / "catalog.sqlite")
+    lexical = LexicalIndex(data_dir / "lexical.sqlite")
+    try:
+        names = sorted({n for n, _ in catalog.collections()} | set(lexical.collections()))
+        for name in names:
+            _fill_vectors(name, catalog, lexical, chroma_path, probe, embed, progress)
+        rebuilt = chroma_path.with_name(chroma_path.name + ".rebuild")
+        written = {name: _rebuild(name, catalog, lexical, rebuilt, progress) for name in names}
+    finally:
+        lexical.close()
+        catalog.close()
+    _swap(chroma_path, rebuilt)
+    return written
+
+
+def _fill_vectors(
+    name: str, catalog: DocumentCatalog, lexical: LexicalIndex, chroma_path: Path, probe: ChromaProbe,
+    embed: Embed | None, progress: Progress,
+) -> None:
+    """Give every indexed chunk of the record a vector: from the old Chroma if it opens, else embedded."""
+    indexed = set(catalog.indexed_chunks(name))
+    missing = [
+        (cid, did, text) for batch in lexical.records(name) for cid, did, text, _, vec in batch if vec is None and did in indexed
+    ]
+    if not missing:
+        return
+    if name in probe.counts and probe.counts[name] and not lexical.reindexing(name):  # not the old model's
+        salvaged = export_vectors(chroma_path, name, chroma_path.with_name(f".{name}.vectors.npz")) or {}
+        found = [(cid, *salvaged[cid]) for cid, _, _ in missing if cid in salvaged]
+        lexical.set_vectors(name, found)
+        progress(f"{name}: vectors from Chroma", len(found), len(found))
+        missing = [m for m in missing if m[0] not in salvaged]
+    if missing and embed is None:
+        raise StoreUnavailable(
+            f"{len(missing):,} chunks of {name!r} have no stored vector and Chroma cannot give them: "
+            "start the embedding server (rag serve-embeddings) and run the repair again"
+        )
+    names = {d: catalog.get(name, d) for d in {did for _, did, _ in missing}}
+    for start in range(0, len(missing), BATCH):
+        part = missing[start : start + BATCH]
+        assert embed is not None
+        vectors = embed([text for _, _, text in part])
+        lexical.set_vectors(name, [(cid, v, _fallback_metadata(cid, did, names[did])) for (cid, did, _), v in zip(part, vectors)])
+        progress(f"{name}: embedding", start + len(part), len(missing))
+
+
+def reindex_collection(
+    data_dir: Path, chroma_path: Path, collection: str, *, model: str, embed: Embed, progress: Progress = lambda *a: None
+) -> dict[str, int]:
+    """Re-embed a collection from the record's texts with the current embedder, then rebuild Chroma.
+
+    Resumable: the old vectors are dropped once, at the start; a second run embeds only what is left.
+    """
+    from rag.store.record import EmbedderIdentity
+
+    lexical = LexicalIndex(data_dir / "lexical.sqlite")
+    try:
+        lexical.begin_reindex(collection)
+        missing = [(cid, text) for batch in lexical.records(collection) for cid, _, text, _, vec in batch if vec is None]
+        total = sum(n for n, _ in lexical.document_counts(collection).values())
+        done = total - len(missing)
+        for start in range(0, len(missing), BATCH):
+            part = missing[start : start + BATCH]
+            vectors = embed([text for _, text in part])
+            lexical.set_vectors(collection, [(cid, v, None) for (cid, _), v in zip(part, vectors)])
+            if lexical.embedder(collection) is None:
+                lexical.set_embedder(collection, EmbedderIdentity.of(model, part[0][1], vectors[0]))
+            progress(f"{collection}: embedding", done + start + len(part), total)
+    finally:
+        lexical.close()
+    written = repair_store(data_dir, chroma_path, embed=embed, progress=progress)
+    lexical = LexicalIndex(data_dir / "lexical.sqlite")
+    try:
+        lexical.end_reindex(collection)
+    finally:
+        lexical.close()
+    return written
+
+
+def _fallback_metadata(chunk_id: str, doc_id: str, row: Any) -> dict[str, Any]:
+    """What can be known of a chunk whose metadata only the lost index held: its document, file and place."""
+    meta: dict[str, Any] = {"doc_id": doc_id}
+    if row is not None:
+        meta["source"] = row.name
+    index = chunk_id.rsplit(":", 1)[-1]
+    if index.isdigit():
+        meta["chunk_index"] = int(index)
+    return meta
+
+
+def _rebuild(name: str, catalog: DocumentCatalog, lexical: LexicalIndex, target: Path, progress: Progress) -> int:
+    """Write the indexed chunks of one collection into the Chroma store at `target`, skipping those there."""
+    coll = _client(target).get_or_create_collection(name, configuration={"hnsw": HNSW}, embedding_function=None)
+    indexed = catalog.indexed_chunks(name)
+    total, done = sum(indexed.values()), 0
+    progress(f"{name}: Chroma", 0, total)
+    for batch in lexical.records(name, BATCH):
+        rows = [r for r in batch if r[1] in indexed and r[4] is not None]
+        present = set(coll.get(ids=[r[0] for r in rows], include=[])["ids"]) if rows else set()
+        todo = [r for r in rows if r[0] not in present]
+        if todo:
+            coll.upsert(
+                ids=[r[0] for r in todo],
+                documents=[r[2] for r in todo],
+                metadatas=[r[3] or {"doc_id": r[1]} for r in todo],
+                embeddings=[r[4] for r in todo],
+            )
+        done += len(rows)
+        progress(f"{name}: Chroma", done, total)
+    return int(coll.count())
+
+
+def _client(path: Path) -> Any:
+    import chromadb
+    from chromadb.config import Settings as ChromaSettings
+
+    path.mkdir(parents=True, exist_ok=True)
+    return chromadb.PersistentClient(path=str(path), settings=ChromaSettings(anonymized_telemetry=False))
+
+
+def _swap(chroma_path: Path, rebuilt: Path) -> None:
+    """Put the rebuilt store in place; the old one stays beside it for inspection."""
+    from chromadb.api.shared_system_client import SharedSystemClient
+
+    SharedSystemClient.clear_system_cache()  # let go of the rebuilt store's files before it moves
+    if chroma_path.exists():
+        chroma_path.rename(chroma_path.with_name(f"{chroma_path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"))
+    rebuilt.rename(chroma_path)
+
+
+def remove_old_stores(chroma_path: Path) -> list[Path]:
+    """Delete the `chroma.damaged-*` folders that earlier repairs kept."""
+    old = sorted(chroma_path.parent.glob(f"{chroma_path.name}.damaged-*"))
+    for folder in old:
+        shutil.rmtree(folder)
+    return old

@@ -1,0 +1,257 @@
+"""The record, `rag store check` and `rag store repair`: stores damaged on purpose are found out and
+rebuilt from the record with nothing indexed lost; the shared damaged store starts, reports and repairs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from ingest.pipeline import IngestPipeline, SourceFile
+from rag.core.config import Settings
+from rag.core.errors import EmbedderMismatch
+from rag.store.chunks import ChunkStore
+from rag.store.lexical import LexicalIndex
+from rag.store.probe import probe_chroma
+from rag.store.repair import check_store, reindex_collection, repair_store
+from tests.conftest import SHARED_DATA
+from tests.ingest_helpers import HashEmbedder, census, open_pipeline, paragraph_chunks
+
+DAMAGED_STORE = SHARED_DATA / "chroma-segfault-store.tar.zst"
+
+
+def _forget_chroma() -> None:
+    """Close this process's Chroma clients, as a stopped API would."""
+    from chromadb.api.shared_system_client import SharedSystemClient
+
+    SharedSystemClient.clear_system_cache()
+
+
+def _ingest(settings: Settings, tmp_path: Path) -> IngestPipeline:
+    """alpha: 1,200 chunks (past Chroma's sync threshold of 1,000, so its index files are written and
+    its log purged); beta: 200."""
+    pipeline = open_pipeline(settings, HashEmbedder(), paragraph_chunks)
+    folder = tmp_path / "in"
+    folder.mkdir(exist_ok=True)
+    sources = []
+    for i in range(35):
+        path = folder / f"f{i}.txt"
+        path.write_text("\n\n".join(f"file {i} paragraph {j} about topic {i}-{j}." for j in range(40)))
+        sources.append(SourceFile(path, str(path), path.name))
+    asyncio.run(pipeline.run(sources[:30], "alpha"))
+    asyncio.run(pipeline.run(sources[30:], "beta"))
+    return pipeline
+
+
+def _top(store: ChunkStore, collection: str, queries: np.ndarray, k: int = 10) -> list[list[str]]:
+    return [[h.id for h in store.query(collection, q.tolist(), k)] for q in queries]
+
+
+SIZES = {"alpha": 1200, "beta": 200}
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("pristine")
+    settings = Settings(data_dir=root / "data", embed_batch=64)
+    pipeline = _ingest(settings, root)
+    queries = np.random.default_rng(7).normal(size=(20, 16)).astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    before = {c: _top(pipeline.store, c, queries) for c in SIZES}
+    pipeline.lexical.close()
+    pipeline.catalog.close()
+    pipeline.lease.release()
+    _forget_chroma()
+    return settings.data_dir, queries, before
+
+
+@pytest.fixture
+def built(pristine, isolated_env: Path):
+    source, queries, before = pristine
+    shutil.rmtree(isolated_env, ignore_errors=True)
+    shutil.copytree(source, isolated_env)
+    return Settings(data_dir=isolated_env, embed_batch=64), queries, before
+
+
+def test_the_record_keeps_every_chunk_with_its_vector_and_embedder(built) -> None:
+    settings, _, _ = built
+    report = check_store(settings.data_dir, settings.chroma_path)
+    assert report.consistent, report.to_dict()
+    for c in report.collections:
+        assert c.catalog_chunks == c.record_chunks == c.record_vectors == c.chroma == SIZES[c.name]
+    lexical = LexicalIndex(settings.data_dir / "lexical.sqlite")
+    try:
+        identity = lexical.embedder("alpha")
+        assert identity is not None and identity.dimensions == 16 and identity.normalized
+    finally:
+        lexical.close()
+
+
+def test_a_restart_keeps_the_top_k(built) -> None:
+    """1,400 chunks, the store closed and opened again: every query's top 10 in the same order."""
+    settings, queries, before = built
+    store = ChunkStore.open(settings)
+    assert {c: _top(store, c, queries) for c in SIZES} == before
+
+
+def _segment_dirs(chroma: Path) -> list[Path]:
+    return [p for p in chroma.iterdir() if p.is_dir()]
+
+
+def _delete_segment_folders(chroma: Path) -> None:
+    for folder in _segment_dirs(chroma):
+        shutil.rmtree(folder)
+
+
+def _truncate_hnsw(chroma: Path) -> None:
+    for folder in _segment_dirs(chroma):
+        for name in ("data_level0.bin", "link_lists.bin", "header.bin"):
+            path = folder / name
+            if path.exists():
+                path.write_bytes(path.read_bytes()[: max(1, path.stat().st_size // 3)])
+
+
+def _drop_rows(chroma: Path) -> None:
+    with sqlite3.connect(chroma / "chroma.sqlite3") as db:
+        db.execute("DELETE FROM embeddings WHERE id IN (SELECT id FROM embeddings ORDER BY id DESC LIMIT 100)")
+
+
+@pytest.mark.parametrize("damage", [_delete_segment_folders, _truncate_hnsw, _drop_rows],
+                         ids=["deleted segment folder", "truncated HNSW files", "missing rows"])
+def test_a_damaged_chroma_is_found_and_rebuilt_from_the_record(built, damage) -> None:
+    settings, queries, before = built
+    damage(settings.chroma_path)
+    report = check_store(settings.data_dir, settings.chroma_path)
+    assert not report.consistent, report.to_dict()
+    written = repair_store(settings.data_dir, settings.chroma_path, embed=None)  # the record has every vector
+    assert written == SIZES
+    assert check_store(settings.data_dir, settings.chroma_path).consistent
+    store = ChunkStore.open(settings)
+    after = {c: _top(store, c, queries) for c in SIZES}
+    assert after == before
+    assert census(settings.data_dir, "alpha", store).consistent()
+
+
+def test_an_interrupted_repair_goes_on_where_it_stopped(built) -> None:
+    settings, queries, before = built
+    _delete_segment_folders(settings.chroma_path)
+    calls = []
+
+    def stop_midway(stage: str, done: int, total: int) -> None:
+        calls.append((stage, done))
+        if stage == "alpha: Chroma" and done >= 500:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        repair_store(settings.data_dir, settings.chroma_path, progress=stop_midway)
+    _forget_chroma()
+    assert repair_store(settings.data_dir, settings.chroma_path) == SIZES
+    store = ChunkStore.open(settings)
+    assert {c: _top(store, c, queries) for c in SIZES} == before
+
+
+def test_another_embedder_is_refused_with_the_reindex_command(built, tmp_path: Path) -> None:
+    settings, _, _ = built
+    pipeline = open_pipeline(settings, HashEmbedder(dim=32), paragraph_chunks)
+    path = tmp_path / "new.txt"
+    path.write_text("A new file.")
+    with pytest.raises(EmbedderMismatch, match="rag store reindex --collection alpha"):
+        asyncio.run(pipeline.run([SourceFile(path, str(path), path.name)], "alpha"))
+    # The command it names re-embeds the collection from the record; then the new file goes in.
+    other = HashEmbedder(dim=32)
+    written = reindex_collection(
+        settings.data_dir, settings.chroma_path, "alpha", model="other", embed=lambda texts: asyncio.run(other.embed(texts))
+    )
+    assert written == SIZES and other.texts == SIZES["alpha"]
+    _forget_chroma()
+    pipeline = open_pipeline(settings, other, paragraph_chunks)
+    assert asyncio.run(pipeline.run([SourceFile(path, str(path), path.name)], "alpha"))[0].status == "indexed"
+    assert census(settings.data_dir, "alpha", pipeline.store).consistent()
+
+
+# The shared damaged store.
+
+
+@pytest.fixture
+def damaged_store(tmp_path: Path) -> Path:
+    if not DAMAGED_STORE.exists() or shutil.which("zstd") is None and shutil.which("unzstd") is None:
+        pytest.skip(f"{DAMAGED_STORE} is not here")
+    subprocess.run(["tar", "--zstd", "-xf", str(DAMAGED_STORE), "-C", str(tmp_path)], check=True)
+    return tmp_path / "chroma-segfault-store"
+
+
+def test_the_shared_damaged_store_is_probed_without_crashing(damaged_store: Path) -> None:
+    probe = probe_chroma(damaged_store / "chroma")
+    assert "default" in probe.damaged and "signal" in probe.damaged["default"]
+    assert probe.counts["killtest"] == 2412
+
+
+@pytest.mark.integration
+def test_the_api_starts_on_the_shared_damaged_store_and_reports_it(damaged_store: Path, ingest_settings: Settings) -> None:
+    settings = ingest_settings.model_copy(update={"data_dir": damaged_store})
+    with TestClient(__import__("rag.api.app", fromlist=["create_app"]).create_app(settings)) as client:
+        store = client.get("/health").json()["backends"]["store"]
+        assert store["state"] == "damaged" and "default" in store["problems"]
+        assert "rag store repair" in store["fix"]
+        refused = client.post("/v1/documents", files={"files": ("a.txt", b"Some words to index.")})
+        assert refused.status_code == 503 and "rag store repair" in refused.json()["error"]["message"]
+        fine = client.post("/v1/documents", data={"collection": "killtest"}, files={"files": ("b.txt", b"Other words here.")})
+        assert fine.status_code == 200, fine.text
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(2400)  # ~3 min idle; 3,035 chunks embedded on a busy 2-core machine took 15 min
+def test_rag_store_repair_restores_every_indexed_document_of_the_shared_store(
+    damaged_store: Path, embedding_server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slow: the damaged collection's 3,035 chunks predate the record's vectors and are embedded again."""
+    from collections import Counter
+
+    from click.testing import CliRunner
+
+    from rag.cli import cli
+    from rag.core.config import get_settings
+    from rag.store.catalog import DocumentCatalog
+
+    monkeypatch.setenv("RAG_DATA_DIR", str(damaged_store))
+    monkeypatch.setenv("RAG_EMBED_URL", embedding_server.url)
+    get_settings.cache_clear()
+    try:
+        assert CliRunner().invoke(cli, ["store", "check"]).exit_code == 1
+        result = CliRunner().invoke(cli, ["store", "repair"])
+        assert result.exit_code == 0, result.output
+        check = CliRunner().invoke(cli, ["store", "check"])
+        assert check.exit_code == 0 and "consistent" in check.output, check.output
+        settings = get_settings()
+    finally:
+        get_settings.cache_clear()
+    catalog = DocumentCatalog(damaged_store / "catalog.sqlite")
+    store = ChunkStore.open(settings)
+    lexical = LexicalIndex(damaged_store / "lexical.sqlite")
+    try:
+        for name in ("default", "killtest"):
+            held = Counter(m["doc_id"] for m in store.collection(name).get(include=["metadatas"])["metadatas"])
+            assert held == Counter(catalog.indexed_chunks(name))  # every indexed document, every chunk
+        # 50 questions: the rebuilt index's top 10 are the exact top 10 over the record's vectors (in
+        # the same order, up to chunks whose scores tie within float32 rounding).
+        rows = [r for batch in lexical.records("default") for r in batch]
+        position = {r[0]: i for i, r in enumerate(rows)}
+        matrix = np.asarray([r[4] for r in rows], dtype=np.float32)
+        matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)  # cosine space: Chroma normalizes too
+        for i in range(0, 50 * (len(rows) // 50), len(rows) // 50):
+            query = matrix[i] + 0.5 * matrix[(i * 7919) % len(rows)]
+            query /= np.linalg.norm(query)
+            scores = matrix @ query
+            exact = np.sort(scores)[::-1][:10]
+            found = [scores[position[h.id]] for h in store.query("default", query.tolist(), 10)]
+            assert np.allclose(found, exact, atol=1e-5), (found, exact)
+    finally:
+        lexical.close()
+        catalog.close()
