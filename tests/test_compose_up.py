@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from rag.deploy.modellock import load_lock
 from tests.chat_helpers import ask, chat_events
 from tests.servers import free_port
 
@@ -38,6 +39,8 @@ PYTHON = "localhost/rag-test/python:3.11-slim"
 APP = "rag-stack/app:0.1.0"
 LLM = "rag-stack/llama-server:b11434-cpu"
 SERVICES = ("llm", "embed", "chroma", "api")
+WRONG_CHECKSUM = "tests/compose/wrong-checksum.yaml"
+TORCH_INDEX_PORT = 38471
 DOC = ("lighthouse.txt", "The Skerryvore lighthouse stands on a reef west of Tiree. It was completed in 1844 and "
        "its tower is 48 metres tall, built from granite blocks dovetailed together by Alan Stevenson.")
 
@@ -131,18 +134,22 @@ class QuietHandler(SimpleHTTPRequestHandler):
         pass
 
 
-class IndexServer:
-    """The local index on 127.0.0.1 (image builds run on the host network)."""
+class FileServer:
+    """A folder over HTTP on the host: image builds (host network) reach it as 127.0.0.1."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, host: str = "127.0.0.1", port: int = 0) -> None:
         handler = partial(QuietHandler, directory=str(folder))
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        try:
+            self.server = ThreadingHTTPServer((host, port), handler)
+        except OSError:  # taken: any port will do, at the price of a cache miss where the URL is a build argument
+            self.server = ThreadingHTTPServer((host, 0), handler)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}/"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> str:
+    def __enter__(self) -> FileServer:
         self.thread.start()
-        return self.url
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
@@ -157,9 +164,10 @@ def build_images(tmp: Path, timings: Timings) -> None:
     base_image()
     timings.timed("python stand-in", build, str(HERE / "python-slim.Dockerfile"), PYTHON, "--build-arg", f"BASE={BASE}")
     index = timings.timed("torch index", torch_index, tmp)
-    with IndexServer(index) as url:
+    # A fixed port: TORCH_INDEX is a build argument, and a new value would rebuild the install layer.
+    with FileServer(index, port=TORCH_INDEX_PORT) as server:
         timings.timed("app image", build, "docker/app.Dockerfile", APP,
-                      "--build-arg", f"PYTHON_IMAGE={PYTHON}", "--build-arg", f"TORCH_INDEX={url}")
+                      "--build-arg", f"PYTHON_IMAGE={PYTHON}", "--build-arg", f"TORCH_INDEX={server.url}")
     cache = Path(os.environ.get("RAG_CACHE_DIR") or Path.home() / ".cache" / "rag-stack")
     cache.mkdir(parents=True, exist_ok=True)
     timings.timed("llm image", build, "docker/llm.Dockerfile", LLM,
@@ -175,16 +183,18 @@ class Stack:
     api_port: int
     timings: Timings
     stop_health: threading.Event = field(default_factory=threading.Event)
+    overrides: tuple[str, ...] = ("docker/compose.cpu.yaml",)
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.api_port}"
 
     def compose(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "podman_compose", "-p", PROJECT, "-f", "compose.yaml",
-                   "-f", "docker/compose.cpu.yaml", *args]
+        files = [arg for name in ("compose.yaml", *self.overrides) for arg in ("-f", name)]
+        command = [sys.executable, "-m", "podman_compose", "-p", PROJECT, *files, *args]
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                              env=engine_env(RAG_PUBLISH=f"127.0.0.1:{self.api_port}"))
+                              env=engine_env(RAG_PUBLISH=f"127.0.0.1:{self.api_port}", **self.env))
         assert done.returncode == 0, f"podman-compose {' '.join(args)}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
         return done
 
@@ -311,3 +321,28 @@ def test_down_then_up_keeps_the_documents_in_the_volumes(stack: Stack) -> None:
     assert [d["source"] for d in stack.documents()] == [DOC[0]]
     sources = next(e.data for e in chat_events(stack.url, ask("Who built Skerryvore?")) if e.event == "sources")
     assert sources["sources"], sources
+
+
+def test_a_models_job_with_a_wrong_checksum_fails_and_nothing_serves(stack: Stack, tmp_path: Path) -> None:
+    generator = next(a for a in load_lock() if a.role == "generator" and a.profile == "embedded")
+    with (tmp_path / generator.file).open("wb") as fh:
+        fh.truncate(generator.size)  # the right size, the wrong bytes
+    stack.compose("down", "-v", "-t", "5")
+    with FileServer(tmp_path, host="0.0.0.0") as server:
+        # Containers reach the host at host.containers.internal (the compose network's gateway).
+        bad = Stack(stack.api_port, stack.timings, stack.stop_health, ("docker/compose.cpu.yaml", WRONG_CHECKSUM),
+                    {"RAG_TEST_MODEL_URL": f"http://host.containers.internal:{server.port}/{generator.file}"})
+        bad.compose("up", "-d", "--no-build")
+        models = bad.container("models")
+        podman("wait", models, timeout=300)
+    state = podman("inspect", "--format", "{{.State.ExitCode}}", models).stdout.strip()
+    assert state != "0"
+    assert "sha256 mismatch" in podman("logs", models).stderr + podman("logs", models).stdout
+    # Docker does not start the services that wait for the job; podman-compose (podman < 4.6) starts them after
+    # it, without the models: none may become healthy.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        running = bad.containers()
+        assert all(bad.health(s) != "healthy" for s in ("llm", "api") if s in running)
+        time.sleep(5)
+    bad.compose("down", "-v", "-t", "5")
