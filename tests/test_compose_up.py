@@ -9,11 +9,13 @@ docs/deployment.md.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -61,9 +63,7 @@ def engine_problem() -> str | None:
     """Why containers cannot run on this machine, or None."""
     if not shutil.which("podman"):
         return "podman is not installed (scripts/setup.sh --test installs it)"
-    try:
-        import podman_compose  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("podman_compose") is None:
         return "podman-compose is not installed (pip install -e '.[test]')"
     info = subprocess.run(["podman", "info"], capture_output=True, text=True, timeout=60, env=engine_env())
     if info.returncode != 0:
@@ -77,7 +77,8 @@ def base_image() -> None:
         return
     if not shutil.which("debootstrap"):
         pytest.skip("debootstrap is not installed (scripts/setup.sh --test installs it)")
-    with TemporaryRoot() as rootfs:
+    with tempfile.TemporaryDirectory(prefix="rag-rootfs-", ignore_cleanup_errors=True) as folder:
+        rootfs = Path(folder)
         subprocess.run(["debootstrap", "--variant=minbase", "bookworm", str(rootfs), "http://deb.debian.org/debian"],
                        check=True, capture_output=True, timeout=900)
         # This host's extra CAs (an egress proxy's), so that pip and curl inside trust what the host trusts.
@@ -89,19 +90,6 @@ def base_image() -> None:
         subprocess.run(["podman", "import", "-q", "-", BASE], stdin=tar.stdout, check=True, capture_output=True,
                        timeout=300, env=engine_env())
         tar.wait()
-
-
-class TemporaryRoot:
-    """A scratch directory that debootstrap fills as root (removed afterwards)."""
-
-    def __enter__(self) -> Path:
-        import tempfile
-
-        self.path = Path(tempfile.mkdtemp(prefix="rag-rootfs-"))
-        return self.path
-
-    def __exit__(self, *exc: object) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
 
 
 @dataclass
