@@ -194,24 +194,38 @@ class Stack:
         return self.containers()[service]["Names"][0]
 
     def health(self, service: str) -> str:
-        return podman("inspect", "--format", "{{.State.Health.Status}}", self.container(service)).stdout.strip()
+        containers = self.containers()
+        if service not in containers:
+            return "absent"
+        done = podman("inspect", "--format", "{{.State.Health.Status}}", containers[service]["Names"][0], check=False)
+        return done.stdout.strip() or "unknown"
 
     def run_health_checks(self) -> None:
         # podman 4.3 schedules health checks with systemd timers, and these machines run no systemd: run each
         # service's own check (from compose.yaml) every 5 s, as the engine's timer would.
         while not self.stop_health.wait(5):
-            for service, c in self.containers().items():
-                if service in SERVICES and c["State"] == "running":
-                    podman("healthcheck", "run", c["Names"][0], check=False)
+            try:
+                for service, c in self.containers().items():
+                    if service in SERVICES and c["State"] == "running":
+                        podman("healthcheck", "run", c["Names"][0], check=False)
+            except (subprocess.SubprocessError, AssertionError, ValueError, KeyError):
+                continue  # a container went away between two calls, or podman was slow: the next round retries
 
     def wait_healthy(self, timeout: float = 900) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            states = {s: self.health(s) if s in self.containers() else "absent" for s in SERVICES}
-            if set(states.values()) == {"healthy"}:
+            states = {s: self.health(s) for s in SERVICES}
+            if set(states.values()) == {"healthy"} and self.api_answers():
                 return
             time.sleep(3)
         raise AssertionError(f"not all healthy after {timeout:.0f} s: {states}\n{self.logs()}")
+
+    def api_answers(self) -> bool:
+        """The published API answers /health with 200 (the check inside the container may be a round old)."""
+        try:
+            return httpx.get(f"{self.url}/health", timeout=10).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def logs(self) -> str:
         return "\n".join(f"--- {s}\n" + podman("logs", "--tail", "30", c["Names"][0], check=False).stderr[-3000:]
