@@ -54,6 +54,12 @@ def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.C
     return done
 
 
+def checked(command: list[str], timeout: float, **kwargs: object) -> None:
+    done = subprocess.run(command, capture_output=True, timeout=timeout, **kwargs)  # type: ignore[call-overload]
+    if done.returncode != 0:
+        raise AssertionError(f"{' '.join(command[:4])} failed ({done.returncode}):\n{done.stderr[-3000:]!r}")
+
+
 def engine_env(**extra: str) -> dict[str, str]:
     # runc and lowered rlimits: see tests/compose/containers.conf.
     return {**os.environ, "CONTAINERS_CONF": str(HERE / "containers.conf"), **extra}
@@ -79,16 +85,14 @@ def base_image() -> None:
         pytest.skip("debootstrap is not installed (scripts/setup.sh --test installs it)")
     with tempfile.TemporaryDirectory(prefix="rag-rootfs-", ignore_cleanup_errors=True) as folder:
         rootfs = Path(folder)
-        subprocess.run(["debootstrap", "--variant=minbase", "bookworm", str(rootfs), "http://deb.debian.org/debian"],
-                       check=True, capture_output=True, timeout=900)
+        checked(["debootstrap", "--variant=minbase", "bookworm", str(rootfs), "http://deb.debian.org/debian"], 900)
         # This host's extra CAs (an egress proxy's), so that pip and curl inside trust what the host trusts.
         cas = rootfs / "usr/local/share/ca-certificates"
         cas.mkdir(parents=True, exist_ok=True)
         for crt in Path("/usr/local/share/ca-certificates").glob("*.crt"):
             shutil.copy(crt, cas / crt.name)
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-        subprocess.run(["podman", "import", "-q", "-", BASE], stdin=tar.stdout, check=True, capture_output=True,
-                       timeout=300, env=engine_env())
+        checked(["podman", "import", "-q", "-", BASE], 300, stdin=tar.stdout, env=engine_env())
         tar.wait()
 
 
@@ -107,8 +111,8 @@ class Timings:
 def torch_index(folder: Path) -> Path:
     """A PEP 503 index holding torch 2.13.0 (the CPU wheel that PIP_FIND_LINKS offers) and its dependencies."""
     wheels = folder / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "torch==2.13.0", "-d", str(wheels)],
-                   check=True, capture_output=True, timeout=900)
+    # +cpu exists only in the local wheel folder: without it pip fails at once instead of fetching CUDA's GBs.
+    checked([sys.executable, "-m", "pip", "download", "-q", "torch==2.13.0+cpu", "-d", str(wheels)], 900)
     index = folder / "index"
     for wheel in wheels.glob("*.whl"):
         project = index / wheel.name.split("-")[0].lower().replace("_", "-").replace(".", "-")
