@@ -9,7 +9,7 @@ query latency (embed + hybrid search, and search alone) and the API's memory.
 What is real and what is derived (embedding 100k chunks with the bundled MiniLM on this 2-core CPU
 would take well over an hour):
 1. Real: SQuAD v1.1 dev paragraphs go through the ingestion pipeline (loader, chunker, the embedding
-   server over HTTP, Chroma, the FTS5 index, the catalog) until --real chunks are stored. Their rate
+   server over HTTP, Chroma, the BM25 (tantivy) index, the catalog) until --real chunks are stored. Their rate
    (chunks/s, tokens/s) is the measured cost of embedding; the stored texts and vectors are read back.
 2. Derived: chunk j > --real is a copy of real chunk j mod --real: the same text (so BM25's posting
    lists grow as with more documents of that vocabulary; identical texts tie), and that chunk's real
@@ -99,7 +99,7 @@ def clean_env(data_dir: Path, **extra: str) -> dict[str, str]:
 
 
 class Parts:
-    """A store opened the way the API opens it (locked, Chroma + FTS5 + catalog + pipeline)."""
+    """A store opened the way the API opens it (locked, Chroma + the BM25 index + catalog + pipeline)."""
 
     def __init__(self, settings: Settings) -> None:
         from ingest.pipeline import IngestPipeline
@@ -367,7 +367,11 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 
 def machine() -> dict[str, Any]:
+    import subprocess
+
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     return {"cpus": os.cpu_count(), "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
+            "host": platform.node(), "commit": commit.stdout.strip() or None,
             "load_avg_at_start": [round(x, 2) for x in os.getloadavg()]}
 
 

@@ -22,6 +22,7 @@ import httpx
 from rag.core.config import Settings
 from rag.core.errors import BackendUnavailable, Conflict, InvalidRequest, NotFound, RagError, Unauthorized, UpstreamError
 
+from .embedder import embedder_for
 from .pipeline import FileResult, Progress, SourceFile, document_id
 
 
@@ -63,9 +64,13 @@ class LocalBackend:
 
     name = "local"
 
-    def __init__(self, settings: Settings, *, read_only: bool = False) -> None:
+    def __init__(
+        self, settings: Settings, *, read_only: bool = False, own_embedder: Callable[[str], None] | None = None
+    ) -> None:
         self.settings = settings
         self.read_only = read_only
+        # When set, an embedding server is started for this run if none answers (and told through it).
+        self.own_embedder = own_embedder
         self._stack = AsyncExitStack()
         self.pipeline: Any = None
         self.catalog: Any = None
@@ -77,24 +82,31 @@ class LocalBackend:
         self._stack.callback(self.catalog.close)
         if not self.read_only:
             try:
+                await asyncio.to_thread(self._lock_store)
+                if self.own_embedder is not None:  # after the lock: a held store fails before a slow start
+                    self.settings = await self._stack.enter_async_context(embedder_for(self.settings, self.own_embedder))
                 await asyncio.to_thread(self._open_store)
             except BaseException:
                 await self._stack.aclose()
                 raise
         return self
 
-    def _open_store(self) -> None:
-        from rag.store.catalog import OwnerLease
-        from rag.clients.embedding import EmbeddingClient
-        from rag.store.lexical import LexicalIndex
-        from rag.store.chunks import ChunkStore, StoreLock
-
-        from .pipeline import IngestPipeline
+    def _lock_store(self) -> None:
+        from rag.store.chunks import StoreLock
 
         if self.settings.chroma_mode == "embedded":
             lock = StoreLock(self.settings.data_dir)
             lock.acquire("the ingest CLI")
             self._stack.callback(lock.release)
+
+    def _open_store(self) -> None:
+        from rag.store.catalog import OwnerLease
+        from rag.clients.embedding import EmbeddingClient
+        from rag.store.lexical import LexicalIndex
+        from rag.store.chunks import ChunkStore
+
+        from .pipeline import IngestPipeline
+
         store = DeferredStore(ChunkStore.open, self.settings)
         lexical = LexicalIndex(self.settings.data_dir / "lexical.sqlite")
         self._stack.callback(lexical.close)
@@ -261,12 +273,22 @@ def _error_of(response: httpx.Response) -> RagError:
     return error
 
 
-async def find_api(settings: Settings, transport: httpx.AsyncBaseTransport | None = None) -> str | None:
-    """The URL of our API at RAG_API_HOST:RAG_API_PORT if one answers there (healthy or not)."""
+@dataclass
+class FoundApi:
+    url: str
+    data_dir: str | None  # as the API reports it in /health; None from an API that does not say
+
+
+async def find_api(settings: Settings, transport: httpx.AsyncBaseTransport | None = None) -> FoundApi | None:
+    """Our API at RAG_API_HOST:RAG_API_PORT if one answers there (healthy or not), with its data dir."""
     try:
         async with httpx.AsyncClient(timeout=2.0, transport=transport) as client:
             response = await client.get(f"{settings.api_url}/health")
         body = response.json()
     except (httpx.HTTPError, json.JSONDecodeError, ValueError):
         return None
-    return settings.api_url if isinstance(body, dict) and "backends" in body else None
+    if not isinstance(body, dict) or not isinstance(body.get("backends"), dict):
+        return None
+    store = body["backends"].get("store")
+    data_dir = store.get("data_dir") if isinstance(store, dict) else None
+    return FoundApi(settings.api_url, str(data_dir) if data_dir else None)

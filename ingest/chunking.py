@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from rag.core.errors import DocumentRejected
+
 from .models import Chunk, LoadedDocument, Section
 
 if TYPE_CHECKING:
@@ -73,18 +75,21 @@ class Chunker:
     """Splits sections into chunks of at most `chunk_tokens` tokens by `count_tokens`."""
 
     def __init__(
-        self, count_tokens: Callable[[str], int] | TokenCounter, chunk_tokens: int = 200, chunk_overlap: int = 32
+        self, count_tokens: Callable[[str], int] | TokenCounter, chunk_tokens: int = 200, chunk_overlap: int = 32,
+        max_chunks: int | None = None,
     ) -> None:
         if chunk_tokens < 1 or not 0 <= chunk_overlap < chunk_tokens:
             raise ValueError(f"need 0 <= chunk_overlap ({chunk_overlap}) < chunk_tokens ({chunk_tokens})")
         self.count_tokens = count_tokens if isinstance(count_tokens, TokenCounter) else TokenCounter(count_tokens)
         self.chunk_tokens = chunk_tokens
         self.chunk_overlap = chunk_overlap
+        self.max_chunks = max_chunks
         self._splitters: dict[int, Any] = {}
 
     @classmethod
     def from_tokenizer(
-        cls, tokenizer: Any, chunk_tokens: int = 200, chunk_overlap: int = 32, max_sequence: int | None = None
+        cls, tokenizer: Any, chunk_tokens: int = 200, chunk_overlap: int = 32, max_sequence: int | None = None,
+        max_chunks: int | None = None,
     ) -> Chunker:
         """A chunker counting with a Hugging Face tokenizer (or a `tokenizers.Tokenizer`).
 
@@ -96,12 +101,14 @@ class Chunker:
             raise ValueError(
                 f"chunk_tokens={chunk_tokens} plus {specials} special tokens exceeds the embedder's {max_sequence}"
             )
-        return cls(count, chunk_tokens, chunk_overlap)
+        return cls(count, chunk_tokens, chunk_overlap, max_chunks)
 
     @classmethod
     def from_settings(cls, settings: Settings, tokenizer: Any, max_sequence: int | None = None) -> Chunker:
-        """`from_tokenizer` with the sizes in `settings` (RAG_CHUNK_TOKENS, RAG_CHUNK_OVERLAP)."""
-        return cls.from_tokenizer(tokenizer, settings.chunk_tokens, settings.chunk_overlap, max_sequence)
+        """`from_tokenizer` with the sizes in `settings` (RAG_CHUNK_TOKENS, RAG_CHUNK_OVERLAP, RAG_MAX_DOCUMENT_CHUNKS)."""
+        return cls.from_tokenizer(
+            tokenizer, settings.chunk_tokens, settings.chunk_overlap, max_sequence, settings.max_document_chunks
+        )
 
     def split(self, text: str) -> list[tuple[int, int, int]]:
         """(start, end, tokens) of each chunk of `text`: exact slices, stripped, none over the limit."""
@@ -136,6 +143,11 @@ class Chunker:
         for section in doc.sections:
             for start, end, tokens in self.split(section.text):
                 chunks.append(_chunk(doc, doc_id, len(chunks), section, start, end, tokens))
+            # Checked section by section, before anything is embedded: the work stops near the bound.
+            if self.max_chunks is not None and len(chunks) > self.max_chunks:
+                raise DocumentRejected(
+                    f"{doc.name} makes more than {self.max_chunks:,} chunks (RAG_MAX_DOCUMENT_CHUNKS)", limit=self.max_chunks
+                )
         return chunks
 
     def _splitter(self, size: int) -> Any:

@@ -17,7 +17,7 @@ import re
 import struct
 import zipfile
 from dataclasses import dataclass
-from pathlib import PurePath
+from pathlib import Path, PurePath
 
 from rag.core.errors import DocumentRejected, UnsupportedFileType
 
@@ -81,6 +81,19 @@ _HTML_EXTS = {".html", ".htm", ".xhtml", ".shtml"}
 _CHARSET_DECL = re.compile(rb"""(?:<meta[^>]{0,200}?charset|<\?xml[^>]{0,100}?encoding)\s*=\s*["']?([A-Za-z0-9_.:-]{1,40})""", re.I)
 _PREFERRED_ON_TIE = ("cp1252", "latin_1", "iso8859_15", "gb18030", "big5", "shift_jis", "euc_kr")
 _HEAD = 1 << 16  # characters at the head sniffed for text-kind signals
+_WESTERN_PAGES = {"cp1252", "latin_1", "iso8859_15"}
+_LANGUAGE_EVIDENCE = 0.3  # charset_normalizer coherence above which its language detection is trusted
+_WESTERN_CHARS = frozenset(
+    "àáâãäåæçèéêëìíîïñòóôõöøùúûüýÿßÀÁÂÃÄÅÆÇÈÉÊËÌÍÎÏÑÒÓÔÕÖØÙÚÛÜÝŒœŠšŽžŸ"
+    "€‚„…‘’“”•–—™«»°¡¿·§©®£¥¢½¼¾±×÷ªº\xa0"
+)
+_WORD = re.compile(r"[^\W\d_]+")
+# A DOCX has a few dozen members; these bound what zipfile may list (checked from the end record).
+MAX_ZIP_ENTRIES = 10_000
+MAX_ZIP_DIRECTORY_BYTES = 2 << 20
+_EOCD = struct.Struct("<4s4H2LH")
+_ZIP64_LOCATOR = struct.Struct("<4sLQL")
+_EOCD64 = struct.Struct("<4sQ2H2L4Q")
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +155,8 @@ def _looks_binary(data: bytes) -> bool:
     if b"\x00" in head:
         # UTF-16 without a BOM has NULs in every other byte of ASCII text; anything else is binary.
         return not _utf16_without_bom(head)
-    controls = sum(1 for b in head if b < 32 and b not in (9, 10, 12, 13, 27))
+    # ESC and backspace belong to terminal output (colour codes, nroff's overstrike): the loaders strip them.
+    controls = sum(1 for b in head if b < 32 and b not in (8, 9, 10, 12, 13, 27))
     return controls > len(head) * 0.05
 
 
@@ -152,6 +166,7 @@ def _utf16_without_bom(head: bytes) -> bool:
 
 
 def _zip_kind(data: bytes) -> DocKind:
+    check_zip_directory(data)
     try:
         names = set(zipfile.ZipFile(io.BytesIO(data)).namelist())
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, NotImplementedError, struct.error) as exc:
@@ -160,6 +175,63 @@ def _zip_kind(data: bytes) -> DocKind:
         return DocKind.DOCX
     kind = _zip_flavour(data, names)
     raise UnsupportedFileType(f"unsupported file type: {kind}", detected=kind)
+
+
+def check_zip_file(path: Path) -> None:
+    """`check_zip_directory` on a file's tail, before anyone reads the whole file into memory."""
+    with path.open("rb") as file:
+        if not file.read(4).startswith(_ZIP_MAGICS):
+            return
+        size = file.seek(0, 2)
+        base = max(0, size - _EOCD.size - 0xFFFF - _ZIP64_LOCATOR.size)
+        file.seek(base)
+        tail = file.read()
+    check_zip_directory(tail, base)
+
+
+def check_zip_directory(data: bytes, base: int = 0) -> None:
+    """Refuses a ZIP whose central directory is too big to list, from its end record alone.
+
+    `zipfile` builds a ZipInfo per entry (~500 bytes each) before anyone can count them: a 47 MB
+    directory of 900,000 entries cost the API 450 MB. The end-of-central-directory record states the
+    entry count and the directory's size, and zipfile reads no more than that size, so checking them
+    first bounds the listing. A record that cannot be found is left to zipfile to call damaged.
+    """
+    found = _zip_end_record(data, base)
+    if found is None:
+        return
+    entries, directory_bytes = found
+    if entries > MAX_ZIP_ENTRIES or directory_bytes > MAX_ZIP_DIRECTORY_BYTES:
+        raise DocumentRejected(
+            f"the ZIP archive lists {entries:,} entries in a {directory_bytes:,}-byte directory; a DOCX has a few "
+            f"dozen (limits: {MAX_ZIP_ENTRIES:,} entries, {MAX_ZIP_DIRECTORY_BYTES:,} bytes)"
+        )
+
+
+def _zip_end_record(data: bytes, base: int = 0) -> tuple[int, int] | None:
+    """(entries, directory bytes) from the end record (ZIP64's when the classic one overflows).
+
+    `data` is the archive from offset `base` on; a ZIP64 record outside it leaves the classic
+    record's overflowed values (0xFFFF entries), which the bounds refuse.
+    """
+    at = len(data) - _EOCD.size
+    if at < 0:
+        return None
+    if data[at : at + 4] != b"PK\x05\x06":
+        at = data.rfind(b"PK\x05\x06", max(0, len(data) - _EOCD.size - 0xFFFF), at)
+        if at < 0:
+            return None
+    record = data[at : at + _EOCD.size]
+    if len(record) < _EOCD.size:
+        return None
+    _, _, _, _, entries, size, _, _ = _EOCD.unpack(record)
+    locator = data[max(0, at - _ZIP64_LOCATOR.size) : at]
+    if (entries == 0xFFFF or size == 0xFFFFFFFF) and locator[:4] == b"PK\x06\x07":
+        _, _, offset, _ = _ZIP64_LOCATOR.unpack(locator)
+        record64 = data[offset - base : offset - base + _EOCD64.size] if offset >= base else b""
+        if len(record64) == _EOCD64.size and record64[:4] == b"PK\x06\x06":
+            entries, size = _EOCD64.unpack(record64)[7:9]
+    return entries, size
 
 
 def _zip_flavour(data: bytes, names: set[str]) -> str:
@@ -205,7 +277,35 @@ def decode_text(data: bytes) -> tuple[str, str]:
     # turned into "ŕ"); among equals, take the most widely used ones.
     ties = {m.encoding: m for m in matches if (m.chaos, m.coherence) == (best.chaos, best.coherence)}
     best = next((ties[e] for e in _PREFERRED_ON_TIE if e in ties), best)
+    if best.encoding not in _WESTERN_PAGES and best.coherence < _LANGUAGE_EVIDENCE:
+        western = _plausible_western(data)
+        if western is not None:
+            return western, "cp1252"
     return str(best), best.encoding
+
+
+def _plausible_western(data: bytes) -> str | None:
+    """The cp1252 reading of `data` when it reads as Western European text, else None.
+
+    On short texts charset_normalizer has no language evidence and its pick among single-byte code
+    pages is arbitrary (French "à" came out as cp1257 "ą", smart quotes as cp437 "ô"). cp1252 (a
+    superset of Latin-1's printable range) is by far the most common of them, so it wins whenever its
+    reading is plausible: only Western letters and punctuation beyond ASCII, no word made of non-ASCII
+    letters alone (Cyrillic or Greek bytes read as cp1252 give such words), and at least half of the letters ASCII.
+    """
+    try:
+        text = data.decode("cp1252")
+    except UnicodeDecodeError:
+        return None
+    if any(not ch.isascii() and ch not in _WESTERN_CHARS for ch in text):
+        return None
+    letters = [ch for ch in text if ch.isalpha()]
+    foreign = sum(1 for ch in letters if not ch.isascii())
+    if not letters or foreign > len(letters) // 2:
+        return None
+    if any(not any(ch.isascii() for ch in word) for word in _WORD.findall(text) if len(word) >= 3):
+        return None
+    return text
 
 
 def _declared_charset(head: bytes) -> str | None:

@@ -36,7 +36,8 @@ def load_document(data: bytes, name: str, settings: Settings, pool: ParserPool |
     kind = detection.kind
     if kind in (DocKind.PDF, DocKind.DOCX) or (kind is DocKind.HTML and len(data) > INPROCESS_HTML_BYTES):
         pool = pool or get_pool(settings.parse_memory_mb)
-        return pool.parse(kind, data, name, timeout_s=settings.parse_timeout_s, max_inflated=inflate_limit(settings))
+        return pool.parse(kind, data, name, timeout_s=settings.parse_timeout_s, max_inflated=inflate_limit(settings),
+                          max_pages=settings.max_document_pages)
     return parse(kind, data, name, text=detection.text, encoding=detection.encoding)
 
 

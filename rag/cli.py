@@ -22,7 +22,21 @@ def load_settings() -> Settings:
         raise click.ClickException(settings_error_line(exc)) from None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """A group whose command list shows each command's whole first sentence, wrapped, not cut at the
+    terminal's width as click does by default."""
+
+    group_class = type  # subgroups (`rag models`, ...) list their commands the same way
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, command.get_short_help_str(limit=300)) for name in self.list_commands(ctx)
+                if (command := self.get_command(ctx, name)) is not None and not command.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
     """A local RAG stack: llama-server, an embedding server, Chroma and an API.
 
@@ -37,14 +51,17 @@ def cli() -> None:
 @cli.command()
 def up() -> None:
     """Start llama-server, the embedding server and the API; Ctrl-C stops them all."""
-    from rag.deploy.launcher import Stack, plan_parts
+    from rag.deploy.launcher import Stack, Stopped, plan_parts, stop_on_signals
 
+    stop_on_signals()  # from the first moment: a build or a start-up can be stopped too
     settings = load_settings()
-    stack = Stack(plan_parts(settings), echo=click.echo)
-    stack.start()
-    click.echo(f"open {settings.api_url}/  (logs in {settings.data_dir / 'logs'}; Ctrl-C stops)")
-    stack.watch()
-    click.echo("stopped")
+    try:
+        stack = Stack(plan_parts(settings), echo=click.echo, pid_file=settings.data_dir / "run" / "rag-up.json")
+        stack.start()
+        click.echo(f"open {settings.api_url}/  (this run's logs in {stack.parts[0].log_path.parent}; Ctrl-C stops)")
+        stack.watch()
+    except Stopped as exc:
+        click.echo(f"stopped ({exc})")
 
 
 @cli.command("serve-api")

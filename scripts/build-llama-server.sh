@@ -94,10 +94,41 @@ if [ "$cuda" = ON ]; then
 fi
 command -v ninja >/dev/null && cmake_args+=(-G Ninja)
 
-echo "llama-server: building ($flavour, $jobs jobs); this takes ~15 minutes on 2 cores" >&2
-cmake "${cmake_args[@]}" >&2
+# The compiler's output (thousands of lines, hundreds of warnings from intrinsics headers) goes to a log;
+# the terminal gets one progress line (refreshed in place on a terminal, every minute otherwise) and, if
+# the build fails, the log's last lines.
+mkdir -p "$cache/build"
+log="$cache/build/${sha256:0:16}-$flavour.log"
+: >"$log"
+build_failed() {
+  echo "llama-server: build failed; the last lines of $log:" >&2
+  tail -n 40 "$log" >&2
+  exit 1
+}
+progress() {  # the last "[ 42%]" (make) or "[123/456]" (ninja) of the log
+  grep -aoE '^\[ *[0-9]+%\]|^\[[0-9]+/[0-9]+\]' "$log" | tail -n 1 | tr -d '[] '
+}
+echo "llama-server: building ($flavour, $jobs jobs; ~15 minutes on 2 cores); log: $log" >&2
+cmake "${cmake_args[@]}" >>"$log" 2>&1 || build_failed
+build_started=$(date +%s)
 # shellcheck disable=SC2086
-cmake --build "$build" --target $targets -j "$jobs" >&2
+cmake --build "$build" --target $targets -j "$jobs" >>"$log" 2>&1 &
+builder=$!
+last_said=0
+while kill -0 "$builder" 2>/dev/null; do
+  sleep 2
+  elapsed=$(( $(date +%s) - build_started ))
+  line="llama-server: building ${elapsed}s, $(progress || true)"
+  if [ -t 2 ]; then
+    printf '\r%s ' "$line" >&2
+  elif [ $(( elapsed - last_said )) -ge 60 ]; then
+    echo "$line" >&2
+    last_said=$elapsed
+  fi
+done
+[ -t 2 ] && printf '\n' >&2
+wait "$builder" || build_failed
+echo "llama-server: built in $(( $(date +%s) - build_started )) s" >&2
 
 mkdir -p "$dest/bin.tmp"
 for t in $targets; do cp "$build/bin/$t" "$dest/bin.tmp/$t"; done

@@ -16,13 +16,23 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 if [ ! -f "$stamp" ]; then
   "$venv/bin/python" -m pip install --quiet --upgrade "pip>=25"
-  # torch first and pinned: the CPU build on disk. A bare torch would pull a multi-GB CUDA build.
-  "$venv/bin/python" -m pip install --quiet "torch==2.13.0"
+  # torch first, pinned, and the CPU build: PyPI's torch for Linux is the multi-GB CUDA build. PyTorch's
+  # CPU index when it answers; else pip's own configuration (an index or find-links with a CPU wheel).
+  torch_index=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
+  if curl -fsS --max-time 10 -o /dev/null "$torch_index/torch/" 2>/dev/null; then
+    echo "setup: torch 2.13.0+cpu from PyTorch's CPU index ($torch_index)"
+    "$venv/bin/python" -m pip install --quiet --index-url "$torch_index" "torch==2.13.0+cpu"
+  else
+    echo "setup: PyTorch's CPU index ($torch_index) is unreachable: torch==2.13.0 from pip's configured sources" \
+         "(${PIP_FIND_LINKS:+find-links $PIP_FIND_LINKS, }index ${PIP_INDEX_URL:-PyPI})"
+    "$venv/bin/python" -m pip install --quiet "torch==2.13.0"
+  fi
   "$venv/bin/python" -m pip install --quiet -e ".[test]"
   rm -f "$venv"/.installed-*
   touch "$stamp"
 fi
-echo "setup: python environment ready ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"
+torch_version=$("$venv/bin/python" -c 'import torch; print(torch.__version__, "CUDA" if torch.version.cuda else "CPU")')
+echo "setup: python environment ready (torch $torch_version)"
 
 bin=$(bash scripts/build-llama-server.sh)
 echo "setup: llama-server $bin"

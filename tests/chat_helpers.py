@@ -17,6 +17,7 @@ import uvicorn
 
 from rag.api.app import create_app
 from rag.core.config import Settings
+from rag.store.lexical import lexical_tokens
 from tests.servers import free_port
 
 DOCS = {
@@ -132,6 +133,8 @@ class Hit:
     text: str
     metadata: dict[str, Any]
     score: float
+    cosine: float | None = None
+    coverage: float = 0.0
 
 
 @dataclass
@@ -148,8 +151,15 @@ class OverlapRetriever:
         for i, (name, text) in enumerate(self.chunks):
             overlap = len(words & set(re.findall(r"\w+", text.lower()))) / max(1, len(words))
             if overlap > 0:
-                hits.append(Hit(f"{name}:{i}", name, text, {"source": name, "doc_id": name, "chunk_index": i}, overlap))
+                hits.append(Hit(f"{name}:{i}", name, text, {"source": name, "doc_id": name, "chunk_index": i}, overlap,
+                                coverage=_coverage(query, text)))
         return sorted(hits, key=lambda h: -h.score)[:k]
+
+
+def _coverage(query: str, text: str) -> float:
+    """The share of the query's search terms (stop words out, stemmed) that the text holds."""
+    terms = set(lexical_tokens(query))
+    return len(terms & set(lexical_tokens(text))) / len(terms) if terms else 0.0
 
 
 @dataclass

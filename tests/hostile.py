@@ -12,7 +12,8 @@ import io
 import struct
 import zipfile
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 # --- small binaries -------------------------------------------------------------------------------
 
@@ -395,3 +396,98 @@ def html_with_scripts_and_remote_resources() -> bytes:
 <footer>Copyright footer text</footer>
 <script>console.log("late script")</script>
 </body></html>""".encode()
+
+
+def shared_stream_pdf(pages: int, lines: int = 40) -> bytes:
+    """A PDF of `pages` pages that all draw one content stream: small on disk, huge once extracted."""
+    writer = PdfWriter()
+    content = writer.add_object(_stream(b"", _text_content([f"line {i} of the page everyone shares" for i in range(lines)])), stream=True)
+    for _ in range(pages):
+        writer.page_ids.append(writer.add_object(
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> >> /Contents %d 0 R >>"
+            % content))
+    return writer.build()
+
+
+def zip_directory_flood(entries: int, shared_header: bool = False) -> bytes:
+    """A ZIP of `entries` empty stored members: a central directory of ~60 bytes an entry, nothing else.
+
+    With `shared_header` every directory entry points at one local header, so the file is almost all
+    directory (900,017 entries in 46.8 MB, the flood that cost the API 450 MB).
+    """
+    local = bytearray()
+    central = bytearray()
+    fields = struct.pack("<HHHHHIII", 20, 0, 0, 0, 0x21, 0, 0, 0)
+    for i in range(entries):
+        fname = b"%06x" % i if shared_header else b"f%07d.txt" % i
+        offset = 0 if shared_header else len(local)
+        if not shared_header or i == 0:
+            local += b"PK\x03\x04" + fields + struct.pack("<HH", len(fname), 0) + fname
+        central += b"PK\x01\x02" + struct.pack("<H", 20) + fields + struct.pack("<HHHHHII", len(fname), 0, 0, 0, 0, 0, offset) + fname
+    count = min(entries, 0xFFFF)
+    end = b"PK\x05\x06" + struct.pack("<HHHHIIH", 0, 0, count, count, len(central), len(local), 0)
+    return bytes(local + central + end)
+
+
+def docx_with_encoded_document_xml(encoding: str, codec: str | None = None) -> bytes:
+    """A DOCX whose word/document.xml declares an entity and is written in `encoding` (with its BOM, if any)."""
+    xml = (f'<?xml version="1.0" encoding="{encoding}"?><!DOCTYPE d [<!ENTITY e "expanded">]>'
+           + _BODY.format(text="&e;"))
+    return replace_zip_member(docx_document([("p", "placeholder")]), "word/document.xml", xml.encode(codec or encoding))
+
+
+# --- requests sent by hand, to see when the server answers -----------------------------------------
+
+
+def send_until_answered(url: str, path: str, headers: dict[str, str], chunks: Iterable[bytes],
+                        timeout: float = 30.0) -> tuple[int, int, bytes]:
+    """POST `chunks` over a raw socket, looking for an answer before each chunk.
+
+    Returns (status, bytes of body sent before the answer came, the answer's head and body). An HTTP
+    client library sends the whole body before it reads, so it cannot show that a server refused early.
+    """
+    import select
+    import socket
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url)
+    sock = socket.create_connection((parsed.hostname, parsed.port), timeout=timeout)
+    head = f"POST {path} HTTP/1.1\r\nHost: {parsed.hostname}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    sent = 0
+    try:
+        sock.sendall(head.encode() + b"\r\n")
+        for chunk in chunks:
+            if select.select([sock], [], [], 0)[0]:
+                break
+            try:
+                sock.sendall(chunk)
+            except OSError:  # closed by the server: its answer may already be waiting
+                break
+            sent += len(chunk)
+        answer = _read_answer(sock)
+    finally:
+        sock.close()
+    status = int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/") else 0
+    return status, sent, answer
+
+
+def _read_answer(sock: Any) -> bytes:
+    answer = b""
+    while b"\r\n\r\n" not in answer or not _complete(answer):
+        try:
+            data = sock.recv(65536)
+        except OSError:
+            break
+        if not data:
+            break
+        answer += data
+    return answer
+
+
+def _complete(answer: bytes) -> bool:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return len(body) >= int(value)
+    return False

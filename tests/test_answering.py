@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from rag.answering.answerer import Answerer, ChatQuery, split_question
+from rag.answering.answerer import Answerer, ChatQuery, cut_off, split_question
 from rag.answering.citations import check_citations, cited_ids
 from rag.core.config import Settings
 from rag.core.errors import InvalidRequest, LLMUnavailable
@@ -44,7 +44,7 @@ def by_name(events):
 
 
 def test_events_come_in_order_with_the_reply_as_tokens():
-    events, server, _, _ = answer("It was completed in 1889 [S1].")
+    events, server, _, _ = answer("It was completed in 1889 [S1].", settings=Settings(pack_relative_score=0))
     names = [e.name for e in events]
     assert names[:2] == ["sources", "budget"] and names[-2:] == ["citations", "done"]
     assert set(names[2:-2]) == {"token"}
@@ -82,7 +82,7 @@ def test_no_sources_means_a_fixed_answer_and_no_model_call():
     data = by_name(events)
     assert retriever.calls == 1
     assert server.prompts == []
-    assert data["sources"] == {"sources": []}
+    assert data["sources"] == {"sources": [], "query": "Quantum chromodynamics?", "rewrite": "off"}
     assert "".join(e.data["text"] for e in events if e.name == "token") == no_sources_answer("default")
     assert data["citations"] == {"citations": [], "invalid": []}
     assert data["done"]["no_sources"] == "nothing_retrieved"
@@ -148,3 +148,21 @@ def test_a_loading_llama_server_is_a_503_with_the_reason():
     with pytest.raises(LLMUnavailable) as caught:
         answer("x", server=Loading("x"))
     assert caught.value.status == 503 and "loading" in caught.value.message
+
+
+def test_sources_far_below_the_best_are_not_packed():
+    events, _, _, _ = answer("It was completed in 1889 [S1].", settings=Settings(pack_relative_score=0.5))
+    data = by_name(events)
+    kept = [s["chunk_id"] for s in data["sources"]["sources"]]
+    assert kept and len(kept) < 3
+    assert {d["reason"] for d in data["budget"]["dropped"]} == {"far_below_best"}
+
+
+def test_the_cut_off_keeps_the_best_and_leaves_non_positive_scores_alone():
+    from types import SimpleNamespace as Hit
+
+    hits = [Hit(score=s) for s in (0.9, 0.5, 0.2)]
+    assert [h.score for h in cut_off(hits, 0.35)[0]] == [0.9, 0.5]
+    assert cut_off(hits, 0)[1] == []
+    logits = [Hit(score=s) for s in (-1.0, -3.0)]
+    assert cut_off(logits, 0.35) == (logits, [])

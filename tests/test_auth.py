@@ -19,7 +19,7 @@ def test_without_a_key_the_api_is_open(backend_settings: Settings):
         upload(url)
         assert httpx.post(f"{url}/v1/chat", json=ask("Eiffel?", stream=False, max_tokens=4), timeout=300).status_code == 200
         completion = openai.OpenAI(base_url=f"{url}/v1", api_key="anything", max_retries=0).chat.completions.create(
-            model="rag", messages=[{"role": "user", "content": "Eiffel?"}], max_tokens=4)
+            model=backend_settings.llm_model, messages=[{"role": "user", "content": "Eiffel?"}], max_tokens=4)
         assert completion.choices[0].message.content is not None
 
 
@@ -42,7 +42,7 @@ def test_with_a_key_every_v1_route_needs_it(backend_settings: Settings):
 
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).chat.completions.create(
-                model="rag", messages=[{"role": "user", "content": "Eiffel?"}], max_tokens=4)
+                model=settings.llm_model, messages=[{"role": "user", "content": "Eiffel?"}], max_tokens=4)
         stream = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0).chat.completions.create(
-            model="rag", messages=[{"role": "user", "content": "Eiffel?"}], max_tokens=4, stream=True)
+            model=settings.llm_model, messages=[{"role": "user", "content": "Eiffel?"}], max_tokens=4, stream=True)
         assert "rag" in list(stream)[-1].model_extra

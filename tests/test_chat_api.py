@@ -85,7 +85,7 @@ def test_an_empty_collection_gets_a_plain_answer_without_calling_the_model(api: 
     before = prompt_tokens_total(llama_server.url)
     events = chat_events(api, ask("When was the Eiffel Tower completed?", collection="empty-one"))
     data = {e.event: e.data for e in events}
-    assert data["sources"] == {"sources": []}
+    assert data["sources"]["sources"] == [] and data["sources"]["query"] == "When was the Eiffel Tower completed?"
     assert "".join(e.data["text"] for e in events if e.event == "token") == no_sources_answer("empty-one")
     assert data["citations"] == {"citations": [], "invalid": []}
     assert data["done"]["no_sources"] == "nothing_retrieved"

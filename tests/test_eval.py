@@ -154,9 +154,11 @@ def test_quick_run_gives_sane_metrics_and_a_report(baseline: dict[str, Any]) -> 
         m = retrieval["methods"][mode]
         assert 0 <= m["recall@1"] <= m["recall@5"] <= m["recall@10"] <= 1
         assert m["recall@1"] <= m["mrr"] <= m["recall@10"]
-        assert m["recall@10"] >= 0.6, (mode, m)  # one article's paragraphs: hard, but not hopeless
+        # Measured on this slice: recall@10 dense 0.967, lexical and hybrid 1.0; one question is 0.033.
+        assert m["recall@10"] >= {"dense": 0.93}.get(mode, 0.96), (mode, m)
         assert m["search_ms"]["p50"] > 0
-    assert retrieval["methods"]["hybrid"]["recall@5"] >= 0.8
+    hybrid = retrieval["methods"]["hybrid"]
+    assert hybrid["recall@5"] >= 0.96 and hybrid["recall@1"] >= 0.86, hybrid  # measured 1.0 and 0.900
     assert retrieval["embed_ms"]["n"] == retrieval["questions"]
     assert set(data["scores"]) == {f"retrieval.{m}.{k}" for m in ("dense", "lexical", "hybrid")
                                    for k in ("recall@1", "recall@5", "recall@10", "mrr")}

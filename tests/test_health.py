@@ -21,6 +21,8 @@ def test_health_is_ok_when_every_backend_is(backend_settings: Settings):
     assert body["backends"]["llm"]["model"]
     assert body["backends"]["llm"]["n_ctx"] == 4096
     assert body["backends"]["store"]["state"] == "ok"
+    assert body["backends"]["store"]["data_dir"] == str(backend_settings.data_dir)
+    assert body["backends"]["embedder"]["dimensions"] == 384, "a number, not a string"
 
 
 def test_health_is_503_with_the_reason_when_llama_server_is_down(embedding_server: Server, isolated_env):

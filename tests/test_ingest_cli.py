@@ -161,9 +161,11 @@ def test_env_var_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
 def run_main(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     monkeypatch.setattr(sys, "argv", ["ingest", *args])
-    with pytest.raises(SystemExit) as exit_info:
+    try:
         main()
-    return int(exit_info.value.code or 0), capsys.readouterr().err
+    except SystemExit as exc:
+        return int(exc.code or 0), capsys.readouterr().err
+    return 0, capsys.readouterr().err
 
 
 def test_a_held_store_is_one_clear_line(
@@ -195,16 +197,22 @@ def test_a_held_store_is_one_clear_line(
 
 
 @pytest.mark.integration
-def test_embedder_down_is_one_line_and_nothing_half_done(
+@pytest.mark.slow
+def test_with_nothing_running_ingest_starts_its_own_embedder(
     tmp_path: Path, isolated_env: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("RAG_API_PORT", str(free_port()))
     monkeypatch.setenv("RAG_EMBED_URL", f"http://127.0.0.1:{free_port()}")
-    (tmp_path / "a.txt").write_text("hello there, a file")
-    code, err = run_main(monkeypatch, capsys, str(tmp_path))
-    assert code == 1 and err.strip().endswith("is unreachable") and err.startswith("error: embedding server")
+    files = make_corpus(tmp_path / "docs")
+    code, err = run_main(monkeypatch, capsys, str(tmp_path / "docs"), "-r")
+    assert code == 0, err
+    assert "no embedding server answers at" in err and "starting one for this run" in err
+    assert "embedding server ready in" in err
     seen = census(isolated_env, "default")
-    assert seen.consistent() and "pending" not in seen.states.values()
+    assert seen.consistent() and set(seen.states.values()) == {"indexed"}
+    expected = expected_chunks([files["a"], files["b"], files["pdf"]], Settings(data_dir=isolated_env))
+    assert sum(expected.values()) == sum(seen.chroma.values())
+    assert (isolated_env / "logs" / "ingest-embedder.log").exists()
 
 
 # A real subprocess against a running API.
@@ -229,6 +237,7 @@ def test_subprocess_sends_to_the_running_api(api: Server, ingest_env: dict[str, 
     summary = json.loads(done.stdout)
     assert summary["mode"] == "api" and summary["files"]["indexed"] == 3
     assert "indexed" in done.stderr  # plain progress lines: stderr is not a terminal
+    assert f"ingest: via the API at {api.url} (data dir {ingest_env['RAG_DATA_DIR']})" in done.stderr
     listing = httpx.get(f"{api.url}/v1/documents", params={"collection": "papers"}).json()
     assert sorted(d["source_key"] for d in listing["documents"]) == sorted(
         str(files[k].resolve()) for k in ("a", "b", "pdf")
@@ -250,6 +259,27 @@ def test_subprocess_sends_to_the_running_api(api: Server, ingest_env: dict[str, 
     refused = subprocess.run([sys.executable, "-m", "ingest.cli", str(root)], env=env, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 1 and "held by the rag API" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+@pytest.mark.integration
+def test_an_api_on_another_data_dir_is_refused_unless_named(
+    api: Server, ingest_env: dict[str, str], tmp_path: Path
+) -> None:
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "ok.txt").write_text("Good text about birds and their songs.")
+    port = api.url.rsplit(":", 1)[1]
+    other = tmp_path / "my-data"
+    env = {**ingest_env, "RAG_API_HOST": "127.0.0.1", "RAG_API_PORT": port, "RAG_DATA_DIR": str(other)}
+    command = [sys.executable, "-m", "ingest.cli", str(tmp_path / "in")]
+    refused = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 1, refused.stderr
+    assert f"the API at {api.url} keeps its data in {ingest_env['RAG_DATA_DIR']}" in refused.stderr
+    assert str(other) in refused.stderr and f"--server {api.url}" in refused.stderr
+    assert httpx.get(f"{api.url}/v1/documents").json()["total"] == 0
+    sent = subprocess.run([*command, "--server", api.url], env=env, capture_output=True, text=True, timeout=300)
+    assert sent.returncode == 0, sent.stderr
+    assert f"ingest: via the API at {api.url} (--server)" in sent.stderr
+    assert httpx.get(f"{api.url}/v1/documents").json()["total"] == 1
 
 
 @pytest.mark.integration

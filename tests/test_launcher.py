@@ -99,7 +99,7 @@ def test_rag_up_refuses_a_busy_port(isolated_env: Path, generator_model: Path):
         done = subprocess.run([sys.executable, "-m", "rag.cli", "up"], env=env, capture_output=True, text=True,
                               timeout=120)
     assert done.returncode == 1
-    assert f"port {port}" in done.stderr and "busy" in done.stderr
+    assert f"port {port}" in done.stderr and "busy" in done.stderr and "RAG_API_PORT" in done.stderr
 
 
 def test_rag_up_stops_the_rest_when_a_part_fails(isolated_env: Path, tmp_path: Path):
@@ -109,3 +109,110 @@ def test_rag_up_stops_the_rest_when_a_part_fails(isolated_env: Path, tmp_path: P
     done = subprocess.run([sys.executable, "-m", "rag.cli", "up"], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert "llama-server exited during start-up" in done.stderr
+
+
+def test_rag_up_restarts_a_killed_llama_server_while_chats_get_errors_and_503s(isolated_env: Path, generator_model: Path):
+    """kill -9 of llama-server while 5 chats stream: they end in `error` events (or a 503 if still queued),
+    a new chat meanwhile is 503 with Retry-After, and rag up brings llama-server back within 30 s."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.chat_helpers import ask, parse_sse, upload
+
+    ports = dict(llm=free_port(), embed=free_port(), api=free_port())
+    proc = subprocess.Popen([sys.executable, "-m", "rag.cli", "up"], env=_env(isolated_env, generator_model, **ports),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    api = f"http://127.0.0.1:{ports['api']}"
+    lines: list[str] = []
+
+    def read_until(text: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, f"rag up ended early:\n{''.join(lines)}"
+            lines.append(line)
+            if text in line:
+                return
+        raise AssertionError(f"no {text!r} in:\n{''.join(lines)}")
+
+    def stream_chat(i: int) -> str:
+        body = {**ask("Tell me everything about the Eiffel Tower.", max_tokens=2000), "stream": True}
+        with httpx.stream("POST", f"{api}/v1/chat", json=body, timeout=120) as response:
+            if response.status_code != 200:
+                return str(response.status_code)
+            names = [event.event for event in parse_sse(response.iter_lines())]
+            return names[-1]
+
+    try:
+        read_until("open ", 240)
+        upload(api)
+        llama = next(p for p in _children(proc.pid) if "llama-server" in Path(f"/proc/{p}/cmdline").read_text())
+        with ThreadPoolExecutor(5) as pool:
+            streams = [pool.submit(stream_chat, i) for i in range(5)]
+            time.sleep(3)
+            os.kill(llama, signal.SIGKILL)
+            killed = time.monotonic()
+            during = httpx.post(f"{api}/v1/chat", json=ask("Eiffel?", stream=False), timeout=60)
+            endings = [s.result(timeout=120) for s in streams]
+        assert all(end in ("error", "503") for end in endings), endings
+        assert during.status_code == 503 and int(during.headers["retry-after"]) > 0, during.text
+        read_until("llama-server ready again", 30)
+        assert time.monotonic() - killed < 30
+        again = httpx.post(f"{api}/v1/chat", json=ask("Eiffel?", stream=False), timeout=120)
+        assert again.status_code == 200, again.text
+        assert any("llama-server exited" in line for line in lines)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_rag_up_stopped_3_s_into_start_up_leaves_nothing_and_the_next_start_works(isolated_env: Path,
+                                                                                   generator_model: Path, how: str):
+    ports = dict(llm=free_port(), embed=free_port(), api=free_port())
+    env = _env(isolated_env, generator_model, **ports)
+    proc = subprocess.Popen([sys.executable, "-m", "rag.cli", "up"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    time.sleep(3)
+    children = _children(proc.pid)
+    proc.send_signal(getattr(signal, how))
+    proc.wait(15)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in children):
+        time.sleep(0.1)
+    assert not [p for p in children if _alive(p)], "no orphans"
+    again = subprocess.Popen([sys.executable, "-m", "rag.cli", "up"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            line = again.stdout.readline()
+            assert line, f"the next rag up ended early:\n{''.join(lines)}"
+            lines.append(line)
+            if line.startswith("open "):
+                break
+        assert httpx.get(f"http://127.0.0.1:{ports['api']}/health", timeout=10).status_code == 200
+    finally:
+        again.send_signal(signal.SIGINT)
+        again.wait(60)
+    assert again.returncode == 0
+
+
+def test_logs_are_kept_per_run_and_rotated(tmp_path: Path):
+    from rag.deploy.runlogs import new_run_dir, run_dirs
+
+    logs = tmp_path / "logs"
+    made = [new_run_dir(logs, keep=3) for _ in range(5)]
+    assert run_dirs(logs) == made[-3:], "the newest three runs stay, in order"
+    assert (logs / "latest").resolve() == made[-1].resolve()
+    assert len({p.name for p in made}) == 5, "runs in one second get folders of their own"
+
+
+def test_rag_help_lists_whole_command_descriptions():
+    from click.testing import CliRunner
+
+    from rag.cli import cli
+
+    listing = " ".join(CliRunner().invoke(cli, ["--help"], terminal_width=80).output.split("Commands:")[1].split())
+    assert "Start llama-server, the embedding server and the API; Ctrl-C stops them all." in listing
+    assert "..." not in listing

@@ -1,4 +1,4 @@
-"""The lexical index: tokenization (English words, CJK bigrams) and the persisted FTS5 index."""
+"""The lexical index: tokenization (English words, CJK bigrams) and the persisted tantivy BM25 index."""
 
 from __future__ import annotations
 

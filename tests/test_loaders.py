@@ -232,6 +232,48 @@ def test_large_html_is_parsed_in_the_worker(load) -> None:
     assert doc.text.count("of a long page.") == 12_000
 
 
+def test_html_drops_navigation_blocks_and_furniture_but_keeps_cross_references(load) -> None:
+    page = b"""<html><body>
+<div class="header"><p>Next: <a href="s.html">Simple Example</a>, Up: <a href="u.html">Using libffi</a>
+ [<a href="i.html">Index</a>]</p></div>
+<div class="section"><h3>2.1 The Basics</h3>
+<p>libffi assumes that you have a pointer to the function. See <a href="t.html">Types</a>.</p>
+<ul class="mini-toc"><li><a href="a.html">Arrays</a></li><li><a href="b.html">Unions</a></li></ul>
+<p>Function: ffi_status ffi_prep_cif (ffi_cif *cif)</p>
+<p>message <a href="#s">&lt;string&gt;</a> | <a href="#e">&lt;Error&gt;</a></p>
+<p>Next: <a href="s.html">Simple Example</a>, Up: <a href="u.html">Using libffi</a></p>
+</div><div id="sidebar">Popular posts this week</div></body></html>"""
+    doc = load(page, "basics.html")
+    assert doc.text == (
+        "2.1 The Basics\n\nlibffi assumes that you have a pointer to the function. See Types.\n\n"
+        "Function: ffi_status ffi_prep_cif (ffi_cif *cif)\n\nmessage <string> | <Error>"
+    )
+    assert [s.headings for s in doc.sections] == [("2.1 The Basics",)]
+
+
+def test_html_drops_text_hidden_by_css_tricks(load) -> None:
+    page = b"""<html><head><style>.promo, #trap { display: none } .big { font-size: 2em }</style></head>
+<body><p>Visible one.</p>
+<p style="font-size:0">Tiny secret.</p><p style="color:#fff">White on white.</p>
+<p style="color: white; background: black">White on black stays.</p>
+<div style="background-color:#000"><span style="color:#000000">Black on black.</span></div>
+<p style="position:absolute; left:-9999px">Off screen.</p><p style="text-indent:-5000px">Indented away.</p>
+<p class="hidden">Class hidden.</p><span class="sr-only">Screen reader only.</span>
+<p class="promo">Hidden by the page's style.</p><p id="trap">Hidden by id.</p><p class="big">Big stays.</p>
+<p style="opacity: 0">Transparent.</p><p style="opacity: 0.5">Half stays.</p>
+<font color="white">Font white.</font></body></html>"""
+    text = load(page, "tricks.html").text
+    assert text.split("\n\n") == ["Visible one.", "White on black stays.", "Big stays.", "Half stays."]
+
+
+@pytest.mark.parametrize("name", ["manual.txt", "manual.md", "page.html"])
+def test_terminal_escapes_and_control_characters_are_stripped_in_every_format(load, name: str) -> None:
+    raw = "The \x1b[1mGNU \x1b[22mROFF (\x1b[1mGROFF\x1b[22m) suite, b\x08bo\x08ol\x08ld, \x1b]0;t\x07end\x07."
+    data = f"<html><body><p>{raw}</p></body></html>" if name.endswith(".html") else raw + "\n"
+    text = load(data.encode(), name).text
+    assert text.strip() == "The GNU ROFF (GROFF) suite, bold, end."
+
+
 # --- PDF ------------------------------------------------------------------------------------------
 
 

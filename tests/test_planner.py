@@ -87,6 +87,8 @@ def test_planner_derives_the_shipped_profile() -> None:
     assert derived.flags() == shipped.flags()
     assert derived == shipped
     assert result.fits
+    # No host-memory prompt cache: it delayed every new question's prefill and can cross conversations.
+    assert shipped.flags()[shipped.flags().index("--cache-ram") + 1] == "0"
 
 
 def test_more_memory_fits_the_recipe_and_less_suggests_flags() -> None:
@@ -313,3 +315,19 @@ def test_prediction_matches_the_16gb_emulation(name: str, entry: dict) -> None:
         assert result.free / MIB == pytest.approx(entry["free_after_serving_mib"], abs=100)
     assert (result.free > 0) == served
     assert result.fits == (served and entry["free_after_serving_mib"] >= result.margin / MIB)
+
+
+def test_prefill_prediction_reproduces_its_anchor_and_adds_dequantization_on_volta() -> None:
+    from rag.deploy.gpus import H200_PREFILL_TOK_S, predict_prefill
+
+    model, _ = production("Q4_K_S")
+    params = sum(t.n_elements for t in model.tensors if len(t.shape) == 2 and t.name != "token_embd.weight")
+    weights = estimate(model, Flags.from_profile(PROFILES["v100-16g"]), V100).weights_gpu
+    h200 = predict_prefill(get_gpu("h200"), 2_900, params, weights)
+    assert h200.tok_s == pytest.approx((H200_PREFILL_TOK_S, H200_PREFILL_TOK_S), rel=0.01)
+    v100 = predict_prefill(V100, 2_900, params, weights)
+    assert v100.dequant_s[0] > 0 and h200.dequant_s == (0.0, 0.0)
+    fast, slow = v100.total_s
+    assert h200.total_s[0] < fast < slow
+    with pytest.raises(ValueError):
+        predict_prefill(get_gpu("t4"), 2_900, params, weights)

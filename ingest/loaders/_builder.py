@@ -8,12 +8,23 @@ from rag.core.errors import DocumentRejected
 
 from ..models import DocKind, LoadedDocument, Section
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f\ufeff\ufffe]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f-\x9f\ufeff\ufffe]")
+# ANSI/VT escape sequences (terminal colours as in "\x1b[1mGNU\x1b[22m ROFF"): CSI with its parameters,
+# OSC up to its terminator, and the two-character escapes; also their 8-bit CSI form.
+_ANSI = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]")
+# nroff's overstrike: bold "X\bX" and underline "_\bX" keep the last character.
+_OVERSTRIKE = re.compile(r".\x08(?=.)", re.S)
 
 
 def clean(text: str) -> str:
-    """Text with newlines normalised and control characters (but tabs, newlines, form feeds) removed."""
-    return _CONTROL.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
+    """Text with newlines normalised, terminal escapes and overstrikes undone, and control characters
+    (but tabs, newlines, form feeds) removed. Idempotent: every loader's text goes through it."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if "\x1b" in text or "\x9b" in text:
+        text = _ANSI.sub("", text)
+    if "\x08" in text:
+        text = _OVERSTRIKE.sub("", text)
+    return _CONTROL.sub("", text)
 
 
 class DocumentBuilder:
@@ -35,6 +46,7 @@ class DocumentBuilder:
 
     def heading(self, title: str, level: int, raw: str | None = None, sep: str = "\n\n") -> None:
         """A heading of `level` (smaller is higher); `raw` is the text to append if not the title itself."""
+        title, raw = clean(title), None if raw is None else clean(raw)
         if self._has_body:
             self._close()
         while self._path and self._path[-1][0] >= level:
@@ -45,6 +57,7 @@ class DocumentBuilder:
 
     def block(self, text: str, sep: str = "\n\n") -> None:
         """A run of body text; `sep` joins it to what came before."""
+        text = clean(text)
         if not text:
             return
         start = self._append(text, sep)

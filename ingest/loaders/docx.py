@@ -32,6 +32,7 @@ from ._builder import DocumentBuilder, clean
 MAX_MEMBERS = 10_000
 _STEP = 1 << 20  # bytes of output per inflate step
 _LOCAL_HEADER = struct.Struct("<4s22xHH")
+_XML_NAMES = (".xml", ".rels")
 _HEADING_STYLE = re.compile(r"(?:heading|标题)\s*([1-9])", re.I)
 
 
@@ -143,6 +144,8 @@ def _inflate_member(data: bytes, member: zipfile.ZipInfo, name: str, budget: int
             break
     if total != member.file_size:
         raise DocumentRejected(f"{name}: {member.filename} inflates to {total:,} bytes, not the {member.file_size:,} stated")
+    if parser is not None:
+        parser.close(name)
     return total
 
 
@@ -161,33 +164,45 @@ def _maybe_xml(filename: str) -> bool:
 
 
 class _XmlCheck:
-    """Feeds a member's bytes to expat with every DTD hook set to refuse; gives up quietly on non-XML.
+    """Feeds a member's bytes to expat with every DTD hook set to refuse.
 
     defusedxml's rules and exceptions, on a bare expat parser: with no element handlers the parse
     stays in C (defusedxml's ElementTree parser calls Python for every element, 20x slower here).
+    What expat cannot read is refused, not skipped: lxml (python-docx's parser) reads encodings expat
+    does not (UTF-32, EBCDIC), and a part we could not check must not reach it. Only a member that is
+    neither named as XML nor starts like XML is taken for a binary blob and left alone.
     """
 
     def __init__(self, filename: str) -> None:
         self.filename = filename
         self.parser: Any = None
         self.first = True
+        self.unreadable: str | None = None  # expat's complaint, reported once the member is inflated
 
     def feed(self, chunk: bytes, name: str) -> None:
         if self.first:
             self.first = False
-            if not chunk.lstrip(b" \t\r\n\xef\xbb\xbf\xff\xfe\x00").startswith(b"<"):
-                return  # not XML: python-docx will treat it as a blob, if it reads it at all
+            looks_xml = chunk.lstrip(b" \t\r\n\xef\xbb\xbf\xff\xfe\x00").startswith(b"<")
+            if not looks_xml and not self.filename.lower().endswith(_XML_NAMES):
+                return  # a binary blob python-docx keeps as bytes
             self.parser = _refusing_parser()
-        if self.parser is None or not chunk:
-            return
+        if self.parser is not None:
+            self._parse(chunk, name, final=not chunk)
+
+    def _parse(self, chunk: bytes, name: str, final: bool) -> None:
         try:
-            self.parser.Parse(chunk, False)
+            self.parser.Parse(chunk, final)
         except defusedxml.DefusedXmlException as exc:
             raise DocumentRejected(
                 f"{name} declares a DTD or entities in {self.filename} ({type(exc).__name__}); refused unparsed"
             ) from exc
-        except expat.ExpatError:
-            self.parser = None  # malformed XML: python-docx will say so if it matters
+        except expat.ExpatError as exc:
+            self.parser, self.unreadable = None, expat.ErrorString(exc.code)
+
+    def close(self, name: str) -> None:
+        """Refuses the member if expat could not read it (after the size checks had their say)."""
+        if self.unreadable is not None:
+            raise DocumentRejected(f"{name}: {self.filename} is XML we cannot check ({self.unreadable}); refused unparsed")
 
 
 def _refusing_parser() -> Any:

@@ -7,11 +7,27 @@ noscript, embedded objects and form controls; hidden elements (`hidden`, `aria-h
 `display:none` / `visibility:hidden`); navigation and asides, and page headers and footers outside the
 main content. When the page marks its main content (`<main>`, `role="main"`, a single `<article>`) only
 that is kept.
+
+Readability-style rules drop the rest of the boilerplate that pages do not mark with tags:
+- block elements whose class or id names page furniture (readability's "unlikely candidates": header,
+  footer, nav, menu, sidebar, breadcrumbs, pagination, toc, related...), unless they also name content;
+- blocks of links, separators and navigation words ("Next: Simple Example, Up: Using libffi [Index]", a
+  table of contents line): at least half their letters are link text, and outside the links fewer than
+  three letters remain once Next/Previous/Up/Home/Index/Contents/Top and the like are taken out (so
+  "See Types." and "message <string> | <Error>" stay);
+- text hidden by CSS where the page says so itself: `font-size: 0`, `opacity: 0`, off-screen positions
+  or indents (-999px and beyond), a zero clip, a colour equal to the background it sits on (white on
+  white), the classes that frameworks hide (`hidden`, `d-none`, `sr-only`, `visually-hidden`...), and
+  classes or ids that the page's own `<style>` hides with `display: none` and the like.
+trafilatura was tried for this and not kept: in its precision mode it dropped function prototypes and
+code examples (27% of Node.js's fs.html, 2.1 s for that page), and in its recall mode every navigation
+line stayed.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
@@ -35,7 +51,30 @@ _BLOCKS = {
 }  # fmt: skip
 _TIGHT = {"li", "tr", "dt", "dd"}  # consecutive ones are joined by one newline, not a blank line
 _HEADING = re.compile(r"h([1-6])")
-_HIDDEN_STYLE = re.compile(r"display\s*:\s*none|visibility\s*:\s*hidden", re.I)
+_HIDDEN_STYLE = re.compile(
+    r"display\s*:\s*none|visibility\s*:\s*hidden|(?<![-\w])font-size\s*:\s*0(?:\.0*)?(?:px|em|rem|pt|%)?\s*(?:;|$|!)"
+    r"|(?<![-\w])opacity\s*:\s*0(?:\.0*)?\s*(?:;|$|!)|(?<![-\w])(?:left|top|right|text-indent|margin-left)\s*:\s*-\d{3,}"
+    r"|clip\s*:\s*rect\(\s*0[^)]*\)|clip-path\s*:\s*inset\(\s*50%",
+    re.I,
+)  # fmt: skip
+_HIDDEN_CLASSES = {
+    "hidden", "hide", "d-none", "invisible", "sr-only", "visually-hidden", "visuallyhidden", "screen-reader-text",
+    "screenreader", "offscreen", "u-hidden", "is-hidden",
+}  # fmt: skip
+# readability.js's unlikely candidates (plus navigation names), and the names that keep an element anyway.
+_FURNITURE = re.compile(
+    r"-ad-|banner|breadcrumb|combx|comment|community|cookie|disqus|footer|gdpr|header|legends|menu|navbar"
+    r"|navheader|navfooter|nav-panel|^nav$|related|remark|replies|rss|shoutbox|sidebar|skyscraper|social|sponsor"
+    r"|supplemental|pagination|pager|popup|^toc$|toc-|skip-link|share",
+    re.I,
+)
+_CONTENT_NAME = re.compile(r"article|body|column|content|main|shadow", re.I)
+_STYLE_RULE = re.compile(r"([^{}]+)\{([^{}]*)\}")
+_SIMPLE_SELECTOR = re.compile(r"^\s*([.#])([-\w]+)\s*$")
+_COLOR = re.compile(r"(?<![-\w])(background(?:-color)?|color)\s*:\s*([^;!]+)", re.I)
+_NAMED = {"white": "#ffffff", "black": "#000000", "transparent": None}
+_LETTER = re.compile(r"[^\W\d_]")
+_NAV_WORDS = re.compile(r"\b(?:next|previous|prev|up|home|index|contents|top|back|forward|jump to|go to|toc)\b", re.I)
 _SPACE = re.compile(r"[ \t\n\r\f\v\u00a0\u200b]+")
 _BREAK = "\x00"  # stands for <br> until whitespace is collapsed
 
@@ -48,14 +87,92 @@ def load_html(data: bytes, name: str, text: str | None = None, encoding: str | N
     title_node = tree.css_first("title")
     title = _collapse(title_node.text()) if title_node is not None else None
     builder = DocumentBuilder()
-    _Walker(builder).walk(_main_node(tree))
+    rules = _PageRules.of(tree)
+    _Walker(builder, rules).walk(_main_node(tree, rules))
     return builder.build(name, DocKind.HTML, title=title or None, encoding=encoding)
 
 
-def _main_node(tree: LexborHTMLParser) -> LexborNode:
+class _PageRules:
+    """What this page hides: the framework classes, and the classes and ids its own `<style>` hides."""
+
+    def __init__(self, classes: set[str], ids: set[str]) -> None:
+        self.classes = classes
+        self.ids = ids
+
+    @classmethod
+    def of(cls, tree: LexborHTMLParser) -> _PageRules:
+        classes, ids = set(_HIDDEN_CLASSES), set()
+        for style in tree.css("style"):
+            for selectors, declarations in _STYLE_RULE.findall(style.text(deep=True)):
+                if not _HIDDEN_STYLE.search(declarations):
+                    continue
+                for selector in selectors.split(","):
+                    if (simple := _SIMPLE_SELECTOR.match(selector)) is not None:
+                        (classes if simple.group(1) == "." else ids).add(simple.group(2).lower())
+        return cls(classes, ids)
+
+    def hidden(self, node: LexborNode, background: str | None) -> bool:
+        attrs = node.attributes
+        if not attrs:
+            return False
+        if "hidden" in attrs or attrs.get("aria-hidden") == "true" or attrs.get("type") == "hidden":
+            return True
+        if (attrs.get("role") or "").lower() in _BOILERPLATE_ROLES:
+            return True
+        names = (attrs.get("class") or "").lower().split()
+        if any(n in self.classes for n in names) or (attrs.get("id") or "").lower() in self.ids:
+            return True
+        style = attrs.get("style") or ""
+        if _HIDDEN_STYLE.search(style):
+            return True
+        color = _color(attrs.get("color")) or _style_colors(style).get("color")
+        return color is not None and color == _background(node, background)
+
+    @staticmethod
+    def furniture(node: LexborNode) -> bool:
+        """Page furniture by its class or id (a header, a navigation panel, a sidebar...)."""
+        attrs = node.attributes
+        names = [n for n in ((attrs.get("class") or "").split() + [attrs.get("id") or ""]) if n]
+        return any(_FURNITURE.search(n) for n in names) and not any(_CONTENT_NAME.search(n) for n in names)
+
+
+def _color(value: str | None) -> str | None:
+    """A CSS colour as #rrggbb (named white/black, #rgb, rgb()), or None when not one of those."""
+    if not value:
+        return None
+    value = value.strip().lower()
+    if value in _NAMED:
+        return _NAMED[value]
+    if re.fullmatch(r"#[0-9a-f]{3}", value):
+        return "#" + "".join(c * 2 for c in value[1:])
+    if re.fullmatch(r"#[0-9a-f]{6}", value):
+        return value
+    if (rgb := re.fullmatch(r"rgba?\(\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*(?:,\s*1(?:\.0*)?\s*)?\)", value)) is not None:
+        return "#" + "".join(f"{min(int(c), 255):02x}" for c in rgb.groups())
+    return None
+
+
+def _style_colors(style: str) -> dict[str, str | None]:
+    colors: dict[str, str | None] = {}
+    for prop, value in _COLOR.findall(style):
+        prop = "color" if prop.lower() == "color" else "background"
+        colors[prop] = _color(value.split()[0] if prop == "background" and value.split() else value)
+    return colors
+
+
+def _background(node: LexborNode, inherited: str | None) -> str | None:
+    """The background an element's text sits on: its own (style or bgcolor) or its parent's."""
+    attrs = node.attributes
+    style = _style_colors(attrs.get("style") or "")
+    if "background" in style:
+        return style["background"] or inherited  # transparent or unknown: the parent's shows through
+    return _color(attrs.get("bgcolor")) or inherited
+
+
+def _main_node(tree: LexborHTMLParser, rules: _PageRules) -> LexborNode:
     for selector in ("main", "[role=main]"):
         node = tree.css_first(selector)
-        if node is not None and not _hidden(node):
+        if node is not None and not rules.hidden(node, None):
             return node
     articles = tree.css("article")
     if len(articles) == 1:
@@ -63,55 +180,71 @@ def _main_node(tree: LexborHTMLParser) -> LexborNode:
     return tree.body or tree.root  # type: ignore[return-value]
 
 
-def _hidden(node: LexborNode) -> bool:
-    attrs = node.attributes
-    if not attrs:
-        return False
-    if "hidden" in attrs or attrs.get("aria-hidden") == "true" or attrs.get("type") == "hidden":
-        return True
-    if (attrs.get("role") or "").lower() in _BOILERPLATE_ROLES:
-        return True
-    style = attrs.get("style")
-    return bool(style and _HIDDEN_STYLE.search(style))
-
-
 def _collapse(text: str) -> str:
-    return "\n".join(line.strip() for line in _SPACE.sub(" ", text).split(_BREAK)).strip()
+    return "\n".join(_SPACE.sub(" ", clean(line)).strip() for line in text.split(_BREAK)).strip()
+
+
+def _navigation(text: str, link_letters: int, plain: str) -> bool:
+    """A block of links, separators and navigation words: at least half its letters are link text, and
+    the text outside the links keeps fewer than 3 letters once the navigation words are taken out."""
+    letters = len(_LETTER.findall(text))
+    return letters > 0 and link_letters * 2 >= letters and len(_LETTER.findall(_NAV_WORDS.sub(" ", plain))) < 3
+
+
+@dataclass
+class _Frame:
+    node: LexborNode
+    in_content: bool
+    in_link: bool
+    background: str | None
+    leaving: bool = False
 
 
 class _Walker:
     """Walks the DOM iteratively (hostile pages nest deeper than Python's recursion limit)."""
 
-    def __init__(self, builder: DocumentBuilder) -> None:
+    def __init__(self, builder: DocumentBuilder, rules: _PageRules) -> None:
         self.builder = builder
+        self.rules = rules
         self.inline: list[str] = []
+        self.link_letters = 0
+        self.plain: list[str] = []  # the block's text outside links
         self.last_tight = False
 
     def walk(self, root: LexborNode) -> None:
-        # Stack items: (node, inside main content, leaving). Children are pushed in reverse.
-        stack: list[tuple[LexborNode, bool, bool]] = [(root, root.tag in _CONTENT, False)]
+        # Children are pushed in reverse; a frame is visited again when its element closes.
+        stack = [_Frame(root, root.tag in _CONTENT, False, _background(root, "#ffffff"))]
         while stack:
-            node, in_content, leaving = stack.pop()
-            tag = node.tag
-            if leaving:
+            frame = stack.pop()
+            node, tag = frame.node, frame.node.tag
+            if frame.leaving:
                 self._leave(tag)
                 continue
             if node.is_text_node:
-                self.inline.append(node.text_content or "")
+                text = node.text_content or ""
+                self.inline.append(text)
+                if frame.in_link:
+                    self.link_letters += len(_LETTER.findall(text))
+                else:
+                    self.plain.append(text)
                 continue
-            if not node.is_element_node or tag in _SKIP or _hidden(node):
+            if not node.is_element_node or tag in _SKIP or self.rules.hidden(node, frame.background):
                 continue
-            if tag in _CHROME and not in_content:
+            furniture = tag in _BLOCKS and node is not root and self.rules.furniture(node)  # not inline: <b class=header>
+            if not frame.in_content and (tag in _CHROME or furniture):
                 continue
             if self._enter(node, tag):
-                stack.append((node, in_content, True))
+                frame.leaving = True
+                stack.append(frame)
                 children = []
                 child = node.child
                 while child is not None:
                     children.append(child)
                     child = child.next
-                inside = in_content or tag in _CONTENT
-                stack.extend((c, inside, False) for c in reversed(children))
+                inside = frame.in_content or tag in _CONTENT
+                in_link = frame.in_link or tag == "a"
+                background = _background(node, frame.background)
+                stack.extend(_Frame(c, inside, in_link, background) for c in reversed(children))
 
     def _enter(self, node: LexborNode, tag: str) -> bool:
         """Handles an opening tag; False when the element was consumed whole."""
@@ -143,8 +276,12 @@ class _Walker:
 
     def _flush(self, tight: bool = False) -> None:
         text = _collapse("".join(self.inline))
+        navigation = _navigation(text, self.link_letters, "".join(self.plain))
         self.inline.clear()
-        self._emit(text, tight)
+        self.plain.clear()
+        self.link_letters = 0
+        if not navigation:
+            self._emit(text, tight)
 
     def _emit(self, text: str, tight: bool) -> None:
         if text:

@@ -25,24 +25,34 @@ _BLANK_LINES = re.compile(r"\n[ \t]*\n(?:[ \t]*\n)+")
 _MAX_OUTLINE_DEPTH = 8
 
 
-def load_pdf(data: bytes, name: str) -> LoadedDocument:
+def load_pdf(data: bytes, name: str, max_pages: int = 2_000) -> LoadedDocument:
     """One section per page with text; DocumentRejected for encrypted, broken or text-less PDFs."""
     try:
         pdf = pdfium.PdfDocument(data)
     except pdfium.PdfiumError as exc:
-        if exc.err_code == pdfium_c.FPDF_ERR_PASSWORD:
+        # PDFium's error code is the last one it set: a file that fails without setting one (a page tree
+        # of no pages) reports the previous file's code in a reused worker. Trust "password" only for a
+        # file that has an /Encrypt dictionary at all.
+        if exc.err_code == pdfium_c.FPDF_ERR_PASSWORD and b"/Encrypt" in data:
             raise DocumentRejected(f"{name} is an encrypted PDF that needs a password; we cannot read it") from exc
+        if exc.err_code == pdfium_c.FPDF_ERR_PASSWORD:
+            raise DocumentRejected(f"{name} is not a readable PDF (damaged, or without pages)") from exc
         raise DocumentRejected(f"{name} is not a readable PDF ({exc})") from exc
     try:
-        return _extract(pdf, name)
+        return _extract(pdf, name, max_pages)
     finally:
         pdf.close()
 
 
-def _extract(pdf: pdfium.PdfDocument, name: str) -> LoadedDocument:
+def _extract(pdf: pdfium.PdfDocument, name: str, max_pages: int) -> LoadedDocument:
     n_pages = len(pdf)
     if n_pages == 0:
         raise DocumentRejected(f"{name} is a PDF without pages")
+    if n_pages > max_pages:
+        # Checked before any page is read: 6,000 pages sharing one content stream fit in 862 KB.
+        raise DocumentRejected(
+            f"{name} has {n_pages:,} pages; at most {max_pages:,} per document (RAG_MAX_DOCUMENT_PAGES)", limit=max_pages
+        )
     outline = _outline_by_page(pdf)
     builder = DocumentBuilder()
     for index in range(n_pages):

@@ -31,8 +31,10 @@ import anyio
 
 from rag.answering.budget import Candidate, PackedPrompt, PromptBudget
 from rag.answering.citations import check_citations
+from rag.answering.followup import SearchQuery, search_query
+from rag.answering.retrieval import relevance, relevance_floor
 from rag.core.config import Settings
-from rag.core.errors import ContextOverflow, InvalidRequest, LLMUnavailable, RagError
+from rag.core.errors import BackendUnavailable, ContextOverflow, InvalidRequest, LLMUnavailable, RagError, UpstreamError
 from rag.answering.gate import GenerationGate, Permit
 from rag.clients.llm import LlamaServerClient, ServerProps, StreamDelta, StreamEnd
 from rag.answering.prompt import Message, no_sources_answer
@@ -52,6 +54,8 @@ class Hit(Protocol):
     text: str
     metadata: dict[str, Any]
     score: float
+    cosine: float | None
+    coverage: float
 
 
 class Searcher(Protocol):
@@ -87,6 +91,18 @@ class _Clock:
     def ms(self, start: str | None, end: str) -> float:
         begin = self.started if start is None else self.marks[start]
         return round((self.marks[end] - begin) * 1000, 1)
+
+
+def cut_off(hits: Sequence[Hit], share: float) -> tuple[list[Hit], list[Hit]]:
+    """(kept, cut): hits scoring below `share` of the best one are not worth their prefill time.
+
+    Only for positive scores (fused ones lie in [0, 1]); a reranker's logits can be negative.
+    """
+    best = max((h.score for h in hits), default=0.0)
+    if best <= 0:
+        return list(hits), []
+    floor = share * best
+    return [h for h in hits if h.score >= floor], [h for h in hits if h.score < floor]
 
 
 def split_question(messages: Sequence[Message]) -> tuple[list[Message], str]:
@@ -165,8 +181,9 @@ class Answerer:
         # llama-server's numbers and the question's token count are fetched while retrieval runs.
         ahead = asyncio.ensure_future(asyncio.gather(self.props(), self.budget.warm(question, history=bool(history))))
         try:
+            searched = await search_query(self.settings.followup_rewrite, history, question, self.llm)
             hits = list(await self.searcher.search(
-                question, collection=query.collection, k=query.top_k, doc_ids=query.doc_ids
+                searched.text, collection=query.collection, k=query.top_k, doc_ids=query.doc_ids
             ))
         except BaseException:
             await _discard(ahead)
@@ -174,9 +191,15 @@ class Answerer:
         clock.mark("retrieved")
         good = [h for h in hits if h.score >= self.settings.min_score]
         below = [{"chunk_id": h.chunk_id, "reason": "below_min_score"} for h in hits if h.score < self.settings.min_score]
+        reason = "no_match" if hits else "nothing_retrieved"
+        if good and relevance(searched.text, good, self.settings) < relevance_floor(searched.text, self.settings):
+            reason, good = "not_relevant", []
+            below = [{"chunk_id": h.chunk_id, "reason": "below_min_relevance"} for h in hits]
+        good, far = cut_off(good, self.settings.pack_relative_score)
+        below += [{"chunk_id": h.chunk_id, "reason": "far_below_best"} for h in far]
         if not good:
-            await _discard(ahead)  # no model call: llama-server may even be down
-            return NoSourcesAnswer(query, clock, "no_match" if hits else "nothing_retrieved", below)
+            await self._question_fits(ahead, query, question)
+            return NoSourcesAnswer(query, clock, reason, below, searched=searched)
         props, _ = await ahead
         by_id = {f"S{i}": hit for i, hit in enumerate(good, 1)}
         candidates = [Candidate(sid, h.chunk_id, h.text, h.metadata) for sid, h in by_id.items()]
@@ -184,10 +207,21 @@ class Answerer:
         packed.dropped += below
         clock.mark("packed")
         if not packed.chunks:
-            return NoSourcesAnswer(query, clock, "no_room", packed.dropped, packed)
+            return NoSourcesAnswer(query, clock, "no_room", packed.dropped, packed, searched=searched)
         permit = await self.gate.acquire()
         clock.mark("admitted")
-        return Answer(self, query, history, question, candidates, by_id, packed, permit, clock)
+        return Answer(self, query, history, question, candidates, by_id, packed, permit, clock, searched=searched)
+
+    async def _question_fits(self, ahead: asyncio.Future[Any], query: ChatQuery, question: str) -> None:
+        """Raise QuestionTooLong for a question alone over the budget, even when nothing will be generated.
+
+        No model call either way: llama-server counts tokens, and when it is down the fixed answer needs it not.
+        """
+        try:
+            props, _ = await ahead
+        except (BackendUnavailable, UpstreamError):
+            return
+        await self._pack(query, [], question, [], props.n_ctx)
 
     async def _pack(
         self, query: ChatQuery, history: list[Message], question: str, candidates: list[Candidate], n_ctx: int,
@@ -195,7 +229,7 @@ class Answerer:
     ) -> PackedPrompt:
         return await self.budget.pack(
             question=question, candidates=candidates, history=history, n_ctx=n_ctx, reserve=query.max_tokens,
-            ceiling=self.settings.context_budget, correction=correction,
+            ceiling=self.settings.context_budget, correction=correction, history_share=self.settings.history_share,
         )
 
     async def repack(self, answer: "Answer", overflow: ContextOverflow) -> PackedPrompt:
@@ -220,7 +254,7 @@ class Answer:
     def __init__(
         self, answerer: Answerer | None, query: ChatQuery, history: list[Message], question: str,
         candidates: list[Candidate], hits: Mapping[str, Hit], packed: PackedPrompt | None, permit: Permit | None,
-        clock: _Clock,
+        clock: _Clock, *, searched: SearchQuery | None = None,
     ) -> None:
         self.answerer = answerer
         self.query = query
@@ -231,6 +265,7 @@ class Answer:
         self.packed = packed  # type: ignore[assignment]
         self.permit = permit
         self.clock = clock
+        self.searched = searched or SearchQuery(question)  # the query retrieval ran, shown with the sources
         self.text_parts: list[str] = []
 
     def close(self) -> None:
@@ -240,7 +275,7 @@ class Answer:
 
     def sources_event(self) -> Event:
         sources = [source_entry(c.source_id, self.hits[c.source_id], c.text) for c in self.packed.chunks]
-        return Event("sources", {"sources": sources})
+        return Event("sources", {"sources": sources, **self.searched.to_dict()})
 
     def budget_event(self) -> Event:
         return Event("budget", self.packed.to_dict())
@@ -320,9 +355,9 @@ class NoSourcesAnswer(Answer):
 
     def __init__(
         self, query: ChatQuery, clock: _Clock, reason: str, dropped: list[dict[str, str]],
-        packed: PackedPrompt | None = None,
+        packed: PackedPrompt | None = None, *, searched: SearchQuery | None = None,
     ) -> None:
-        super().__init__(None, query, [], "", [], {}, packed, None, clock)
+        super().__init__(None, query, [], "", [], {}, packed, None, clock, searched=searched)
         self.reason = reason
         self.dropped = dropped
 
@@ -331,13 +366,14 @@ class NoSourcesAnswer(Answer):
             return Event("budget", self.packed.to_dict())
         return Event("budget", {
             "n_ctx": None, "reserve": self.query.max_tokens, "limit": None, "used": 0, "system": 0, "history": 0,
-            "question": 0, "chunks": [], "dropped": self.dropped, "dropped_turns": 0,
+            "question": 0, "chunks": [], "dropped": self.dropped, "dropped_turns": 0, "kept_turns": 0,
+            "latest_turn_reserved": 0,
         })
 
     async def events(self) -> AsyncIterator[Event]:
         text = no_sources_answer(self.query.collection)
         self.text_parts.append(text)
-        yield Event("sources", {"sources": []})
+        yield Event("sources", {"sources": [], **self.searched.to_dict()})
         yield self.budget_event()
         self.clock.mark("first_token")
         yield Event("token", {"text": text})

@@ -7,9 +7,10 @@ assembled prompt is then counted exactly once. Joining pieces can merge or split
 so a prompt that comes out over the limit is packed again against a target lowered by the excess.
 
 Order of claims on the budget: the question is never cut (alone too long -> QuestionTooLong, 400);
-the fixed system prompt; then the chunks in rank order (the first that does not fit is cut at a
-sentence boundary, or dropped, and every lower-ranked one is dropped); then the history, newest turn
-first, whole turns only.
+the fixed system prompt; the latest turn pair, when it costs at most `history_share` of the limit (a
+follow-up must see what it follows); then the chunks in rank order (the first that does not fit is cut
+at a sentence boundary, or dropped, and every lower-ranked one is dropped); then the older history,
+newest turn first, whole turns only (the oldest go first).
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ class PackedPrompt:
     dropped_turns: int
     rounds: int = 1
     repacked: bool = False
+    kept_turns: int = 0
+    latest_turn_reserved: int = 0  # tokens held for the latest turn pair before the sources (0: none)
 
     def in_prompt(self) -> set[str]:
         return {c.source_id for c in self.chunks}
@@ -101,6 +104,8 @@ class PackedPrompt:
             ],
             "dropped": self.dropped,
             "dropped_turns": self.dropped_turns,
+            "kept_turns": self.kept_turns,
+            "latest_turn_reserved": self.latest_turn_reserved,
             "rounds": self.rounds,
             "repacked": self.repacked,
         }
@@ -185,8 +190,10 @@ class PromptBudget:
         reserve: int,
         ceiling: int | None = None,
         correction: int = 0,
+        history_share: float = 0.0,
     ) -> PackedPrompt:
-        """Pack the prompt. `ceiling` caps the context we use; `correction` lowers the limit further."""
+        """Pack the prompt. `ceiling` caps the context we use; `correction` lowers the limit further;
+        `history_share` of the limit may be held for the latest turn pair before the sources."""
         context = min(n_ctx, ceiling or n_ctx)
         limit = context - reserve - max(correction, 0)
         if limit <= 0:
@@ -209,11 +216,16 @@ class PromptBudget:
             if base > limit:
                 raise _too_long(base, numbers)
 
+        latest = await self._turn_cost(turns[-1], per_message) if turns and history_share > 0 else 0
+        reserve_latest = 0 < latest <= min(int(history_share * limit), limit - base - wrapper)
+        older = turns[:-1] if reserve_latest else turns
         target = limit
         for round_no in range(1, MAX_ROUNDS + 1):
-            room = target - base - wrapper
+            room = target - base - wrapper - (latest if reserve_latest else 0)
             chunks, dropped, room = await self._pack_chunks(candidates, rendered, chunk_tokens, room)
-            kept_turns, history_tokens = await self._pack_history(turns, room, per_message)
+            kept_turns, history_tokens = await self._pack_history(older, room, per_message)
+            if reserve_latest:
+                kept_turns, history_tokens = kept_turns + [turns[-1]], history_tokens + latest
             kept_history = [m for turn in kept_turns for m in turn]
             messages = build_messages(
                 [render_source(c.source_id, c.text, c.candidate.metadata) for c in chunks], kept_history, question
@@ -224,6 +236,7 @@ class PromptBudget:
                     messages=messages, n_ctx=n_ctx, reserve=reserve, limit=limit, used=used,
                     system=skeleton, question=question_tokens, history=history_tokens,
                     chunks=chunks, dropped=dropped, dropped_turns=len(turns) - len(kept_turns), rounds=round_no,
+                    kept_turns=len(kept_turns), latest_turn_reserved=latest if reserve_latest else 0,
                 )
             if not chunks and not kept_history:
                 raise _too_long(used, numbers)  # nothing left to drop: the question alone is over
@@ -282,14 +295,16 @@ class PromptBudget:
         kept: list[list[Message]] = []
         used = 0
         for turn in reversed(turns):
-            counts = await self._memo.count_all([defuse(m["content"]) for m in turn])
-            cost = sum(counts) + per_message * len(turn)
+            cost = await self._turn_cost(turn, per_message)
             if cost > room:
                 break
             kept.insert(0, turn)
             room -= cost
             used += cost
         return kept, used
+
+    async def _turn_cost(self, turn: list[Message], per_message: int) -> int:
+        return sum(await self._memo.count_all([defuse(m["content"]) for m in turn])) + per_message * len(turn)
 
     async def _skeleton(self) -> int:
         """Tokens of a prompt with no sources and no history, less its question (measured once)."""

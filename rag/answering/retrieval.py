@@ -19,6 +19,7 @@ dense list is noise (R@5 0.18) and every w > 0.05 loses to BM25 alone, hence a C
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +58,8 @@ class RetrievedChunk:
     score: float
     dense_rank: int | None  # 1-based rank in the dense candidates, None when not among them
     lexical_rank: int | None
+    cosine: float | None = None  # raw cosine similarity to the query (None when not a dense candidate)
+    coverage: float = 0.0  # share of the query's search terms that the chunk contains, weighted by their IDF
 
 
 @dataclass
@@ -71,9 +74,13 @@ class _Candidate:
     metadata: dict[str, Any] = field(default_factory=dict)
     score: float = 0.0
 
-    def result(self) -> RetrievedChunk:
+    def result(self, weights: dict[str, float], tokenize: Any) -> RetrievedChunk:
+        text = self.text or ""
+        total = sum(weights.values())
+        coverage = sum(weights[t] for t in set(tokenize(text)) & weights.keys()) / total if total > 0 else 0.0
         return RetrievedChunk(
-            self.chunk_id, self.doc_id, self.text or "", self.metadata, self.score, self.dense_rank, self.lexical_rank
+            self.chunk_id, self.doc_id, text, self.metadata, self.score, self.dense_rank, self.lexical_rank,
+            self.dense_score, round(coverage, 4),
         )
 
 
@@ -81,6 +88,24 @@ def dense_weight_for(query: str, settings: Settings) -> float:
     """The query's dense weight: the CJK weight in proportion to the query's CJK characters."""
     c = cjk_fraction(query)
     return settings.hybrid_dense_weight * (1 - c) + settings.hybrid_dense_weight_cjk * c
+
+
+def relevance(query: str, hits: Sequence[RetrievedChunk], settings: Settings, *, blend: float = 1.0) -> float:
+    """How well the best retrieved chunk matches the query, on one scale for every query (0-1).
+
+    A chunk scores a * cosine + (1 - a) * coverage, with a the query's dense weight (times `blend`):
+    the raw cosine is the embedder's own scale and the coverage (the IDF-weighted share of the query's
+    search terms the chunk holds: a rare name counts more than "year") is the lexical one, so a CJK query that MiniLM cannot read is judged by its terms.
+    The fused score cannot serve: it is normalised per query, so every query's best chunk scores 1.
+    """
+    a = min(1.0, dense_weight_for(query, settings) * blend)
+    return max((a * max(h.cosine or 0.0, 0.0) + (1 - a) * h.coverage for h in hits), default=0.0)
+
+
+def relevance_floor(query: str, settings: Settings) -> float:
+    """The query's "not in the documents" floor: the CJK one in proportion to its CJK characters."""
+    c = cjk_fraction(query)
+    return settings.min_relevance * (1 - c) + settings.min_relevance_cjk * c
 
 
 def min_max(scores: Sequence[float]) -> list[float]:
@@ -161,7 +186,9 @@ class Retriever:
             ranked = await self._rerank(query, collection, ranked[: max(k, self.settings.rerank_depth)])
         top = ranked[:k]
         await self._attach_texts(collection, top)
-        return [c.result() for c in top if c.text is not None]
+        tokenize = self.lexical.tokenizer
+        weights = await asyncio.to_thread(self.lexical.idf, tokenize(query)) if top else {}
+        return [c.result(weights, tokenize) for c in top if c.text is not None]
 
     async def _candidates(
         self, query: str, collection: str, depth: int, only: list[str] | None, mode: str
@@ -172,7 +199,7 @@ class Retriever:
         lexical_hits, dense_hits = await asyncio.gather(_or_empty(lexical_job), _or_empty(dense_job))
         by_id: dict[str, _Candidate] = {}
         for rank, hit in enumerate(dense_hits, 1):
-            doc_id = str(hit.metadata.get("doc_id") or hit.id.rsplit(":", 1)[0])
+            doc_id = str(hit.metadata.get("doc_id") or hit.id.rsplit(":", 1)[0])  # a chunk id is "doc_id:index"
             by_id[hit.id] = _Candidate(hit.id, doc_id, dense_score=hit.score, dense_rank=rank, text=hit.text,
                                        metadata=hit.metadata)
         for rank, hit in enumerate(lexical_hits, 1):
@@ -189,7 +216,8 @@ class Retriever:
 
     async def _dense(self, query: str, collection: str, depth: int, only: list[str] | None) -> list[Any]:
         vector = (await self.embedder.embed([query]))[0]
-        return await asyncio.to_thread(self.store.query, collection, vector, depth, only)
+        # Ids and distances only: texts and metadata are read for the final top k (_attach_texts).
+        return await asyncio.to_thread(functools.partial(self.store.query, texts=False), collection, vector, depth, only)
 
     async def _indexed_only(self, collection: str, candidates: list[_Candidate]) -> list[_Candidate]:
         if not candidates:
@@ -198,7 +226,7 @@ class Retriever:
         return [c for c in candidates if c.doc_id in indexed]
 
     async def _attach_texts(self, collection: str, candidates: list[_Candidate]) -> None:
-        """Text and metadata from Chroma for the lexical-only candidates (the FTS index keeps no metadata)."""
+        """Text and metadata from Chroma for the candidates that have none yet (dense hits come without)."""
         missing = [c for c in candidates if c.text is None]
         if not missing:
             return

@@ -6,10 +6,13 @@ import logging
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
+from fastapi.responses import JSONResponse
 
 from rag.api.deps import require_api_key
 from rag.api.errors import install_error_handlers
-from rag.api.routes import chat, documents, health, openai_compat, web
+from rag.api.limits import ChatBodyLimit
+from rag.api.metrics import Metrics, MetricsMiddleware, instrument
+from rag.api.routes import chat, documents, health, metrics, models, openai_compat, web
 from rag.api.services import Services, build_services
 from rag.core.config import Settings, get_settings
 
@@ -21,18 +24,32 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.services = services or build_services(settings)
+        instrument(app.state.services, app.state.metrics)
         try:
             yield
         finally:
             await app.state.services.aclose()
 
     logging.basicConfig(level=logging.DEBUG if settings.debug else logging.INFO)
-    app = FastAPI(title="rag", version="0.1.0", lifespan=lifespan)
+    # No /docs or /redoc: FastAPI's pages load their scripts from a CDN, which a local stack must not
+    # need. The schema stays, as a /v1 route behind the key like the rest.
+    app = FastAPI(title="rag", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
+    app.add_middleware(ChatBodyLimit, limit=settings.max_request_bytes)
+    # Added last, so outermost: the metrics count what the body limit refuses too.
+    app.state.metrics = Metrics()
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     protected = [Depends(require_api_key)]
     app.include_router(health.router)
     app.include_router(documents.router, prefix="/v1", dependencies=protected)
     app.include_router(chat.router, prefix="/v1", dependencies=protected)
     app.include_router(openai_compat.router, prefix="/v1", dependencies=protected)
+    app.include_router(models.router, prefix="/v1", dependencies=protected)
+    app.include_router(metrics.router, dependencies=protected)
     app.include_router(web.router)
+
+    @app.get("/v1/openapi.json", include_in_schema=False, dependencies=protected)
+    async def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
     return app

@@ -6,10 +6,13 @@ import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.middleware.body_limit import MAX_BODY_SIZE_SCOPE_KEY
 
-from rag.core.errors import Busy, RagError
+from rag.core.errors import FileTooLarge, RagError
 
 log = logging.getLogger("rag.api")
 
@@ -23,7 +26,12 @@ def error_body(exc: Exception) -> dict[str, Any]:
 
 def error_response(exc: Exception) -> JSONResponse:
     status = exc.status if isinstance(exc, RagError) else 500
-    headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, Busy) else None
+    # Busy (429) and BackendUnavailable (503) clear by themselves: say when to try again.
+    retry_after = getattr(exc, "retry_after", None) if isinstance(exc, RagError) else None
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+    if isinstance(exc, FileTooLarge):
+        # The body is refused mid-stream: close rather than drain the rest of it to keep the connection.
+        headers["Connection"] = "close"
     if status >= 500 and not isinstance(exc, RagError):
         log.exception("unhandled error", exc_info=exc)
     return JSONResponse(error_body(exc), status_code=status, headers=headers)
@@ -39,6 +47,14 @@ def install_error_handlers(app: FastAPI) -> None:
         problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
         body = {"error": {"code": "invalid_request", "message": "; ".join(problems)}}
         return JSONResponse(body, status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> Any:
+        if exc.status_code == 413:  # starlette's body limit on the chat routes
+            limit = request.scope.get(MAX_BODY_SIZE_SCOPE_KEY)
+            shown = f"the limit of {limit:,} bytes" if isinstance(limit, int) else "its limit"
+            return error_response(FileTooLarge(f"the request body is over {shown} (RAG_MAX_REQUEST_BYTES)", limit=limit))
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,7 @@ class Services:
     jobs: JobRegistry = field(default_factory=JobRegistry)
     answering: Answerer | None = None  # built on first use when not given
     extras: dict[str, Any] = field(default_factory=dict)
+    started: int = field(default_factory=lambda: int(time.time()))  # `created` of /v1/models
 
     def pipeline(self) -> IngestPipeline:
         """The ingestion pipeline over this process's store, embedder and catalog."""

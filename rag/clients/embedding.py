@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import openai
 
 from rag.core.errors import EmbedderUnavailable, UpstreamError
+
+
+def _encodable(text: str) -> str:
+    """The text with lone UTF-16 surrogates (which UTF-8 cannot encode) replaced by U+FFFD."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return text
 
 
 class EmbeddingClient:
@@ -37,6 +48,7 @@ class EmbeddingClient:
     async def embed(self, texts: list[str]) -> list[list[float]]:
         if not texts:
             return []
+        texts = [_encodable(text) for text in texts]
         try:
             # The SDK asks for base64 on the wire and decodes it itself when no format is given.
             response = await self._openai.embeddings.create(model=self.model, input=texts)
@@ -51,11 +63,11 @@ class EmbeddingClient:
     async def embed_one(self, text: str) -> list[float]:
         return (await self.embed([text]))[0]
 
-    async def health(self) -> dict[str, str]:
+    async def health(self) -> dict[str, Any]:
         try:
             response = await self._http.get("/health", timeout=5.0)
         except httpx.TransportError as exc:
             return {"state": "down", "reason": f"unreachable: {exc.__class__.__name__}"}
         if response.status_code == 200:
-            return {"state": "ok", **{k: str(v) for k, v in response.json().items() if k != "status"}}
+            return {"state": "ok", **{k: v for k, v in response.json().items() if k != "status"}}  # dimensions: an int
         return {"state": "loading" if response.status_code == 503 else "down", "reason": f"HTTP {response.status_code}"}

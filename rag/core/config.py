@@ -55,7 +55,7 @@ class Settings(BaseSettings):
     # CPU threads of the embedding model for batches (unset: all cores); short requests (queries) use one.
     embed_threads: int | None = Field(default=None, ge=1)
     embed_max_batch: int = Field(default=64, ge=1)
-    embed_max_wait_ms: float = Field(default=5.0, ge=0)
+    embed_max_wait_ms: float = Field(default=0.0, ge=0)  # 0: batch what queued during the last encode
     embed_max_inputs: int = Field(default=512, ge=1)
 
     # Chroma: embedded on disk (the default) or a `chroma run` server.
@@ -77,6 +77,15 @@ class Settings(BaseSettings):
     reranker_model: str = "reranker"
     reranker_timeout_s: float = Field(default=10.0, gt=0)
     rerank_depth: int = Field(default=20, ge=1, le=200)
+    # "Not in the documents": a question whose best chunk scores under this relevance (raw cosine and
+    # term coverage, comparable across queries) gets the fixed answer; the CJK floor is for Chinese,
+    # Japanese and Korean queries, judged by their terms alone. Calibrated by bench/relevance_floor.py.
+    min_relevance: float = Field(default=0.35, ge=0, le=1)
+    min_relevance_cjk: float = Field(default=0.16, ge=0, le=1)
+    # Follow-ups: how the searched query is made from the conversation (rag/answering/followup.py), and
+    # the share of the prompt budget kept for the latest turn pair before sources fill the rest.
+    followup_rewrite: Literal["off", "rule", "generator"] = "rule"
+    history_share: float = Field(default=0.25, ge=0, le=0.9)
 
     # Ingestion.
     chunk_tokens: int = Field(default=200, ge=16)
@@ -89,6 +98,17 @@ class Settings(BaseSettings):
     # Backpressure.
     queue_max: int = Field(default=8, ge=0)
     queue_timeout_s: float = Field(default=30.0, ge=0)
+
+    # Bounds checked on what a client sent, before any costly step.
+    max_request_bytes: int = Field(default=2 * 1024 * 1024, ge=1024)
+    max_messages: int = Field(default=1_000, ge=1)
+    max_message_chars: int = Field(default=64_000, ge=1)
+    max_question_chars: int = Field(default=32_000, ge=1)
+    max_document_pages: int = Field(default=2_000, ge=1)
+    max_document_chunks: int = Field(default=10_000, ge=1)
+    # Packing cut-off: a source whose fused score is below this share of the best source's is not packed
+    # (fewer new tokens to prefill; the curve behind the default is in bench/packing_cutoff.py). 0: off.
+    pack_relative_score: float = Field(default=0.35, ge=0, le=1)
 
     debug: bool = False
 

@@ -6,15 +6,17 @@
     │   ├── UnsupportedFileType (415)      the file's bytes are not a type we load
     │   ├── FileTooLarge (413)             an upload or a request body over its limit
     │   ├── TooManyInputs (413)            more embedding inputs than one request may carry
+    │   ├── LimitExceeded (413)            a chat request over a RAG_MAX_* bound (messages, characters)
     │   └── DocumentRejected (422)         a readable file with nothing to index (empty, scanned, encrypted)
     ├── Unauthorized (401)
     ├── NotFound (404)
+    │   └── ModelNotFound (404)            a model name this API does not serve (OpenAI's error shape)
     ├── Busy (429)                         the generation queue is full or waited too long
     ├── StoreLocked (409)                  another process holds the embedded Chroma store
     ├── Conflict (409)                     another request is indexing or deleting this document
     ├── UpstreamError (502)                a backend answered with something we cannot use
     │   └── ContextOverflow (502)          llama-server's exceed_context_size_error
-    └── BackendUnavailable (503)
+    └── BackendUnavailable (503)          with Retry-After: a backend that is down or loading comes back
         ├── LLMUnavailable (503)           llama-server down or loading its model
         ├── EmbedderUnavailable (503)
         └── StoreUnavailable (503)
@@ -63,6 +65,10 @@ class TooManyInputs(InvalidRequest):
     status, code = 413, "too_many_inputs"
 
 
+class LimitExceeded(InvalidRequest):
+    status, code = 413, "limit_exceeded"
+
+
 class DocumentRejected(InvalidRequest):
     status, code = 422, "document_rejected"
 
@@ -73,6 +79,14 @@ class Unauthorized(RagError):
 
 class NotFound(RagError):
     status, code = 404, "not_found"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+    def to_dict(self) -> dict[str, Any]:
+        # OpenAI's shape, which its SDKs and other clients read: type and param beside code and message.
+        return {**super().to_dict(), "type": "invalid_request_error", "param": "model"}
 
 
 class Busy(RagError):
@@ -106,6 +120,7 @@ class ContextOverflow(UpstreamError):
 
 class BackendUnavailable(RagError):
     status, code = 503, "backend_unavailable"
+    retry_after = 5  # seconds: a restart of llama-server or the embedder (rag up restarts them) takes about this
 
 
 class LLMUnavailable(BackendUnavailable):

@@ -13,6 +13,7 @@ measurements; the others get the band that spans both anchors, and say so.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 # Measured: a V100 decodes a dense 27B Q4_K_M at 31-33 tok/s, about 58% of 900 GB/s / 16 GB.
@@ -35,6 +36,8 @@ class GPU:
     context_mib: int = 500
     efficiency: tuple[float, float] = UNMEASURED_BAND
     efficiency_source: str = "no anchor on this card: band spans the V100 and H200 anchors"
+    tensor_tflops: float | None = None  # dense fp16 tensor-core peak (datasheet), for the prefill model
+    sm_ghz: float | None = None  # multiprocessors x boost clock (GHz): throughput of the non-matmul kernels
 
     @property
     def memory_bytes(self) -> int:
@@ -67,6 +70,7 @@ GPUS: dict[str, GPU] = {
         GPU(
             "v100-16g", "Tesla V100 16 GB", 16_160, 900, (7, 0), context_mib=400,
             efficiency=V100_BAND, efficiency_source="measured: dense 27B Q4_K_M at 31-33 tok/s",
+            tensor_tflops=125, sm_ghz=80 * 1.53,
         ),
         GPU(
             "v100-32g", "Tesla V100 32 GB", 32_510, 900, (7, 0), context_mib=400,
@@ -81,6 +85,7 @@ GPUS: dict[str, GPU] = {
         GPU(
             "h200", "H200 141 GB", 143_771, 4_300, (9, 0), context_mib=600,
             efficiency=H200_BAND, efficiency_source="measured on an H200 machine: 27B-shaped Q4_K_M, 67.8-82.0 tok/s",
+            tensor_tflops=990, sm_ghz=132 * 1.98,
         ),
         GPU("rtx3090", "GeForce RTX 3090 24 GB", 24_576, 936, (8, 6), context_mib=450),
         GPU("rtx4090", "GeForce RTX 4090 24 GB", 24_564, 1_008, (8, 9), context_mib=550),
@@ -93,3 +98,74 @@ def get_gpu(name: str) -> GPU:
         return GPUS[name]
     except KeyError:
         raise ValueError(f"unknown GPU preset {name!r}; known: {', '.join(GPUS)}") from None
+
+
+# --- prefill (prompt processing), for a TTFT prediction on cards we cannot run ----------------------
+#
+# Measured on an H200 machine (bench/gpu/results-h200.json, "stack"): the Qwen3.6-27B-shaped Q4_K_S
+# prefills ~2,000-2,100 tokens/s at -ub 512 whatever the flags. There llama.cpp multiplies the quantized
+# weights directly (int8 MMQ). We split that time into the weight matmuls and the rest (48 DeltaNet
+# layers' recurrence, 16 attention layers, norms, graph launches) with an assumed MMQ rate of 130-200
+# TFLOP/s on Hopper; the rest is what is left of the measured time.
+#
+# On Volta (no int8 MMA) each weight matrix is dequantized to fp16 for every micro-batch (read the
+# quantized bytes, write fp16) and multiplied by cuBLAS on the tensor cores, which is compute-bound at
+# 512 tokens (512 FLOP/byte > the V100's ~140). So a card that dequantizes for prefill costs, per prompt:
+#   matmul  = 2 x params x tokens / (tensor peak x 0.50-0.75)
+#   dequant = micro-batches x (quantized bytes + 2 x params) / (bandwidth x 0.60-0.80)
+#   rest    = the H200's rest, scaled between the multiprocessor-throughput ratio (compute-bound kernels)
+#             and the bandwidth ratio (memory-bound ones)
+# Every factor is a band; the prediction is the band's two ends, not a point.
+H200_PREFILL_TOK_S = 2_050.0
+MMQ_TFLOPS_H200 = (200.0, 130.0)  # assumed, (fast, slow)
+CUBLAS_EFFICIENCY = (0.75, 0.50)
+DEQUANT_BANDWIDTH_EFFICIENCY = (0.80, 0.60)
+
+
+@dataclass(frozen=True)
+class PrefillPrediction:
+    """Seconds to prefill `tokens` new tokens, each part as (fast, slow)."""
+
+    tokens: int
+    matmul_s: tuple[float, float]
+    dequant_s: tuple[float, float]
+    rest_s: tuple[float, float]
+
+    @property
+    def total_s(self) -> tuple[float, float]:
+        return tuple(round(m + d + r, 3) for m, d, r in zip(self.matmul_s, self.dequant_s, self.rest_s))
+
+    @property
+    def tok_s(self) -> tuple[float, float]:
+        fast, slow = self.total_s
+        return (round(self.tokens / fast), round(self.tokens / slow))
+
+
+def predict_prefill(gpu: GPU, tokens: int, matmul_params: int, weight_bytes: int, ubatch: int = 512,
+                    anchor: GPU | None = None, anchor_tok_s: float = H200_PREFILL_TOK_S) -> PrefillPrediction:
+    """Prefill time of `tokens` new tokens on `gpu`, from the H200 anchor and the card's datasheet.
+
+    The two ends are the fastest and the slowest combination of the bands above (the anchor's split,
+    how the rest scales, the card's matmul and dequantization efficiencies).
+    """
+    anchor = anchor or GPUS["h200"]
+    if not (gpu.tensor_tflops and gpu.sm_ghz and anchor.tensor_tflops and anchor.sm_ghz):
+        raise ValueError(f"{gpu.label}: no tensor-core rate or multiprocessor count to predict prefill from")
+    flops = 2.0 * matmul_params * tokens
+    anchor_s = tokens / anchor_tok_s
+    passes = math.ceil(tokens / ubatch) * (weight_bytes + 2 * matmul_params)
+    ends = []
+    for mmq in MMQ_TFLOPS_H200:
+        anchor_matmul = flops / (mmq * 1e12)
+        anchor_rest = max(anchor_s - anchor_matmul, 0.0)
+        for ratio in (anchor.sm_ghz / gpu.sm_ghz, anchor.bandwidth_gbs / gpu.bandwidth_gbs):
+            for eff, bw_eff in zip(CUBLAS_EFFICIENCY, DEQUANT_BANDWIDTH_EFFICIENCY):
+                if gpu.dequantizes_for_prefill:
+                    matmul = flops / (gpu.tensor_tflops * 1e12 * eff)
+                    dequant = passes / (gpu.bandwidth_gbs * 1e9 * bw_eff)
+                else:
+                    matmul, dequant = anchor_matmul * anchor.tensor_tflops / gpu.tensor_tflops, 0.0
+                ends.append((matmul + dequant + anchor_rest * ratio, matmul, dequant, anchor_rest * ratio))
+    fast, slow = min(ends), max(ends)
+    pair = lambda k: (round(fast[k], 3), round(slow[k], 3))  # noqa: E731
+    return PrefillPrediction(tokens, pair(1), pair(2), pair(3))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -20,6 +21,7 @@ from rag.core.errors import RagError
 from rag.deploy.modellock import ensure_bundled_generator
 from rag.deploy.placement import embedder_placement
 from rag.deploy.profiles import get_profile
+from rag.deploy.runlogs import new_run_dir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,10 +47,13 @@ class Part:
 
     def start(self, env: dict[str, str]) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("wb")
-        # Own session: a Ctrl-C reaches only us, and we stop the children in order.
+        log = self.log_path.open("ab")
+        # Own session and process group: a Ctrl-C reaches only us, we stop the children in order, and
+        # a stop reaches a child's own children too. The death signal covers the case where we cannot
+        # stop anything (rag up killed with SIGKILL).
         self.process = subprocess.Popen(
-            self.command, stdout=log, stderr=subprocess.STDOUT, env={**env, **self.env}, start_new_session=True
+            self.command, stdout=log, stderr=subprocess.STDOUT, env={**env, **self.env}, start_new_session=True,
+            preexec_fn=_die_with_parent(os.getpid()),
         )
         log.close()
 
@@ -56,23 +61,114 @@ class Part:
         return self.process is not None and self.process.poll() is None
 
     def stop(self, timeout: float = 10.0) -> None:
-        if not self.alive():
+        if self.process is None:
             return
-        assert self.process is not None
-        try:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        except ProcessLookupError:
-            pass
+        if self.alive():
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+            except ProcessLookupError:
+                return
+        stop_group(self.process.pid, grace_s=0)  # whatever the child left behind in its group
+        self.process.wait()
 
     def tail(self, lines: int = 20) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except FileNotFoundError:
             return "(no log)"
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """A preexec_fn: the child gets SIGKILL when its parent dies, however it dies (Linux prctl)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def arm() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
+
+    return arm
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes in process group `pgid` (from /proc)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def stop_group(pgid: int, grace_s: float = 5.0) -> None:
+    """SIGTERM every process of a group, then SIGKILL what is left after `grace_s`."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        if not group_members(pgid):
+            return
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+class PidFile:
+    """The process groups `rag up` started, so that the next start stops any it left behind.
+
+    A process group id cannot be reused while any process of the group lives, so stopping the
+    recorded groups that still have members stops only what we started.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def leftovers(self) -> list[int]:
+        try:
+            recorded = json.loads(self.path.read_text())
+        except (FileNotFoundError, ValueError):
+            return []
+        if _alive(recorded.get("supervisor", 0)):
+            raise LaunchError(f"rag up is already running (pid {recorded['supervisor']}); stop it first")
+        return [g for g in recorded.get("groups", []) if isinstance(g, int) and group_members(g)]
+
+    def write(self, groups: list[int]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"supervisor": os.getpid(), "groups": groups}))
+        tmp.replace(self.path)
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def llama_server_binary(settings: Settings) -> Path:
@@ -98,8 +194,12 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+# The setting that moves each part's port, for the busy-port error.
+PORT_SETTINGS = {"llama-server": "RAG_LLM_URL", "embedder": "RAG_EMBED_URL", "api": "RAG_API_PORT"}
+
+
 def plan_parts(settings: Settings) -> list[Part]:
-    logs = settings.data_dir / "logs"
+    logs = new_run_dir(settings.data_dir / "logs")
     llm = urlparse(settings.llm_url)
     embed = urlparse(settings.embed_url)
     model = settings.llm_model_path or ensure_bundled_generator(settings)
@@ -123,7 +223,7 @@ def plan_parts(settings: Settings) -> list[Part]:
     ]
 
 
-def wait_ready(part: Part, others_ok: Callable[[], bool] = lambda: True) -> None:
+def wait_ready(part: Part) -> None:
     deadline = time.monotonic() + part.ready_timeout_s
     while time.monotonic() < deadline:
         if not part.alive():
@@ -137,49 +237,127 @@ def wait_ready(part: Part, others_ok: Callable[[], bool] = lambda: True) -> None
     raise LaunchError(f"{part.name} was not ready after {part.ready_timeout_s:.0f} s; last log lines:\n{part.tail()}")
 
 
-class Stack:
-    """Starts the parts in order, stops them in reverse."""
+class Stopped(BaseException):
+    """SIGINT, SIGTERM or SIGHUP arrived: stop everything, whatever we were doing."""
 
-    def __init__(self, parts: list[Part], echo: Callable[[str], None] = print) -> None:
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def stop_on_signals() -> None:
+    """From now on a stop signal raises `Stopped` wherever the main thread is (a build, a start, a wait)."""
+
+    def raise_stopped(signum: int, frame: object) -> None:
+        raise Stopped(signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, raise_stopped)
+
+
+def _hold_signals() -> None:
+    # While stopping, a second Ctrl-C must not cut the stop short and leave children behind.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, lambda *_: None)
+
+
+@dataclass
+class RestartPolicy:
+    """Backoff between restarts of a part that died; too many in a row stop the stack."""
+
+    max_restarts: int = 5
+    first_delay_s: float = 1.0
+    max_delay_s: float = 30.0
+    stable_after_s: float = 60.0  # a part up this long has recovered: its count starts again
+
+    def delay(self, restarts: int) -> float:
+        return min(self.max_delay_s, self.first_delay_s * 2 ** max(0, restarts - 1))
+
+
+class Stack:
+    """Starts the parts in order, restarts one that dies, stops them in reverse."""
+
+    def __init__(self, parts: list[Part], echo: Callable[[str], None] = print, pid_file: Path | None = None,
+                 policy: RestartPolicy | None = None) -> None:
         self.parts = parts
         self.echo = echo
+        self.pid_file = PidFile(pid_file) if pid_file else None
+        self.policy = policy or RestartPolicy()
+        self.env = dict(os.environ)
 
     def check_ports(self) -> None:
         for part in self.parts:
             if not port_is_free(part.host, part.port):
-                raise LaunchError(f"port {part.port} on {part.host} ({part.name}) is busy; choose another in the settings")
+                setting = PORT_SETTINGS.get(part.name, "the settings")
+                raise LaunchError(f"port {part.port} on {part.host} ({part.name}) is busy: stop what listens there, "
+                                  f"or choose another port with {setting}")
+
+    def clean_leftovers(self) -> None:
+        """Stops what a previous rag up that was killed left running (before the ports are checked)."""
+        if self.pid_file is None:
+            return
+        for pgid in self.pid_file.leftovers():
+            self.echo(f"stopping process group {pgid} left by a previous rag up")
+            stop_group(pgid)
+        self.pid_file.remove()
 
     def start(self) -> None:
-        self.check_ports()
-        env = dict(os.environ)
         try:
+            self.clean_leftovers()
+            self.check_ports()
             for part in self.parts:
-                part.start(env)
+                self._start(part)
                 wait_ready(part)
                 self.echo(f"{part.name:<13} ready   {part.health_url.rsplit('/health', 1)[0]:<28} model {part.model}")
         except BaseException:
             self.stop()
             raise
 
+    def _start(self, part: Part) -> None:
+        part.start(self.env)
+        if self.pid_file is not None:
+            self.pid_file.write([p.process.pid for p in self.parts if p.process is not None])
+
     def stop(self) -> None:
+        _hold_signals()
         for part in reversed(self.parts):
             part.stop()
+        if self.pid_file is not None:
+            self.pid_file.remove()
 
-    def watch(self) -> None:
-        """Block until a signal arrives or a part dies; then stop everything."""
-        stopping = False
-
-        def on_signal(signum: int, frame: object) -> None:
-            nonlocal stopping
-            stopping = True
-
-        signal.signal(signal.SIGINT, on_signal)
-        signal.signal(signal.SIGTERM, on_signal)
+    def watch(self, poll_s: float = 0.5) -> None:
+        """Until a stop signal: restart a part that dies (with backoff); too many crashes stop everything."""
+        restarts = {part.name: 0 for part in self.parts}
+        up_since = {part.name: time.monotonic() for part in self.parts}
         try:
-            while not stopping:
-                dead = [p for p in self.parts if not p.alive()]
-                if dead:
-                    raise LaunchError(f"{dead[0].name} stopped unexpectedly; last log lines:\n{dead[0].tail()}")
-                time.sleep(0.5)
+            while True:
+                for part in self.parts:
+                    if part.alive():
+                        if time.monotonic() - up_since[part.name] > self.policy.stable_after_s:
+                            restarts[part.name] = 0
+                        continue
+                    restarts[part.name] += 1
+                    self._recover(part, restarts[part.name])
+                    up_since[part.name] = time.monotonic()
+                time.sleep(poll_s)
         finally:
             self.stop()
+
+    def _recover(self, part: Part, attempt: int) -> None:
+        code = part.process.returncode if part.process is not None else None
+        if attempt > self.policy.max_restarts:
+            raise LaunchError(
+                f"{part.name} crashed {attempt} times in a row (exit code {code}); stopping. Last log lines:\n{part.tail()}"
+            )
+        delay = self.policy.delay(attempt)
+        self.echo(f"{part.name} exited (code {code}); restarting in {delay:g} s (restart {attempt} of {self.policy.max_restarts})")
+        time.sleep(delay)
+        began = time.monotonic()
+        part.stop()  # anything the dead child left in its process group
+        self._start(part)
+        try:
+            wait_ready(part)
+        except LaunchError as exc:
+            self.echo(f"{part.name} did not come back: {exc.message.splitlines()[0]}")
+            return  # still dead: the next round counts another crash
+        self.echo(f"{part.name} ready again after {time.monotonic() - began:.1f} s")

@@ -272,6 +272,7 @@ class Flags:
     gpu_layers: int | None = None  # None: every layer and the output head
     kv_unified: bool = False
     swa_full: bool = False  # --swa-full: sliding-window layers get a full-size cache
+    cache_ram_mib: int | None = None  # --cache-ram (host RAM only; None: llama-server's default)
 
     @property
     def n_ubatch(self) -> int:
@@ -294,6 +295,7 @@ class Flags:
             flash_attn=profile.flash_attn != "off",
             gpu_layers=profile.gpu_layers,
             swa_full="--swa-full" in profile.extra,
+            cache_ram_mib=profile.cache_ram_mib,
         )
 
     @classmethod
@@ -304,7 +306,8 @@ class Flags:
         return cls(ctx=int(get("-c", 4096)), parallel=int(get("-np", 1)), cache_type_k=get("-ctk", "f16"),
                    cache_type_v=get("-ctv", "f16"), batch=int(get("-b", 2048)), ubatch=int(get("-ub", 512)),
                    flash_attn=get("-fa", "auto") != "off", gpu_layers=int(get("-ngl", -1)) if "-ngl" in values else None,
-                   swa_full="--swa-full" in args)
+                   swa_full="--swa-full" in args,
+                   cache_ram_mib=int(get("--cache-ram")) if "--cache-ram" in values else None)
 
     def profile(self, name: str, description: str, model: str | None = None) -> ServerProfile:
         return ServerProfile(
@@ -319,6 +322,7 @@ class Flags:
             batch=self.batch,
             ubatch=self.n_ubatch,
             extra=("--swa-full",) if self.swa_full else (),
+            cache_ram_mib=self.cache_ram_mib,
             model=model,
         )
 
@@ -732,13 +736,16 @@ def tune(candidates: dict[str, ModelSpec], gpu: GPU, ctx: int, parallel: int = 1
     Flags: flash attention on (needed for a quantized V cache); a q8_0 K/V cache (its perplexity cost
     is within noise, it halves the cache and the KV bytes read per token, and the memory it saves
     goes to the margin), q4_0 only if q8_0 does not fit; -b = -ub = 512 (a larger micro-batch grows
-    the compute buffer for little prefill gain with one slot); the context and slots as asked.
+    the compute buffer for little prefill gain with one slot); the context and slots as asked; no
+    host-memory prompt cache (--cache-ram 0: saving the old prompt to host RAM delayed every new question's
+    prefill by 390-650 ms on an H200 machine, and restoring it can cross conversations, llama.cpp #27148;
+    the slot's own cache keeps reusing a repeated prefix).
     """
     extra = extra_weight_bytes or {}
     for name, model in candidates.items():
         for cache in ("q8_0", "q4_0"):
             flags = Flags(ctx=ctx, parallel=parallel, cache_type_k=cache, cache_type_v=cache, batch=512, ubatch=512,
-                          flash_attn=True, gpu_layers=None)
+                          flash_attn=True, gpu_layers=None, cache_ram_mib=0)
             result = plan(model, gpu, flags, extra_weight_bytes=extra.get(name, 0))
             if result.fits:
                 return name, flags, result

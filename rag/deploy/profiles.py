@@ -21,6 +21,7 @@ class ServerProfile:
     batch: int = 512
     ubatch: int = 512
     threads: int | None = None
+    cache_ram_mib: int | None = None  # --cache-ram; None: llama-server's default (8,192 MiB of host RAM)
     chat_template: str | None = None
     extra: tuple[str, ...] = field(default_factory=tuple)
     model: str | None = None  # the models.lock artifact (GGUF) this profile was planned for
@@ -41,6 +42,8 @@ class ServerProfile:
             args += ["-t", str(self.threads)]
         # -fit would silently shrink the context or move layers to the CPU: we plan the fit instead.
         args += ["-fit", "off", "--metrics"]
+        if self.cache_ram_mib is not None:
+            args += ["--cache-ram", str(self.cache_ram_mib)]
         if self.chat_template:
             # Without --no-jinja, a template name is read as a literal Jinja template.
             args += ["--no-jinja", "--chat-template", self.chat_template]
@@ -76,6 +79,10 @@ PROFILES: dict[str, ServerProfile] = {
         cache_type_v="q8_0",
         batch=512,
         ubatch=512,
+        # No host-memory prompt cache: saving the previous prompt to host RAM cost 390-650 ms before every
+        # new question's prefill on an H200 machine, and a restored cache can leak another conversation's
+        # prompt (llama.cpp issue #27148). The one slot's own cache still reuses every repeated prefix.
+        cache_ram_mib=0,
         model="qwen3.6-27b-q4_k_s",
     ),
 }

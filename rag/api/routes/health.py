@@ -9,7 +9,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from rag.api.deps import ServicesDep
-from rag.core.errors import RagError
+from rag.core.errors import BackendUnavailable, RagError
 
 router = APIRouter()
 
@@ -36,7 +36,8 @@ async def _store_state(services: ServicesDep) -> dict[str, Any]:
     alive = await asyncio.to_thread(services.store.heartbeat)
     mode = services.settings.chroma_mode
     where = services.settings.chroma_url if mode == "server" else str(services.settings.chroma_path)
-    return {"state": "ok" if alive else "down", "mode": mode, "location": where}
+    return {"state": "ok" if alive else "down", "mode": mode, "location": where,
+            "data_dir": str(services.settings.data_dir)}
 
 
 @router.get("/health")
@@ -45,4 +46,7 @@ async def health(services: ServicesDep) -> JSONResponse:
     backends = {"llm": llm, "embedder": embedder, "store": store}
     states = {b["state"] for b in backends.values()}
     overall = "ok" if states == {"ok"} else ("loading" if "down" not in states else "down")
-    return JSONResponse({"status": overall, "backends": backends}, status_code=200 if overall == "ok" else 503)
+    if overall == "ok":
+        return JSONResponse({"status": overall, "backends": backends})
+    retry = {"Retry-After": str(BackendUnavailable.retry_after)}
+    return JSONResponse({"status": overall, "backends": backends}, status_code=503, headers=retry)

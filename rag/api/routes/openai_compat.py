@@ -5,6 +5,10 @@ Retrieval options travel as extra body fields (`collection`, `top_k`, `doc_ids`:
 `rag` of the response, or of the final chunk of a stream. Our system prompt is fixed (it grounds the
 answer and keeps the prompt cache warm): a client's system messages are left out and counted in
 `rag.ignored_system_messages`.
+
+`model` must be the served generator's name (or left out); another name is a 404 in OpenAI's shape. With
+`stream_options.include_usage` the stream follows OpenAI: every chunk carries `usage: null` and one more
+chunk with no choices and the usage comes before `[DONE]`.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from rag.answering.answerer import Answer, Event
 from rag.api.deps import AnswererDep, SettingsDep
 from rag.api.errors import error_body
 from rag.api.routes.chat import chat_query, event_stream, unless_disconnected
+from rag.api.routes.models import check_chat_model
 from rag.core.errors import InvalidRequest, RagError
 
 log = logging.getLogger(__name__)
@@ -79,8 +84,9 @@ def chat_messages(messages: list[OpenAIMessage]) -> tuple[list[dict[str, str]], 
 class _Completion:
     """Builds the OpenAI-shaped objects of one completion."""
 
-    def __init__(self, model: str, ignored_system: int) -> None:
+    def __init__(self, model: str, ignored_system: int, *, include_usage: bool = False) -> None:
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.include_usage = include_usage
         self.created = int(time.time())
         self.model = model
         self.rag: dict[str, Any] = {"ignored_system_messages": ignored_system}
@@ -106,11 +112,18 @@ class _Completion:
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     def chunk(self, delta: dict[str, Any], finish_reason: str | None = None, **extra: Any) -> str:
-        body = {
-            "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}], **extra,
-        }
-        return json.dumps(body, ensure_ascii=False)
+        return self._chunk([{"index": 0, "delta": delta, "finish_reason": finish_reason}], **extra)
+
+    def usage_chunk(self) -> str:
+        """OpenAI's last chunk with `include_usage`: no choices, the whole request's usage."""
+        return self._chunk([], usage=self.usage)
+
+    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> str:
+        body = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                "choices": choices}
+        if self.include_usage:
+            body["usage"] = None
+        return json.dumps({**body, **extra}, ensure_ascii=False)
 
     def response(self) -> dict[str, Any]:
         return {
@@ -122,17 +135,16 @@ class _Completion:
         }
 
 
-async def _chunks(answer: Answer, completion: _Completion, include_usage: bool) -> AsyncIterator[dict[str, str]]:
+async def _chunks(answer: Answer, completion: _Completion) -> AsyncIterator[dict[str, str]]:
     try:
         yield {"data": completion.chunk({"role": "assistant", "content": ""})}
         async for event in answer.events():
             text = completion.absorb(event)
             if text:
                 yield {"data": completion.chunk({"content": text})}
-        extra: dict[str, Any] = {"rag": completion.rag}
-        if include_usage:
-            extra["usage"] = completion.usage
-        yield {"data": completion.chunk({}, completion.finish_reason, **extra)}
+        yield {"data": completion.chunk({}, completion.finish_reason, rag=completion.rag)}
+        if completion.include_usage:
+            yield {"data": completion.usage_chunk()}
         yield {"data": "[DONE]"}
     except Exception as exc:  # the stream has begun: an error object is what OpenAI clients understand
         if not isinstance(exc, RagError):
@@ -149,6 +161,7 @@ async def _whole(answer: Answer, completion: _Completion) -> dict[str, Any]:
 @router.post("/chat/completions")
 async def chat_completions(body: CompletionRequest, request: Request, answerer: AnswererDep,
                            settings: SettingsDep) -> Any:
+    model = check_chat_model(settings, body.model)
     messages, ignored = chat_messages(body.messages)
     query = chat_query(
         messages, settings, collection=body.collection, top_k=body.top_k,
@@ -156,8 +169,8 @@ async def chat_completions(body: CompletionRequest, request: Request, answerer: 
         temperature=body.temperature,
     )
     answer = await answerer.start(query)
-    completion = _Completion(body.model or settings.llm_model, ignored)
+    include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
+    completion = _Completion(model, ignored, include_usage=include_usage)
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return event_stream(answer, _chunks(answer, completion, include_usage))
+        return event_stream(answer, _chunks(answer, completion))
     return await unless_disconnected(request, answer, _whole(answer, completion))

@@ -46,6 +46,8 @@ export function renderBudget(b) {
     ["earlier turns", b.history], ["question", b.question], ["chunks", chunkTotal], ["answer reserve", b.reserve],
   ]) facts.append(el("li", "", `${label}: ${fmt(value)}`));
   if (b.dropped_turns) facts.append(el("li", "", `earlier turns left out: ${b.dropped_turns}`));
+  if (b.kept_turns) facts.append(el("li", "", `turns kept: ${b.kept_turns}`
+    + (b.latest_turn_reserved ? ` (the latest held first: ${fmt(b.latest_turn_reserved)} tokens)` : "")));
   more.append(facts);
 
   if (b.chunks.length) more.append(chunkTable(b.chunks));

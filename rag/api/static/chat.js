@@ -125,7 +125,7 @@ function stop() {
 }
 
 function handle(answer, type, data) {
-  if (type === "sources") showSources(answer, data.sources);
+  if (type === "sources") showSources(answer, data.sources, data);
   else if (type === "budget") replaceBox(answer, ".budget", renderBudget(data));
   else if (type === "token") addText(answer, data.text);
   else if (type === "citations") {
@@ -186,13 +186,14 @@ function replaceBox(answer, selector, box) {
   else answer.view.item.insertBefore(box, answer.view.status);
 }
 
-function showSources(answer, sources) {
+function showSources(answer, sources, event = {}) {
   answer.sources.clear();
   for (const s of sources) answer.sources.set(s.id, s);
   const box = el("details", "sources");
   const summary = el("summary", "", sources.length
     ? `Sources (${sources.length})`
-    : "No sources: nothing in this collection matched (is it empty?)");
+    : "No sources: nothing in this collection matched the question");
+  if (event.query) summary.append(searchedLine(event));
   box.append(summary);
   const list = el("ol", "source-list");
   for (const s of sources) {
@@ -207,6 +208,15 @@ function showSources(answer, sources) {
   box.append(list);
   replaceBox(answer, "details.sources", box);
   answer.view.status.textContent = "Waiting for the model…";
+}
+
+// The query retrieval actually ran: a follow-up's rewrite is shown, so a wrong one is visible.
+function searchedLine(event) {
+  const line = el("span", "searched");
+  line.append(el("span", "searched-label", event.rewrite && event.rewrite !== "off"
+    ? " · searched (rewritten from the conversation): " : " · searched: "));
+  line.append(el("q", "searched-query", event.query));
+  return line;
 }
 
 function sourceLabel(s) {

@@ -75,7 +75,8 @@ function addOption(name, documents) {
     option = new Option(name, name);
     select.add(option);
   }
-  option.textContent = documents === null ? name : `${name} (${documents})`;
+  // The count is of indexed documents (failed uploads are listed, but not counted as searchable).
+  option.textContent = documents === null ? name : `${name} (${documents} indexed)`;
 }
 
 async function loadCollections() {

@@ -1,0 +1,49 @@
+"""`GET /v1/models[/{id}]`: the served models in OpenAI's schema, which most clients list before a request.
+
+The list names what this API serves: the generator (`RAG_LLM_MODEL`, the name llama-server serves with
+`-a`) and the embedding model at the embedding server (`RAG_EMBED_MODEL`). Ids are names, never file
+paths. `created` is when this API started: the models have no creation time of their own here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from rag.api.deps import ServicesDep
+from rag.core.config import Settings
+from rag.core.errors import ModelNotFound
+
+router = APIRouter()
+
+
+def model_entries(settings: Settings, created: int) -> list[dict[str, Any]]:
+    """The generator first, then the embedding model."""
+    return [
+        {"id": settings.llm_model, "object": "model", "created": created, "owned_by": "rag-stack",
+         "rag": {"role": "chat", "url": settings.llm_url}},
+        {"id": settings.embed_model, "object": "model", "created": created, "owned_by": "rag-stack",
+         "rag": {"role": "embeddings", "url": settings.embed_url}},
+    ]
+
+
+def check_chat_model(settings: Settings, name: str | None) -> str:
+    """The generator's name for a chat request; any other name is a 404 as OpenAI answers it."""
+    if name is None or name == settings.llm_model:
+        return settings.llm_model
+    raise ModelNotFound(f"The model '{name}' does not exist; this API serves '{settings.llm_model}' for chat "
+                        "(GET /v1/models lists the models).")
+
+
+@router.get("/models")
+async def list_models(services: ServicesDep) -> dict[str, Any]:
+    return {"object": "list", "data": model_entries(services.settings, services.started)}
+
+
+@router.get("/models/{model_id:path}")
+async def get_model(model_id: str, services: ServicesDep) -> dict[str, Any]:
+    for entry in model_entries(services.settings, services.started):
+        if entry["id"] == model_id:
+            return entry
+    raise ModelNotFound(f"The model '{model_id}' does not exist.")
