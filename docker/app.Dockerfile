@@ -2,12 +2,18 @@
 # the Chroma server (`chroma run`) and the one-shot model download (`rag models pull`).
 # torch comes from the CPU index (the V100 is the generator's; see docs/deployment.md); build with
 # --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu121 to run the embedder on a second GPU.
-FROM python:3.11-slim
+# PYTHON_IMAGE names the base (tests/test_compose_up.py builds on a local stand-in with the same paths).
+ARG PYTHON_IMAGE=python:3.11-slim
+FROM ${PYTHON_IMAGE}
 
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
-RUN useradd --system --uid 10001 --create-home rag
+# Every mount point the services write is created and owned here: Docker initialises a fresh named volume
+# from the image's directory (owner included) and creates a missing one as root, which `rag` cannot write.
+RUN useradd --system --uid 10001 --create-home rag \
+ && mkdir -p /models /data /chroma \
+ && chown rag:rag /models /data /chroma
 WORKDIR /app
 COPY pyproject.toml README.md models.lock /app/
 COPY rag /app/rag

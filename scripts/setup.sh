@@ -40,13 +40,22 @@ echo "setup: llama-server $bin"
 "$venv/bin/rag" models prepare >/dev/null
 echo "setup: bundled models ready"
 
+apt_install() {
+  local sudo_cmd=""
+  [ "$(id -u)" = 0 ] || sudo_cmd=sudo
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "$@" >/dev/null
+}
+
 if [ "${1:-}" = "--test" ]; then
   if [ ! -x /usr/bin/chromium ]; then
     echo "setup: installing Debian's chromium for the browser tests"
-    sudo_cmd=""
-    [ "$(id -u)" = 0 ] || sudo_cmd=sudo
-    $sudo_cmd apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq chromium >/dev/null
+    apt_install chromium
+  fi
+  # The compose test (tests/test_compose_up.py) builds the images and runs compose.yaml in podman.
+  if [ ! -x /usr/bin/podman ] || [ ! -x /usr/sbin/runc ] || [ ! -x /usr/sbin/debootstrap ]; then
+    echo "setup: installing podman, runc and debootstrap for the compose test"
+    apt_install podman runc debootstrap
   fi
 fi
 echo "setup: done in $(( $(date +%s) - started )) s"

@@ -158,3 +158,47 @@ def test_models_service_pulls_every_production_file(services: dict) -> None:
     embedder_files = [a.file for a in load_lock() if a.profile == "production" and a.role == "embedder"]
     assert embedder_files and all(f"/models/{f}".startswith(embed_dir + "/") for f in embedder_files)
     assert any(f.endswith("modules.json") for f in embedder_files)  # a sentence-transformers folder
+
+
+class ComposeLoader(yaml.SafeLoader):
+    """YAML with the Compose specification's merge tags (`!reset`, `!override`)."""
+
+
+ComposeLoader.add_constructor("!reset", lambda loader, node: "!reset")
+ComposeLoader.add_constructor("!override", lambda loader, node: loader.construct_object(node.value))
+
+
+@pytest.fixture(scope="module")
+def cpu_override() -> dict:
+    return yaml.load((ROOT / "docker" / "compose.cpu.yaml").read_text(), Loader=ComposeLoader)["services"]
+
+
+def test_cpu_override_replaces_only_the_gpu_and_the_models(cpu_override: dict, services: dict) -> None:
+    assert set(cpu_override) <= set(services)
+    allowed = {"models": {"command"}, "llm": {"build", "image", "command", "healthcheck", "deploy"},
+               "embed": {"environment", "healthcheck"}, "api": {"environment"}}
+    for name, service in cpu_override.items():
+        assert set(service) <= allowed[name], name
+    assert cpu_override["llm"]["deploy"] == "!reset"
+    assert cpu_override["llm"]["build"]["args"]["GGML_CUDA"] == "OFF"
+    assert set(environment(cpu_override["api"])) == {"RAG_LLM_MODEL", "RAG_LLM_PROFILE", "RAG_EMBED_MODEL"}
+
+
+def test_cpu_override_runs_the_cpu_profile_on_the_bundled_models(cpu_override: dict, services: dict) -> None:
+    generator = next(a for a in load_lock() if a.role == "generator" and a.profile == "embedded")
+    api = {**environment(services["api"]), **environment(cpu_override["api"])}
+    expected = PROFILES[api["RAG_LLM_PROFILE"]].command("llama-server", f"/models/{generator.file}", "0.0.0.0", 8080)
+    assert cpu_override["llm"]["command"] == expected + ["-a", api["RAG_LLM_MODEL"]]
+    assert api["RAG_LLM_MODEL"] == generator.name
+    embed = environment(cpu_override["embed"])
+    assert embed["RAG_EMBED_MODEL"] == api["RAG_EMBED_MODEL"]
+    assert embed["RAG_EMBED_MODEL_PATH"] in " ".join(cpu_override["models"]["command"])
+
+
+def test_the_app_image_creates_and_owns_every_mount_point_its_services_write(services: dict) -> None:
+    app = (ROOT / "docker" / "app.Dockerfile").read_text()
+    written = {mount for name, s in services.items() if s.get("build", {}).get("dockerfile") == "docker/app.Dockerfile"
+               for _, mount, read_only in named_volumes(s) if not read_only}
+    assert written == {"/models", "/data", "/chroma"}
+    assert f"mkdir -p {' '.join(sorted(written, key=['/models', '/data', '/chroma'].index))}" in app
+    assert app.index("chown rag:rag") < app.index("USER rag")

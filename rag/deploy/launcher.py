@@ -19,6 +19,7 @@ import httpx
 from rag.core.config import Settings
 from rag.core.errors import RagError
 from rag.deploy.modellock import ensure_bundled_generator
+from rag.deploy.placement import embedder_placement
 from rag.deploy.profiles import get_profile
 from rag.deploy.runlogs import new_run_dir
 
@@ -41,6 +42,7 @@ class Part:
     model: str
     log_path: Path
     ready_timeout_s: float = 180.0
+    env: dict[str, str] = field(default_factory=dict)  # on top of the stack's environment
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def start(self, env: dict[str, str]) -> None:
@@ -50,7 +52,7 @@ class Part:
         # a stop reaches a child's own children too. The death signal covers the case where we cannot
         # stop anything (rag up killed with SIGKILL).
         self.process = subprocess.Popen(
-            self.command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            self.command, stdout=log, stderr=subprocess.STDOUT, env={**env, **self.env}, start_new_session=True,
             preexec_fn=_die_with_parent(os.getpid()),
         )
         log.close()
@@ -207,11 +209,15 @@ def plan_parts(settings: Settings) -> list[Part]:
     if profile.threads is not None and settings.llm_threads != profile.threads:
         llm_cmd += ["-t", str(settings.llm_threads)]
     python = sys.executable
+    placement = embedder_placement(settings, Path(model))
+    embed_env = {"RAG_EMBED_DEVICE": placement.device} if placement.device else {}
     return [
         Part("llama-server", llm_cmd, f"{settings.llm_url}/health", settings.llm_port, llm.hostname or "127.0.0.1",
              settings.llm_model, logs / "llama-server.log"),
         Part("embedder", [python, "-m", "rag.cli", "serve-embeddings"], f"{settings.embed_url}/health",
-             settings.embed_port, embed.hostname or "127.0.0.1", settings.embed_model, logs / "embedder.log"),
+             settings.embed_port, embed.hostname or "127.0.0.1",
+             f"{settings.embed_model} on {placement.device or 'its default device'} ({placement.reason})",
+             logs / "embedder.log", env=embed_env),
         Part("api", [python, "-m", "rag.cli", "serve-api"], f"{settings.api_url}/health", settings.api_port,
              settings.api_host, "-", logs / "api.log"),
     ]
