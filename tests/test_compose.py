@@ -181,7 +181,7 @@ def test_cpu_override_replaces_only_the_gpu_and_the_models(cpu_override: dict, s
         assert set(service) <= allowed[name], name
     assert cpu_override["llm"]["deploy"] == "!reset"
     assert cpu_override["llm"]["build"]["args"]["GGML_CUDA"] == "OFF"
-    assert set(environment(cpu_override["api"])) == {"RAG_LLM_MODEL", "RAG_LLM_PROFILE", "RAG_EMBED_MODEL"}
+    assert set(environment(cpu_override["api"])) == {"RAG_LLM_MODEL", "RAG_LLM_PROFILE", "RAG_LLM_PROMPT_STYLE", "RAG_EMBED_MODEL"}
 
 
 def test_cpu_override_runs_the_cpu_profile_on_the_bundled_models(cpu_override: dict, services: dict) -> None:
