@@ -163,6 +163,22 @@ def test_the_bundled_base_model_answers_with_the_span_and_its_source(api: str):
     assert "1889" in source["text"]
 
 
+SKARVIK = """The Skarvik Point Lighthouse
+
+The Skarvik Point Lighthouse stands on a granite headland at the northern tip of the island of Havrø. It was built in 1887 by an engineer named Mara Lind, who designed it after a winter storm sank three fishing boats on the nearby reef.
+
+The tower is 43 metres tall and is painted white with a single red band below the lantern room. Its light can be seen from 22 nautical miles away, and it flashes twice every fifteen seconds.
+"""
+
+
+def test_the_examples_answer_never_leaks_into_an_answer_of_the_same_shape(api: str):
+    """The prompt's example "Who built the Brenna observatory?" must not answer "Who built the lighthouse?"."""
+    upload(api, {"skarvik.txt": SKARVIK})
+    body = httpx.post(f"{api}/v1/chat", json=ask("Who built the lighthouse?", stream=False), timeout=300).json()
+    assert "Varga" not in body["answer"] and "astronomer" not in body["answer"]
+    assert "Mara Lind" in body["answer"]
+
+
 def test_a_question_over_the_budget_is_a_400_with_the_numbers(api: str):
     question = "Why is the tower in Paris? " * 700
     response = httpx.post(f"{api}/v1/chat", json=ask(question, stream=False), timeout=300)

@@ -38,7 +38,7 @@ from rag.core.errors import BackendUnavailable, ContextOverflow, InvalidRequest,
 from rag.answering.gate import GenerationGate, Permit
 from rag.clients.llm import LlamaServerClient, ServerProps, StreamDelta, StreamEnd
 from rag.answering.prompt import (
-    COMPLETION_STOP, ChatStyle, CompletionStyle, Message, PromptStyle, choose_style, no_sources_answer,
+    COMPLETION_EXAMPLE_ANSWERS, COMPLETION_EXAMPLES, COMPLETION_STOP, ChatStyle, CompletionStyle, Message, PromptStyle, choose_style, no_sources_answer,
 )
 
 log = logging.getLogger(__name__)
@@ -158,6 +158,18 @@ class Answerer:
         self._props: ServerProps | None = None
         self._props_at = 0.0
         self.style_choice = choose_style(settings.llm_prompt_style, [settings.llm_model_path])
+        self._example_tokens: set[int] | None = None
+
+    async def example_ban(self, prompt: str) -> list[list[int | bool]]:
+        """llama-server `logit_bias` entries that forbid the example answers' tokens absent from the
+        prompt's own part (sources, history, question): a copied example answer cannot be generated."""
+        if self._example_tokens is None:
+            tokens: set[int] = set()
+            for answer in COMPLETION_EXAMPLE_ANSWERS:
+                tokens.update(await self.llm.tokenize(f" {answer}"))
+            self._example_tokens = tokens
+        own = set(await self.llm.tokenize(prompt.removeprefix(COMPLETION_EXAMPLES)))
+        return [[token, False] for token in sorted(self._example_tokens - own)]
 
     @property
     def style(self) -> PromptStyle:
@@ -351,12 +363,22 @@ class Answer:
     def _generate(self, llm: LlamaServerClient) -> AsyncIterator[StreamDelta | StreamEnd]:
         assert self.query.max_tokens is not None and self.query.temperature is not None
         if isinstance(self.packed.messages, str):
-            return _lstripped(llm.stream_completion(
-                self.packed.messages, max_tokens=self.query.max_tokens, temperature=self.query.temperature,
-                stop=list(COMPLETION_STOP),
-            ))
+            return _lstripped(self._complete(llm, self.packed.messages))
         return llm.stream_chat(self.packed.messages, max_tokens=self.query.max_tokens,
                                temperature=self.query.temperature)
+
+    async def _complete(self, llm: LlamaServerClient, prompt: str) -> AsyncIterator[StreamDelta | StreamEnd]:
+        assert self.answerer is not None and self.query.max_tokens is not None and self.query.temperature is not None
+        ban = await self.answerer.example_ban(prompt)
+        stream = llm.stream_completion(
+            prompt, max_tokens=self.query.max_tokens, temperature=self.query.temperature, stop=list(COMPLETION_STOP),
+            extra={"logit_bias": ban} if ban else None,
+        )
+        try:
+            async for item in stream:
+                yield item
+        finally:
+            await _close(stream)
 
     def _closing_events(self, end: StreamEnd) -> list[Event]:
         text = "".join(self.text_parts)

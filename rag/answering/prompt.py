@@ -144,9 +144,13 @@ COMPLETION_EXAMPLES = (
     "[S1] Kelp forests grow fastest in cold water rich in nitrogen, up to half a metre a day.\n"
     "[S2] The Brenna observatory was built on Mount Tell by the astronomer Ilse Varga in 1931.\n"
     "Question: Who built the Brenna observatory?\n"
-    "Answer: the astronomer Ilse Varga\n\n"
+    "Answer: Ilse Varga\n\n"
 )
 COMPLETION_STOP = ("\n",)
+# A small base model copies an example's answer when a question has the same shape ("Who built the
+# lighthouse?" -> "the astronomer Ilse Varga"). Generation bans the tokens of these answers that the
+# question's own context lacks, so an extractive answer loses nothing and the examples cannot leak.
+COMPLETION_EXAMPLE_ANSWERS = tuple(re.findall(r"^Answer: (.+)$", COMPLETION_EXAMPLES, flags=re.M))
 
 
 def one_line(text: str) -> str:
