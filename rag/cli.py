@@ -190,7 +190,8 @@ def store_check(as_json: bool) -> None:
         # A second process must not open Chroma while another writes it, even to read.
         lock.acquire("rag store check")
     except StoreLocked as exc:
-        raise click.ClickException(f"{exc.message}; the running API reports the store's state at /health") from None
+        held = exc.message.split(";")[0]  # "the store at ... is held by ..."; its ingest advice does not apply here
+        raise click.ClickException(f"{held}: stop it to check the store; meanwhile its /health reports the store's state") from None
     try:
         report = check_store(settings.data_dir, settings.chroma_path)
     finally:
@@ -198,6 +199,7 @@ def store_check(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
+        click.echo(f"store {settings.data_dir}")
         click.echo(f"{'collection':<24} {'documents':>9} {'catalog':>9} {'record':>9} {'vectors':>9} {'chroma':>9}  state")
         for c in report.collections:
             chroma = "-" if c.chroma is None else f"{c.chroma:,}"

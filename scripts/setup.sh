@@ -14,20 +14,31 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "setup: creating $venv"
   "$python" -m venv "$venv"
 fi
+# pip's own output (and this machine's pip configuration warnings) go to a log: shown only on failure.
+pip_log="$venv/setup-pip.log"
+pip_install() {
+  if ! "$venv/bin/python" -m pip install "$@" >>"$pip_log" 2>&1; then
+    echo "setup: pip install $* failed; the last lines of $pip_log:" >&2
+    tail -n 30 "$pip_log" >&2
+    exit 1
+  fi
+}
 if [ ! -f "$stamp" ]; then
-  "$venv/bin/python" -m pip install --quiet --upgrade "pip>=25"
+  : >"$pip_log"
+  echo "setup: installing the Python packages (a few minutes the first time; log: $pip_log)"
+  pip_install --quiet --upgrade "pip>=25"
   # torch first, pinned, and the CPU build: PyPI's torch for Linux is the multi-GB CUDA build. PyTorch's
   # CPU index when it answers; else pip's own configuration (an index or find-links with a CPU wheel).
   torch_index=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
   if curl -fsS --max-time 10 -o /dev/null "$torch_index/torch/" 2>/dev/null; then
     echo "setup: torch 2.13.0+cpu from PyTorch's CPU index ($torch_index)"
-    "$venv/bin/python" -m pip install --quiet --index-url "$torch_index" "torch==2.13.0+cpu"
+    pip_install --quiet --index-url "$torch_index" "torch==2.13.0+cpu"
   else
-    echo "setup: PyTorch's CPU index ($torch_index) is unreachable: torch==2.13.0 from pip's configured sources" \
-         "(${PIP_FIND_LINKS:+find-links $PIP_FIND_LINKS, }index ${PIP_INDEX_URL:-PyPI})"
-    "$venv/bin/python" -m pip install --quiet "torch==2.13.0"
+    echo "setup: torch 2.13.0 from pip's configured sources" \
+         "(${PIP_FIND_LINKS:+find-links $PIP_FIND_LINKS, }index ${PIP_INDEX_URL:-PyPI}; PyTorch's CPU index $torch_index did not answer)"
+    pip_install --quiet "torch==2.13.0"
   fi
-  "$venv/bin/python" -m pip install --quiet -e ".[test]"
+  pip_install --quiet -e ".[test]"
   rm -f "$venv"/.installed-*
   touch "$stamp"
 fi
