@@ -9,7 +9,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 
 from rag.core.config import Settings
 from tests import hostile
+from tests.crash_points import ingest_command, reap, spawn
 from tests.conftest import SHARED_DATA
 from tests.ingest_helpers import census, expected_chunks
 from tests.servers import Server, free_port, start_api
@@ -75,23 +75,6 @@ def kill_when(process: subprocess.Popen, data_dir: Path, indexed: int, timeout: 
         assert process.poll() is None, f"finished before it could be killed: {now}"
         time.sleep(0.02)
     raise AssertionError(f"no progress to interrupt: {states(data_dir)}")
-
-
-def ingest_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "ingest.cli", *args]
-
-
-def spawn(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    with log.open("ab") as out:
-        return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def reap(process: subprocess.Popen) -> None:
-    """Stop what is left of a killed process's group (its parser workers)."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def assert_exact(data_dir: Path, paths: list[Path]) -> None:

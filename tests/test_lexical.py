@@ -131,6 +131,12 @@ def test_delete_document_and_collection(index: LexicalIndex) -> None:
     assert index.count("docs") == 0 and index.count("other") == 1
 
 
+def test_search_counts_per_document(index: LexicalIndex) -> None:
+    assert index.search_counts("docs", ["a", "b", "z", "unknown"]) == {"a": 2, "b": 1, "z": 0, "unknown": 0}
+    index.delete_document("docs", "a")
+    assert index.search_counts("docs", ["a"]) == {"a": 0}
+
+
 def test_failed_add_leaves_nothing_behind(index: LexicalIndex) -> None:
     rows = [("d:0", "d", "volcano one"), ("d:1", None, "volcano two")]  # NOT NULL fails on the second row
     with pytest.raises(sqlite3.IntegrityError):

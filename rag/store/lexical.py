@@ -287,6 +287,15 @@ class LexicalIndex:
         self._follow_other_writers()
         return int(self._index.searcher().num_docs)
 
+    def search_counts(self, collection: str, doc_ids: Iterable[str]) -> dict[str, int]:
+        """Chunks per document in the search index; compare with the record's `document_counts`."""
+        self._follow_other_writers()
+        searcher = self._index.searcher()
+        return {
+            d: searcher.search(tantivy.Query.term_query(self._schema, "doc_key", collection + _SEP + d), 1).count
+            for d in doc_ids
+        }
+
     def total(self) -> int:
         return self._count("SELECT count(*) FROM chunks", ())
 
