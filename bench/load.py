@@ -46,6 +46,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._provenance import header, write_json  # noqa: E402
 from bench.scale import clean_env, rss_mb  # noqa: E402
 from rag.eval.harness import latency_summary  # noqa: E402
 
@@ -366,10 +367,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed-docs", type=int, default=20)
     parser.add_argument("--json", type=Path, default=RESULTS / "load.json")
     args = parser.parse_args(argv)
+    print(header(), flush=True)
     with tempfile.TemporaryDirectory(prefix="rag-load-") as tmp:
         results = asyncio.run(run(args, Path(tmp)))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2))
+    write_json(args.json, results)
     print(summary(results))
     print(f"wrote {args.json}", file=sys.stderr)
 

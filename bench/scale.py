@@ -56,6 +56,7 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._provenance import header, write_json  # noqa: E402
 from rag.core.config import Settings  # noqa: E402
 from rag.eval.harness import latency_summary  # noqa: E402
 
@@ -471,12 +472,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, default=RESULTS / "scale.json")
     parser.add_argument("--plot", type=Path, default=RESULTS / "scale-latency.png")
     args = parser.parse_args(argv)
+    print(header(), flush=True)
     with tempfile.TemporaryDirectory(prefix="rag-scale-") as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         results = run(args, workdir)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2))
+    write_json(args.json, results)
     plot(results, args.plot)
     print(summary(results))
     print(f"wrote {args.json} and {args.plot}", file=sys.stderr)

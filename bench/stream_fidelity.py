@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from bench._provenance import header, write_json
 from rag.clients.llm import LlamaServerClient
 from rag.answering.prompt import build_messages, render_source
 
@@ -254,6 +255,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--seed", type=int, default=11)
     args = parser.parse_args(argv)
+    print(header(), flush=True)
 
     from tests.servers import start_api
 
@@ -298,8 +300,7 @@ def main(argv: list[str] | None = None) -> None:
           f"(pack, gate, HTTP, SSE); the API's upstream TTFT - direct TTFT: median "
           f"{result['upstream_vs_direct_ttft_ms_median']:.1f} ms")
     if args.json:
-        args.json.write_text(json.dumps({"summary": result, "runs": [[asdict(a), asdict(d)] for a, d in pairs]},
-                                        indent=2))
+        write_json(args.json, {"summary": result, "runs": [[asdict(a), asdict(d)] for a, d in pairs]})
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench._provenance import header  # noqa: E402
 from tests.servers import free_port  # noqa: E402
 from tests.test_supervisor import alive, descendants  # noqa: E402
 
@@ -50,6 +51,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--seed", type=int, default=14)
     args = parser.parse_args()
+    print(header(), flush=True)
     rng = random.Random(args.seed)
     print(f"load average: {Path('/proc/loadavg').read_text().split()[:3]}")
     with tempfile.TemporaryDirectory() as tmp:
