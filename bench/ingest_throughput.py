@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._provenance import header  # noqa: E402
+from bench._servers import server_env  # noqa: E402
 from tests import hostile  # noqa: E402
 from tests.servers import Server, start_api, start_embedding_server  # noqa: E402
 
@@ -249,9 +250,8 @@ def main() -> None:
         work = Path(tmp)
         corpus = work / "corpus"
         size = write_corpus(corpus, args.paragraphs, args.pdfs, args.docx)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
-        env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        server = start_embedding_server(work, {**env, "RAG_DATA_DIR": str(work / "embedder")})
+        env = server_env(work / "embedder")
+        server = start_embedding_server(work, env)
         env["RAG_EMBED_URL"] = server.url
         rows: list[tuple[str, int, float, float]] = []
         ratios: dict[str, list[float]] = {}

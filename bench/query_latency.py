@@ -7,7 +7,7 @@ embedding server (started here unless --embed-url is given). Stages, timed one q
 
     embed        EmbeddingClient.embed over HTTP (the bundled all-MiniLM-L6-v2)
     dense        ChunkStore.query, Chroma HNSW, depth candidates
-    lexical      LexicalIndex.search, SQLite FTS5 BM25, depth candidates
+    lexical      LexicalIndex.search, tantivy BM25, depth candidates
     search       Retriever.search(mode="hybrid", k) with the query vector at hand: both lists, fusion,
                  the document catalog (SQLite), texts of lexical-only hits
     embed+search Retriever.search through the embedding server, what a chat request pays
@@ -35,6 +35,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from bench._provenance import header, write_json
+from bench._servers import server_env
 from rag.store.catalog import DocumentCatalog
 from rag.core.config import Settings
 from rag.clients.embedding import EmbeddingClient
@@ -149,8 +150,7 @@ async def measure(size: int, queries: list[str], embedder: EmbeddingClient, stor
 def start_embedder(workdir: Path, threads: int | None):
     from tests.servers import start_embedding_server
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
-    env.update(RAG_DATA_DIR=str(workdir / "embedder"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env = server_env(workdir / "embedder")
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)  # torch's intra-op threads
     return start_embedding_server(workdir, env)

@@ -4,7 +4,7 @@ Every paragraph is a document, chunked to ~200 tokens of the embedder's tokenize
 at rank r when the r-th chunk contains one of its gold answer texts. Prints recall@1/5/10 and MRR@10 for
 dense, BM25, equal-weight RRF and the weighted score fusion of rag/answering/retrieval.py, tunes the dense weight on
 the questions of one half (by a hash of the question id) and reports on the other half and on all.
-The production path (Retriever.search, real Chroma on disk, the FTS5 index) is run on the held-out half
+The production path (Retriever.search, real Chroma on disk, the tantivy lexical index) is run on the held-out half
 with the tuned weight to check that it gives the same numbers.
 
     .venv/bin/python -m bench.retrieval_quality                  # both sets, all questions
