@@ -2,8 +2,10 @@
 
 Both paths get the same final prompt in the same run, one after the other, the order alternating per
 question. The prompt that the API sent is rebuilt here from its `sources` event (the texts, ids and
-labels that were packed) with rag.answering.prompt, and checked token for token against the API's `budget.used`
-by llama-server's own count, so the direct call is the same request minus our stack.
+labels that were packed) in the prompt style the API reports in `done` (chat messages, or the completion
+prompt of a base model, sent to /v1/completions with the same stop) with rag.answering.prompt, and
+checked token for token against the API's `budget.used` by llama-server's own count, so the direct call
+is the same request minus our stack. The upload of the documents must index every one of them first.
 
 Both calls find the prompt in llama-server's cache (cache_n is printed): a warm-up call per question,
 through the API with the same max_tokens, primes it with the exact prompt the API will send (the answer
