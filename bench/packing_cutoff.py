@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
+from bench._provenance import header, write_json
 from bench.retrieval_quality import (COLLECTION, EmbeddingCache, _AllIndexed, _CachedEmbedder, build_indexes,
                                      load_corpus, make_splitter, sentence_encoder)
 from rag.answering.retrieval import Retriever
@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "rag-stack" / "bench")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    print(header(), flush=True)
 
     from transformers import AutoTokenizer
 
@@ -90,8 +91,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{row['share']:6.2f} {row['recall']:7.4f} {row['recall'] - base['recall']:+6.4f} "
               f"{row['tokens_mean']:14d} {row['tokens_median']:7.0f} {row['sources_mean']:8.2f}")
     if args.json:
-        args.json.write_text(json.dumps({"questions": len(corpus.questions), "top_k": args.top_k,
-                                         "budget": args.budget, "curve": curve}, indent=2))
+        write_json(args.json, {"questions": len(corpus.questions), "top_k": args.top_k,
+                                "budget": args.budget, "curve": curve})
     sys.stdout.flush()
 
 

@@ -7,7 +7,7 @@ embedding server (started here unless --embed-url is given). Stages, timed one q
 
     embed        EmbeddingClient.embed over HTTP (the bundled all-MiniLM-L6-v2)
     dense        ChunkStore.query, Chroma HNSW, depth candidates
-    lexical      LexicalIndex.search, SQLite FTS5 BM25, depth candidates
+    lexical      LexicalIndex.search, tantivy BM25, depth candidates
     search       Retriever.search(mode="hybrid", k) with the query vector at hand: both lists, fusion,
                  the document catalog (SQLite), texts of lexical-only hits
     embed+search Retriever.search through the embedding server, what a chat request pays
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import re
 import statistics
@@ -34,6 +33,8 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from bench._provenance import header, write_json
+from bench._servers import server_env
 from rag.store.catalog import DocumentCatalog
 from rag.core.config import Settings
 from rag.clients.embedding import EmbeddingClient
@@ -148,8 +149,7 @@ async def measure(size: int, queries: list[str], embedder: EmbeddingClient, stor
 def start_embedder(workdir: Path, threads: int | None):
     from tests.servers import start_embedding_server
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
-    env.update(RAG_DATA_DIR=str(workdir / "embedder"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env = server_env(workdir / "embedder")
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)  # torch's intra-op threads
     return start_embedding_server(workdir, env)
@@ -197,12 +197,13 @@ def main(argv: list[str] | None = None) -> None:
                         help="OMP_NUM_THREADS of the started embedding server (default: torch's own choice)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    print(header(), flush=True)
     with tempfile.TemporaryDirectory(prefix="rag-latency-") as tmp:
         # numpy's BLAS threads spin after a matrix op and steal the embedder's cores: one thread here.
         with threadpool_limits(1, "blas"):
             results = asyncio.run(run(args, Path(tmp)))
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+        write_json(args.json, results)
 
 
 if __name__ == "__main__":

