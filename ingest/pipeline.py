@@ -237,7 +237,15 @@ class IngestPipeline:
         self._window_batches = window_batches
         self.locks = KeyedLocks()
         self._verified: set[str] = set()  # collections whose recorded embedder this process checked
+        self._running = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
         keep_big_buffers_out_of_the_heap()
+
+    async def drained(self) -> None:
+        """Return once no run is in flight, clean-ups included. At shutdown the server cancels a request
+        and moves on: the stores must stay open until its run has taken its half-done documents out."""
+        await self._idle.wait()
 
     # A run.
 
@@ -249,18 +257,25 @@ class IngestPipeline:
         A file that cannot be indexed gets a `failed` result and the run goes on; a backend that fails
         (embedder, store) ends the run with its error, after taking this run's half-done documents out.
         """
-        await self.check_embedder(collection)
-        run = _Run(self, collection, files, progress or NoProgress())
+        self._running += 1
+        self._idle.clear()
         try:
-            async with asyncio.TaskGroup() as group:
-                group.create_task(run.produce())
-                group.create_task(run.consume(group))
-        except BaseException as failure:
-            await _settle(run.cleanup())
-            if isinstance(failure, BaseExceptionGroup):
-                raise _first_error(failure) from None
-            raise
-        return [r for r in run.results if r is not None]
+            await self.check_embedder(collection)
+            run = _Run(self, collection, files, progress or NoProgress())
+            try:
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(run.produce())
+                    group.create_task(run.consume(group))
+            except BaseException as failure:
+                await _settle(run.cleanup())
+                if isinstance(failure, BaseExceptionGroup):
+                    raise _first_error(failure) from None
+                raise
+            return [r for r in run.results if r is not None]
+        finally:
+            self._running -= 1
+            if not self._running:
+                self._idle.set()
 
     async def check_embedder(self, collection: str) -> None:
         """Refuse to add vectors of another model to a collection: embed its probe text again and compare.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import shutil
 import time
@@ -22,6 +24,8 @@ from rag.store.chunks import REPAIR_HINT, ChunkStore, StoreLock
 from rag.store.probe import probe_chroma
 
 log = logging.getLogger("rag.api")
+
+DRAIN_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -55,6 +59,10 @@ class Services:
 
     async def aclose(self) -> None:
         await self.jobs.cancel_all()
+        if self.ingest:
+            # Uploads the server cancelled at shutdown are still rolling back: keep the stores open for them.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.ingest.drained(), DRAIN_TIMEOUT_S)
         if self.answering:
             await self.answering.aclose()
         await self.llm.aclose()
