@@ -14,7 +14,6 @@ there and is killed at the next point; the last run goes to the end. See `tests/
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench._provenance import header, write_json  # noqa: E402
 from tests.crash_points import PATHS, PathResult, run_series  # noqa: E402
 from tests.servers import start_embedding_server  # noqa: E402
 
@@ -52,6 +52,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=13)
     parser.add_argument("--out", type=Path, default=RESULTS / "crash_points.json")
     args = parser.parse_args()
+    print(header(), flush=True)
     loads = [Path("/proc/loadavg").read_text().split()[:3]]
     print(f"load average at start: {' '.join(loads[0])}", flush=True)
     results = []
@@ -71,12 +72,11 @@ def main() -> None:
     hits = sum(k.at is not None for r in results for k in r.kills)
     print(f"{hits} of {sum(len(r.kills) for r in results)} kills hit a running ingest; "
           f"{failures} inconsistent states")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
+    write_json(args.out, {
         "date": time.strftime("%Y-%m-%d %H:%M"), "files": args.files, "kills_per_path": args.kills, "seed": args.seed,
         "load_average": loads, "inconsistent": failures, "kills_that_hit": hits,
         "paths": [asdict(r) for r in results],
-    }, indent=1) + "\n")
+    }, indent=1)
     sys.exit(1 if failures else 0)
 
 
