@@ -22,8 +22,8 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,6 +32,7 @@ from typing import Any, Literal
 from filelock import FileLock, Timeout
 
 from rag.core.errors import Conflict, InvalidRequest, NotFound
+from rag.store.sqlite import write_transaction
 
 State = Literal["pending", "indexed", "failed", "deleting"]
 Claim = Literal["claimed", "indexed", "busy"]
@@ -185,17 +186,9 @@ class DocumentCatalog:
         with self._lock:
             self._db.close()
 
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def _write(self) -> AbstractContextManager[sqlite3.Connection]:
         """One write transaction; IMMEDIATE takes the write lock up front so reads inside it are current."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        return write_transaction(self._db, self._lock)
 
     def _rows(self, sql: str, params: Iterable[Any] = ()) -> list[DocumentRecord]:
         with self._lock:

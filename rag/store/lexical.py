@@ -26,7 +26,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ import Stemmer
 import tantivy
 
 from rag.core.errors import StoreLocked
+from rag.store.sqlite import write_transaction
 from rag.store import record
 from rag.store.record import EmbedderIdentity
 
@@ -224,17 +225,9 @@ class LexicalIndex:
                 db.execute("DELETE FROM embedders WHERE collection = ?", (collection,))
                 db.execute("INSERT INTO meta (key, value) VALUES (?, '1')", (f"reindex:{collection}",))
 
-    @contextmanager
-    def _record(self) -> Iterator[sqlite3.Connection]:
+    def _record(self) -> AbstractContextManager[sqlite3.Connection]:
         """One transaction on the record's vectors and embedders (the search index is not touched)."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        return write_transaction(self._db, self._lock)
 
     def reindexing(self, collection: str) -> bool:
         with self._lock:
