@@ -213,13 +213,13 @@ def plan_parts(settings: Settings) -> list[Part]:
     embed_env = {"RAG_EMBED_DEVICE": placement.device} if placement.device else {}
     return [
         Part("llama-server", llm_cmd, f"{settings.llm_url}/health", settings.llm_port, llm.hostname or "127.0.0.1",
-             settings.llm_model, logs / "llama-server.log"),
+             f"{settings.llm_model} (profile {profile.name})", logs / "llama-server.log"),
         Part("embedder", [python, "-m", "rag.cli", "serve-embeddings"], f"{settings.embed_url}/health",
              settings.embed_port, embed.hostname or "127.0.0.1",
              f"{settings.embed_model} on {placement.device or 'its default device'} ({placement.reason})",
              logs / "embedder.log", env=embed_env),
         Part("api", [python, "-m", "rag.cli", "serve-api"], f"{settings.api_url}/health", settings.api_port,
-             settings.api_host, "-", logs / "api.log"),
+             settings.api_host, f"web page and API over {settings.data_dir}", logs / "api.log"),
     ]
 
 
@@ -308,7 +308,7 @@ class Stack:
             for part in self.parts:
                 self._start(part)
                 wait_ready(part)
-                self.echo(f"{part.name:<13} ready   {part.health_url.rsplit('/health', 1)[0]:<28} model {part.model}")
+                self.echo(f"{part.name:<13} ready   {part.health_url.rsplit('/health', 1)[0]:<28} {part.model}")
         except BaseException:
             self.stop()
             raise

@@ -59,7 +59,7 @@ def embedder_placement(settings: Settings, generator: ModelSpec | Path | None) -
         return Placement(settings.embed_device, "RAG_EMBED_DEVICE")
     profile = get_profile(settings.llm_profile)
     if profile.gpu_layers is None:
-        return Placement(None, f"profile {profile.name} keeps llama-server off the GPU")
+        return Placement(None, f"CUDA if there is one, else the CPU: profile {profile.name} leaves any GPU free")
     gpu = GPUS.get(profile.name)
     if isinstance(generator, Path):
         generator = readable_gguf(generator)
