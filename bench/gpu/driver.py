@@ -138,17 +138,15 @@ class Server:
                 self.proc.wait()
 
 
-def complete(server: Server, n_prompt: int, n_predict: int, n_vocab: int, seed: int) -> dict[str, Any]:
-    """Stream one completion of `n_prompt` random token ids; time to first token and the server's timings."""
-    rng = random.Random(seed)
-    prompt = [rng.randrange(300, n_vocab) for _ in range(n_prompt)]
-    body = {"prompt": prompt, "n_predict": n_predict, "ignore_eos": True, "stream": True, "cache_prompt": False,
+def stream_completion(url: str, prompt: list[int], n_predict: int, *, cache_prompt: bool) -> tuple[float, float, int, dict[str, Any]]:
+    """Stream one greedy `/completion` of token ids: (time to first token s, total s, chunks, the server's timings)."""
+    body = {"prompt": prompt, "n_predict": n_predict, "ignore_eos": True, "stream": True, "cache_prompt": cache_prompt,
             "temperature": 0.0}
     started = time.perf_counter()
     first = None
     timings: dict[str, Any] = {}
     n_chunks = 0
-    with httpx.stream("POST", f"{server.url}/completion", json=body, timeout=300) as response:
+    with httpx.stream("POST", f"{url}/completion", json=body, timeout=300) as response:
         response.raise_for_status()
         for line in response.iter_lines():
             if not line.startswith("data: "):
@@ -160,8 +158,16 @@ def complete(server: Server, n_prompt: int, n_predict: int, n_vocab: int, seed: 
             if chunk.get("stop"):
                 timings = chunk.get("timings", {})
     total = time.perf_counter() - started
+    return (first or total), total, n_chunks, timings
+
+
+def complete(server: Server, n_prompt: int, n_predict: int, n_vocab: int, seed: int) -> dict[str, Any]:
+    """Stream one completion of `n_prompt` random token ids; time to first token and the server's timings."""
+    rng = random.Random(seed)
+    prompt = [rng.randrange(300, n_vocab) for _ in range(n_prompt)]
+    first, total, n_chunks, timings = stream_completion(server.url, prompt, n_predict, cache_prompt=False)
     return {
-        "ttft_s": round(first or total, 3),
+        "ttft_s": round(first, 3),
         "total_s": round(total, 3),
         "chunks": n_chunks,
         "prompt_n": timings.get("prompt_n"),

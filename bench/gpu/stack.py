@@ -40,7 +40,9 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
 from bench.stream_fidelity import measure, sse, summary  # noqa: E402
-from driver import V100_MIB, Run, Server, free_port, holder, holder_free, holder_stop, vocab_size  # noqa: E402
+from driver import (  # noqa: E402
+    V100_MIB, Run, Server, free_port, holder, holder_free, holder_stop, stream_completion, vocab_size,
+)
 from rag.deploy.profiles import PROFILES  # noqa: E402
 
 PROFILE = os.environ.get("RAG_LLM_PROFILE", "v100-16g")
@@ -56,21 +58,8 @@ def median(values: list[float]) -> float | None:
 
 
 def timed_completion(url: str, prompt: list[int], n_predict: int) -> dict[str, Any]:
-    body = {"prompt": prompt, "n_predict": n_predict, "ignore_eos": True, "stream": True, "cache_prompt": True,
-            "temperature": 0.0}
-    started = time.perf_counter()
-    first, timings = None, {}
-    with httpx.stream("POST", f"{url}/completion", json=body, timeout=300) as response:
-        response.raise_for_status()
-        for line in response.iter_lines():
-            if not line.startswith("data: "):
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("content") and first is None:
-                first = time.perf_counter() - started
-            if chunk.get("stop"):
-                timings = chunk.get("timings", {})
-    return {"ttft_ms": round(1000 * (first or time.perf_counter() - started), 1), "prompt_n": timings.get("prompt_n"),
+    first, _, _, timings = stream_completion(url, prompt, n_predict, cache_prompt=True)
+    return {"ttft_ms": round(1000 * first, 1), "prompt_n": timings.get("prompt_n"),
             "cache_n": timings.get("cache_n"), "prompt_ms": round(timings.get("prompt_ms", 0.0), 1)}
 
 
