@@ -36,13 +36,11 @@ import argparse
 import asyncio
 import hashlib
 import json
-import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 
 from bench._provenance import header, write_json
 from bench.retrieval_quality import DATA, DATASETS, EmbeddingCache, make_splitter, sentence_encoder

@@ -263,7 +263,7 @@ def row(name: str, m: dict[str, float]) -> str:
     return f"  {name:<34} " + "  ".join(f"{m[key]:.3f}" for key in (*(f'R@{k}' for k in KS), "MRR"))
 
 
-def header() -> str:
+def table_header() -> str:
     return f"  {'method':<34} " + "  ".join(f"{key:>5}" for key in (*(f'R@{k}' for k in KS), "MRR"))
 
 
@@ -310,7 +310,7 @@ def run_dataset(name: str, args: argparse.Namespace, split, encode) -> dict:
                     c for c, _ in fuse(runs.dense[i], runs.lexical[lex][i], w)
                 ]
         for part, subset in (("tuning half", tune), ("held-out half", held), ("all", list(everyone))):
-            print(f"\n{name}: {part} ({len(subset)} questions)\n{header()}")
+            print(f"\n{name}: {part} ({len(subset)} questions)\n{table_header()}")
             for method, ranked in methods.items():
                 m = evaluate(corpus, (ranked(i) for i in everyone), subset)
                 results["methods"].setdefault(part, {})[method] = m

@@ -101,7 +101,7 @@ class Prepared:
 
 
 class Embedder(Protocol):
-    async def embed(self, texts: list[str]) -> list[list[float]]: ...
+    async def embed(self, texts: list[str]) -> Sequence[Sequence[float]]: ...  # one row per text, in order
 
 
 class Progress(Protocol):
@@ -222,6 +222,7 @@ class IngestPipeline:
         *,
         prepare: Preparer | None = None,
         inflight: int = 3,
+        producers: int = 3,
         flush_s: float = 0.05,
         window_batches: int = 8,
     ) -> None:
@@ -233,6 +234,7 @@ class IngestPipeline:
         self.lease = lease
         self._prepare = prepare or LoaderPreparer(settings)
         self._inflight = inflight
+        self._producers = producers
         self._flush_s = flush_s
         self._window_batches = window_batches
         self.locks = KeyedLocks()
@@ -347,7 +349,7 @@ class IngestPipeline:
             self.lease.forget(owner)
         return leftovers
 
-    def write_chunks(self, collection: str, records: list[ChunkRecord], vectors: list[list[float]]) -> None:
+    def write_chunks(self, collection: str, records: list[ChunkRecord], vectors: Sequence[Sequence[float]]) -> None:
         vectors = rounded(vectors)
         with store_errors():
             self.store.upsert(
@@ -394,12 +396,24 @@ class _Run:
     # The producer.
 
     async def produce(self) -> None:
-        try:
-            for slot, file in enumerate(self.files):
+        """Open up to `producers` files at once: a PDF waiting on its parser worker does not hold up
+        the text files behind it, so the embedder's first batches come sooner."""
+        slots = asyncio.Semaphore(self.p._producers)
+
+        async def one(slot: int, file: SourceFile) -> None:
+            try:
                 self.progress.file_started(file)
                 doc = await self._open(slot, file)
                 if doc is not None:
                     await self.queue.put(doc)
+            finally:
+                slots.release()
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for slot, file in enumerate(self.files):
+                    await slots.acquire()
+                    group.create_task(one(slot, file))
         finally:
             await self.queue.put(None)
 

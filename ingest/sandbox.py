@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import resource
 import signal
 import socket

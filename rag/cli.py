@@ -262,7 +262,7 @@ def _with_embedder(settings: Settings, owner: str, work: Any) -> Any:
         loop = asyncio.get_running_loop()
         tasks: dict[str, Any] = {}
 
-        def embed(texts: list[str]) -> list[list[float]]:
+        def embed(texts: list[str]) -> list[Any]:
             step = settings.embed_batch
             return [
                 vector

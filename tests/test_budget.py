@@ -14,7 +14,7 @@ from rag.answering.budget import Candidate, PromptBudget, sentence_ends, split_t
 from rag.core.errors import InvalidRequest, QuestionTooLong
 from rag.clients.llm import LlamaServerClient
 from rag.answering.prompt import (
-    COMPLETION_EXAMPLES, SYSTEM_PROMPT, ChatStyle, CompletionStyle, build_messages, defuse, one_line, render_source,
+    COMPLETION_EXAMPLES, SYSTEM_PROMPT, ChatStyle, CompletionStyle, defuse, one_line, render_source,
 )
 from tests.servers import Server
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from rag.deploy.gpus import GPU, get_gpu  # noqa: E402
 from rag.deploy.model_shapes import published_extra_bytes, qwen35_model  # noqa: E402
-from rag.deploy.planner import MIB, Flags, estimate, plan, read_gguf  # noqa: E402
+from rag.deploy.planner import MIB, Flags, plan, read_gguf  # noqa: E402
 from rag.deploy.profiles import PROFILES  # noqa: E402
 
 V100_MIB = 16_160

@@ -38,7 +38,7 @@ MODES: tuple[str, ...] = ("hybrid", "dense", "lexical")
 
 
 class Embedder(Protocol):
-    async def embed(self, texts: list[str]) -> list[list[float]]: ...
+    async def embed(self, texts: list[str]) -> Sequence[Sequence[float]]: ...
 
 
 class Catalog(Protocol):

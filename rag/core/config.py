@@ -55,6 +55,9 @@ class Settings(BaseSettings):
     # CPU threads of the embedding model for batches (unset: all cores); short requests (queries) use one.
     embed_threads: int | None = Field(default=None, ge=1)
     embed_max_batch: int = Field(default=64, ge=1)
+    # Texts per forward pass of the model, after sorting a batch by length (unset: 8 on CPU, where small
+    # passes are faster per text, measured by bench/embedder_batch.py; the whole batch on CUDA).
+    embed_forward_batch: int | None = Field(default=None, ge=1)
     embed_max_wait_ms: float = Field(default=0.0, ge=0)  # 0: batch what queued during the last encode
     embed_max_inputs: int = Field(default=512, ge=1)
 

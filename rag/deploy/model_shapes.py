@@ -11,7 +11,7 @@ so no NaN), for capacity and speed tests on real hardware without the real weigh
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -433,8 +433,6 @@ def _numpy_shape(spec: TensorSpec) -> tuple[int, ...]:
 
 
 def _add_value(writer: Any, key: str, value: Any) -> None:
-    import gguf
-
     if isinstance(value, bool):
         writer.add_bool(key, value)
     elif isinstance(value, int):

@@ -323,7 +323,7 @@ class QueryVectors:
 
     def __init__(self, embedder: Any) -> None:
         self.embedder = embedder
-        self._memo: dict[str, list[float]] = {}
+        self._memo: dict[str, Sequence[float]] = {}
 
     async def prime(self, text: str) -> float:
         """Embed `text` now; the milliseconds it took."""
@@ -332,7 +332,7 @@ class QueryVectors:
         self._memo[text] = (await self.embedder.embed([text]))[0]
         return (time.perf_counter() - started) * 1000
 
-    async def embed(self, texts: list[str]) -> list[list[float]]:
+    async def embed(self, texts: list[str]) -> list[Sequence[float]]:
         if len(self._memo) > 64:  # answering asks one question after another: stay small
             self._memo.clear()
         missing = [t for t in texts if t not in self._memo]

@@ -103,40 +103,69 @@ class MicroBatcher:
                 start += len(p.texts)
 
 
-SHORT_REQUEST = 4  # texts; at most this many are encoded on one thread
+SHORT_REQUEST = 4  # texts; a request of at most this many is one forward pass on one worker
+CPU_FORWARD_BATCH = 8  # texts per forward pass on CPU (bench/embedder_batch.py: 8 is 1.15x the speed of 32)
+
+
+def forward_batch(settings: Settings, device: str) -> int:
+    """Texts per forward pass: the setting, else small passes on CPU and the whole batch on CUDA."""
+    if settings.embed_forward_batch:
+        return settings.embed_forward_batch
+    return settings.embed_max_batch if device.startswith("cuda") else min(CPU_FORWARD_BATCH, settings.embed_max_batch)
 
 
 class SentenceEmbedder:
-    """A sentence-transformers model with normalized output, fp16 on CUDA."""
+    """A sentence-transformers model with normalized output, fp16 on CUDA.
+
+    On CPU a batch runs as forward passes of `batch_size` texts of similar length, spread over
+    `threads` workers of one torch thread each, not as one pass team of `threads` threads. Measured on
+    2 cores (bench/embedder_batch.py): as fast on idle cores, and when another process takes a quarter
+    of a core a team loses 20% (its threads wait for the descheduled one at every step) and the
+    workers 9%. That other process is usually our own ingest, loading and storing beside the encode.
+    """
 
     def __init__(
-        self, model_path: str, *, device: str | None = None, batch_size: int = 64, threads: int | None = None
+        self, model_path: str, *, device: str | None = None, batch_size: int | None = None, threads: int | None = None
     ) -> None:
         import torch
         from sentence_transformers import SentenceTransformer
         from tokenizers import Tokenizer
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self._torch = torch
         self.threads = threads or os.cpu_count() or 1
         self.model = SentenceTransformer(model_path, device=device, local_files_only=True)
-        if device.startswith("cuda"):
-            self.model.half()
         self.device = device
-        self.batch_size = batch_size
+        on_cuda = device.startswith("cuda")
+        if on_cuda:
+            self.model.half()
+        # Texts per forward pass: encode sorts its texts by length, then runs passes of this many.
+        self.batch_size = batch_size or (64 if on_cuda else CPU_FORWARD_BATCH)
+        self.workers = 1 if on_cuda else self.threads
+        torch.set_num_threads(self.threads if on_cuda else 1)
+        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="forward") if self.workers > 1 else None
         self.max_seq_length = int(self.model.max_seq_length)
-        self.dimensions = int(self.model.get_sentence_embedding_dimension() or 0)
+        self.dimensions = int(self.model.get_embedding_dimension() or 0)
         # Counting runs beside an encode. Calling the model's own tokenizer with other truncation and padding
         # options rewrites its shared Rust state mid-encode ("expected sequence of length 194 at dim 1 (got
         # 193)" under 16 concurrent requests): counts use a copy of it that nothing reconfigures.
         self._counter = Tokenizer.from_str(self.model.tokenizer.backend_tokenizer.to_str())
         self._counter.no_truncation()
         self._counter.no_padding()
+        # The first encode sets the tokenizer's truncation and padding; the workers then only read them.
+        self._forward(["warm up"])
 
     def encode(self, texts: list[str]) -> np.ndarray:
-        # A query on one thread: two threads on two busy cores stall each other (one query took 80-125 ms
-        # p50 with 2 threads and 18-23 ms with 1 while the cores were loaded). Batches use every thread.
-        self._torch.set_num_threads(1 if len(texts) <= SHORT_REQUEST else self.threads)
+        if self._pool is None or len(texts) <= SHORT_REQUEST:
+            return self._forward(texts)
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        groups = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        parts = self._pool.map(self._forward, [[texts[i] for i in group] for group in groups])
+        vectors = np.empty((len(texts), self.dimensions), dtype=np.float32)
+        for group, part in zip(groups, parts):
+            vectors[group] = part
+        return vectors
+
+    def _forward(self, texts: list[str]) -> np.ndarray:
         vectors = self.model.encode(
             texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
         )
@@ -167,12 +196,18 @@ def create_embedding_app(settings: Settings, embedder: SentenceEmbedder | None =
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        model = embedder or SentenceEmbedder(
-            resolve_embedder_path(settings),
-            device=settings.embed_device,
-            batch_size=settings.embed_max_batch,
-            threads=settings.embed_threads,
-        )
+        if embedder is not None:
+            model = embedder
+        else:
+            import torch
+
+            device = settings.embed_device or ("cuda" if torch.cuda.is_available() else "cpu")
+            model = SentenceEmbedder(
+                resolve_embedder_path(settings),
+                device=device,
+                batch_size=forward_batch(settings, device),
+                threads=settings.embed_threads,
+            )
         batcher = MicroBatcher(model.encode, max_batch=settings.embed_max_batch, max_wait_s=settings.embed_max_wait_ms / 1000)
         batcher.start()
         state.update(model=model, batcher=batcher)

@@ -44,10 +44,10 @@ def encode_vector(vector: Any) -> bytes:
     return np.asarray(vector, dtype=np.float16).tobytes()
 
 
-def rounded(vectors: list[list[float]]) -> list[list[float]]:
-    """Vectors as the record keeps them. Chroma gets these same values, so an index rebuilt from the
-    record ranks exactly like the one written at ingestion."""
-    return np.asarray(vectors, dtype=np.float16).astype(np.float32).tolist()
+def rounded(vectors: Any) -> np.ndarray:
+    """Vectors as the record keeps them, as an (n, d) float32 array. Chroma gets these same values, so
+    an index rebuilt from the record ranks exactly like the one written at ingestion."""
+    return np.asarray(vectors, dtype=np.float16).astype(np.float32)
 
 
 def decode_vector(blob: bytes) -> list[float]:
