@@ -118,10 +118,11 @@ class SentenceEmbedder:
     """A sentence-transformers model with normalized output, fp16 on CUDA.
 
     On CPU a batch runs as forward passes of `batch_size` texts of similar length, spread over
-    `threads` workers of one torch thread each, not as one pass team of `threads` threads. Measured on
-    2 cores (bench/embedder_batch.py): as fast on idle cores, and when another process takes a quarter
-    of a core a team loses 20% (its threads wait for the descheduled one at every step) and the
-    workers 9%. That other process is usually our own ingest, loading and storing beside the encode.
+    `threads` workers of one torch thread each, not as one team of `threads` threads per pass.
+    Measured on 2 cores (bench/embedder_batch.py, requests of 32 chunks): as fast on idle cores, and
+    beside a process that takes a quarter of a core the team loses 17% (its threads wait for the
+    descheduled one at every step) and the workers 9%. That other process is usually our own ingest,
+    loading and storing beside the encode.
     """
 
     def __init__(
@@ -157,7 +158,8 @@ class SentenceEmbedder:
     def encode(self, texts: list[str]) -> np.ndarray:
         if self._pool is None or len(texts) <= SHORT_REQUEST:
             return self._forward(texts)
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        # Longest first: the workers take passes as they free up, so the short ones even out the end.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
         groups = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
         parts = self._pool.map(self._forward, [[texts[i] for i in group] for group in groups])
         vectors = np.empty((len(texts), self.dimensions), dtype=np.float32)
