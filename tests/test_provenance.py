@@ -13,6 +13,7 @@ import pytest
 from rag.core import provenance as prov
 
 
+@pytest.mark.skipif(not prov.in_checkout(), reason="this copy of the code is not a git checkout")
 def test_a_checkout_gives_its_commit() -> None:
     p = prov.provenance()
     assert re.fullmatch(r"[0-9a-f]{40}", p["commit"]) and isinstance(p["uncommitted_changes"], bool)

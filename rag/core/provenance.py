@@ -31,7 +31,7 @@ def _git(*args: str) -> str | None:
     return done.stdout.strip()
 
 
-def _in_checkout() -> bool:
+def in_checkout() -> bool:
     """Whether ROOT is a git work tree's top (not merely a folder inside another repository, like a venv)."""
     top = _git("rev-parse", "--show-toplevel")
     return top is not None and Path(top).resolve() == ROOT
@@ -46,7 +46,7 @@ def _version() -> str:
 
 def code_identity() -> dict[str, Any]:
     """The commit and whether tracked files differ from it; outside a checkout, the installed version."""
-    if _in_checkout():
+    if in_checkout():
         status = _git("status", "--porcelain", "--untracked-files=no")
         return {"commit": _git("rev-parse", "HEAD") or "unknown",
                 "uncommitted_changes": None if status is None else status != ""}
