@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from rag.core.config import get_settings
+from rag.core.provenance import in_checkout
 from rag.eval.harness import (
     LOWER_IS_BETTER,
     bears_answer,
@@ -171,12 +173,42 @@ def test_quick_run_gives_sane_metrics_and_a_report(baseline: dict[str, Any]) -> 
 
 
 @pytest.mark.integration
-def test_gate_passes_an_identical_configuration(eval_env: dict[str, str | None], baseline: dict[str, Any]) -> None:
+def test_a_run_records_where_its_numbers_come_from(baseline: dict[str, Any]) -> None:
+    origin = baseline["data"]["provenance"]
+    if in_checkout():  # the commit; a copy without .git names the installed version
+        assert re.fullmatch(r"[0-9a-f]{40}", origin["commit"]) and isinstance(origin["uncommitted_changes"], bool)
+        code = f"commit {origin['commit'][:12]}"
+    else:
+        assert origin["commit"] is None and origin["version"]
+        code = f"version {origin['version']}"
+    assert origin["date"].startswith(baseline["data"]["started_at"][:10]) and origin["date"].endswith("+00:00")
+    assert origin["machine"]["cores"] >= 1 and origin["machine"]["cpu"] and origin["machine"]["system"]
+    assert len(origin["load_average"]) == 3 and all(x >= 0 for x in origin["load_average"])
+    config = baseline["data"]["config"]
+    assert {"embed_model", "embed_model_path", "chunk_tokens", "chunk_overlap", "hybrid_dense_weight",
+            "retrieval_depth", "rerank_depth", "min_relevance", "context_budget"} <= set(config)
+    report: Path = baseline["report"]
+    assert json.loads((report / "results.json").read_text())["provenance"] == origin
+    lines = (report / "report.md").read_text().splitlines()
+    assert lines[2].startswith(f"Provenance: {code}") and "load average" in lines[2]
+
+
+@pytest.mark.integration
+def test_gate_passes_an_identical_configuration(eval_env: dict[str, str | None], baseline: dict[str, Any],
+                                              tmp_path: Path) -> None:
+    # Where and when the baseline ran does not matter to the gate, only its scores.
+    elsewhere = {**baseline["data"], "provenance": {
+        "commit": None, "version": "0.0.1", "uncommitted_changes": None, "date": "2020-01-01T00:00:00+00:00",
+        "machine": {"cores": 96, "cpu": "another", "system": "another"}, "load_average": [50.0, 50.0, 50.0]}}
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps(elsewhere))
     result = _invoke(eval_env, "--collection", "squad-slice", "--modes", "hybrid",
-                     "--baseline", str(baseline["path"]), "--max-drop", "0.02")
+                     "--baseline", str(path), "--max-drop", "0.02")
     assert result.exit_code == 0, result.output
+    assert "warning: not the same questions" not in result.stderr
     assert "gate passed" in result.stderr and "not compared: retrieval.dense" in result.stderr
     assert "ingest: 0 indexed" in result.stdout  # the collection was reused, nothing indexed again
+    assert "provenance: " in result.stdout and "load average" in result.stdout
 
 
 @pytest.mark.integration

@@ -20,6 +20,7 @@ import click
 
 from rag.core.config import Settings, get_settings, settings_error_line
 from rag.core.errors import StoreLocked
+from rag.core.provenance import summary
 from rag.eval.harness import (
     MODES,
     EvalOptions,
@@ -132,6 +133,7 @@ def render_table(result: dict[str, Any]) -> None:
         table.add_row(mode, *(f"{m[k]:.3f}" for k in ("recall@1", "recall@5", "recall@10", "mrr")),
                       str(lat.get("p50")), str(lat.get("p95")))
     console.print(table)
+    console.print(f"provenance: {summary(result['provenance'])}")
     ing, emb = result["ingest"], ret["embed_ms"]
     console.print(f"ingest: {ing['indexed']} indexed, {ing['unchanged']} unchanged, {ing['failed']} failed, "
                   f"{ing['chunks_indexed']} chunks in {ing['seconds']} s; query embed p50 {emb.get('p50')} ms, "

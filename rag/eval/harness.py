@@ -30,6 +30,8 @@ hold the answer as the model wrote it (was the right chunk found for what was sa
 answers cut by max_tokens.
 
 `scores` is the flat dict of gated metrics; all are better higher except those in LOWER_IS_BETTER.
+`provenance` (the commit or version, the date, the machine and its load average as the run started) and
+`config` (the settings that shape the numbers) say what produced them; the gate compares `scores` only.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from typing import Any, Protocol
 
 from rag.core.config import Settings
 from rag.core.errors import InvalidRequest
+from rag.core.provenance import provenance, summary
 
 KS = (1, 5, 10)
 DEPTH = 10  # results looked at per question: recall@10 and MRR@10
@@ -387,6 +390,7 @@ class Evaluation:
         from rag.answering.retrieval import Retriever
 
         started = time.time()
+        origin = provenance()  # before the run: its load average is what competed with the run, not the run
         fresh = self.options.collection is None
         self.collection = self.options.collection or fresh_collection_name(evalset)
         vectors = QueryVectors(self.parts.embedder)
@@ -401,6 +405,7 @@ class Evaluation:
             if fresh and not self.options.keep:
                 await self._drop_collection()
         result = {
+            "provenance": origin,
             "dataset": self._dataset_info(evalset),
             "config": self._config(fresh),
             "ingest": ingest,
@@ -431,6 +436,10 @@ class Evaluation:
             "chroma_mode": s.chroma_mode, "modes": list(self.options.modes),
             "llm_prompt_style": s.llm_prompt_style, "completion_max_tokens": s.completion_max_tokens,
             "completion_max_sources": s.completion_max_sources,
+            "embed_model_path": s.embed_model_path, "rerank_depth": s.rerank_depth,
+            "min_relevance": s.min_relevance, "min_relevance_cjk": s.min_relevance_cjk,
+            "context_budget": s.context_budget, "answer_reserve": s.answer_reserve,
+            "pack_relative_score": s.pack_relative_score,
         }
 
     # Ingestion.
@@ -732,6 +741,7 @@ def report_markdown(result: dict[str, Any]) -> str:
     lines = [
         f"# Evaluation: {d['name']}",
         "",
+        *([f"Provenance: {summary(result['provenance'])}.", ""] if result.get("provenance") else []),
         f"Run {result['started_at']}, {result['elapsed_s']} s. {sample} of {d['total_questions']}; "
         f"{d['contexts']} of {d['total_contexts']} paragraphs indexed into collection `{c['collection']}`.",
         f"Chunks of {c['chunk_tokens']} tokens (overlap {c['chunk_overlap']}), embedder `{c['embed_model']}`, "
