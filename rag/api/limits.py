@@ -20,12 +20,12 @@ from rag.api.errors import error_response
 from rag.core.config import Settings
 from rag.core.errors import FileTooLarge, InvalidRequest, LimitExceeded, TooManyInputs
 
-CHAT_PATHS = frozenset({"/v1/chat", "/v1/chat/completions", "/v1/embeddings"})
+BOUNDED_PATHS = frozenset({"/v1/chat", "/v1/chat/completions", "/v1/embeddings"})
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class ChatBodyLimit:
-    """ASGI middleware: chat request bodies over `limit` bytes end in 413 as soon as the limit is passed."""
+    """ASGI middleware: chat and embeddings request bodies over `limit` bytes end in 413 once past the limit."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
@@ -33,7 +33,7 @@ class ChatBodyLimit:
         self.limited = RequestBodyLimitMiddleware(app, max_body_size=limit)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"].rstrip("/") not in CHAT_PATHS:
+        if scope["type"] != "http" or scope["path"].rstrip("/") not in BOUNDED_PATHS:
             await self.app(scope, receive, send)
             return
         declared = Headers(scope=scope).get("content-length", "")
