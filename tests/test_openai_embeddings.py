@@ -3,6 +3,7 @@ embedding server: one base URL serves chat, models and embeddings."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterator
 
 import httpx
@@ -67,7 +68,7 @@ def test_float_and_base64_give_the_same_vectors(api: str, ingest_settings: Setti
     body = {"model": ingest_settings.embed_model, "input": TEXTS[0], "encoding_format": "base64"}
     as_base64 = httpx.post(f"{api}/v1/embeddings", json=body, timeout=120).json()["data"][0]["embedding"]
     assert isinstance(as_base64, str) and len(as_float.data) == 1
-    decoded = np.frombuffer(__import__("base64").b64decode(as_base64), dtype="<f4")
+    decoded = np.frombuffer(base64.b64decode(as_base64), dtype="<f4")
     assert np.allclose(decoded, np.array(as_float.data[0].embedding, dtype=np.float32))
 
 
