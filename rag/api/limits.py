@@ -1,10 +1,10 @@
 """Bounds on what a chat client sent, checked before anything costly (tokenizing, embedding, generating).
 
 Two layers: `ChatBodyLimit` caps the bytes of a chat request's body while it streams in (starlette's
-body-limit middleware, on the chat paths only: uploads have their own, larger limit), so a 40 MB question
-or a million messages is refused before JSON parsing builds them; `check_messages` then bounds the parsed
-messages (count, characters each, characters of the question) and refuses lone UTF-16 surrogates, which
-no backend can encode.
+body-limit middleware, on the chat and embeddings paths only: uploads have their own, larger limit), so a
+40 MB question or a million messages is refused before JSON parsing builds them; `check_messages` then
+bounds the parsed messages (count, characters each, characters of the question) and refuses lone UTF-16
+surrogates, which no backend can encode; `check_embedding_inputs` does the same for embedding inputs.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rag.api.errors import error_response
 from rag.core.config import Settings
-from rag.core.errors import FileTooLarge, InvalidRequest, LimitExceeded
+from rag.core.errors import FileTooLarge, InvalidRequest, LimitExceeded, TooManyInputs
 
-CHAT_PATHS = frozenset({"/v1/chat", "/v1/chat/completions"})
+BOUNDED_PATHS = frozenset({"/v1/chat", "/v1/chat/completions", "/v1/embeddings"})
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class ChatBodyLimit:
-    """ASGI middleware: chat request bodies over `limit` bytes end in 413 as soon as the limit is passed."""
+    """ASGI middleware: chat and embeddings request bodies over `limit` bytes end in 413 once past the limit."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
@@ -33,7 +33,7 @@ class ChatBodyLimit:
         self.limited = RequestBodyLimitMiddleware(app, max_body_size=limit)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"].rstrip("/") not in CHAT_PATHS:
+        if scope["type"] != "http" or scope["path"].rstrip("/") not in BOUNDED_PATHS:
             await self.app(scope, receive, send)
             return
         declared = Headers(scope=scope).get("content-length", "")
@@ -73,3 +73,23 @@ def check_messages(messages: Sequence[dict[str, str]], settings: Settings) -> No
             "(RAG_MAX_QUESTION_CHARS)",
             limit=settings.max_question_chars,
         )
+
+
+def check_embedding_inputs(texts: Sequence[str], settings: Settings) -> None:
+    """413 for more inputs than the embedding server takes or a text over the message bound; 400 for bad text."""
+    if len(texts) > settings.embed_max_inputs:
+        raise TooManyInputs(
+            f"{len(texts):,} inputs; at most {settings.embed_max_inputs:,} per request (RAG_EMBED_MAX_INPUTS)",
+            limit=settings.embed_max_inputs,
+        )
+    for index, text in enumerate(texts):
+        if not text:
+            raise InvalidRequest(f"input {index} is empty; every input must be a non-empty string")
+        if len(text) > settings.max_message_chars:
+            raise LimitExceeded(
+                f"input {index} has {len(text):,} characters; at most {settings.max_message_chars:,} "
+                "(RAG_MAX_MESSAGE_CHARS)",
+                limit=settings.max_message_chars,
+            )
+        if _SURROGATE.search(text):
+            raise InvalidRequest(f"input {index} contains a lone UTF-16 surrogate (not valid Unicode text)")

@@ -108,3 +108,33 @@ class EmbeddingClient:
         if response.status_code == 200:
             return {"state": "ok", **{k: v for k, v in response.json().items() if k != "status"}}  # dimensions: an int
         return {"state": "loading" if response.status_code == 503 else "down", "reason": f"HTTP {response.status_code}"}
+
+    async def embed_with_usage(self, texts: list[str]) -> tuple[np.ndarray, dict[str, int]]:
+        """Like `embed` for a non-empty list, with the server's usage (`prompt_tokens`, `total_tokens`)."""
+        body = await self._post_embeddings(texts)
+        usage = body.get("usage") or {}
+        prompt = int(usage.get("prompt_tokens") or 0)
+        return _vectors(body, len(texts)), {"prompt_tokens": prompt, "total_tokens": prompt}
+
+    async def _post_embeddings(self, texts: list[str]) -> dict[str, Any]:
+        """The server's JSON answer for `texts` (base64 vectors), retried as the class says; typed errors."""
+        payload = {"model": self.model, "input": [_encodable(t) for t in texts], "encoding_format": "base64"}
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception(_retried),
+                stop=stop_after_attempt(self._retries + 1),
+                wait=wait_exponential_jitter(initial=0.5, max=8.0),
+                reraise=True,
+            ):
+                with attempt:
+                    response = await self._http.post("/v1/embeddings", json=payload)
+                    response.raise_for_status()
+        except httpx.TransportError as exc:
+            raise EmbedderUnavailable(f"embedding server at {self.base_url} is unreachable") from exc
+        except httpx.HTTPStatusError as exc:
+            if exc.response.status_code == 503:
+                raise EmbedderUnavailable("embedding server is not ready") from exc
+            raise UpstreamError(
+                f"embedding server answered {exc.response.status_code}", upstream=exc.response.text[:300]
+            ) from exc
+        return response.json()

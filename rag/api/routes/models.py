@@ -36,6 +36,14 @@ def check_chat_model(settings: Settings, name: str | None) -> str:
                         "(GET /v1/models lists the models).")
 
 
+def check_embedding_model(settings: Settings, name: str | None) -> str:
+    """The embedding model's name for an embeddings request; any other name is a 404 as OpenAI answers it."""
+    if name is None or name == settings.embed_model:
+        return settings.embed_model
+    raise ModelNotFound(f"The model '{name}' does not exist; this API serves '{settings.embed_model}' for "
+                        "embeddings (GET /v1/models lists the models).")
+
+
 @router.get("/models")
 async def list_models(services: ServicesDep) -> dict[str, Any]:
     return {"object": "list", "data": model_entries(services.settings, services.started)}

@@ -1,0 +1,67 @@
+"""`POST /v1/embeddings`: the embedding server's model behind the API's own base URL.
+
+OpenAI clients take one base URL (chat front-ends, langchain's `OpenAIEmbeddings`): `GET /v1/models` lists
+the embedding model, and this route serves it, forwarded through the embedding client. The request is
+bounded before it leaves the API (body bytes, number of inputs, characters of each); `model` must be the
+embedding model's name (or left out), another is a 404 in OpenAI's shape; `dimensions` is accepted only
+when it is the model's own, since the model cannot shorten its vectors. Token arrays as input are refused.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Literal
+
+import numpy as np
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from rag.api.deps import EmbedderDep, SettingsDep
+from rag.api.limits import check_embedding_inputs
+from rag.api.routes.models import check_embedding_model
+from rag.clients.embedding import EmbeddingClient
+from rag.core.errors import EmbedderUnavailable, InvalidRequest
+
+router = APIRouter()
+
+
+class EmbeddingsRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # `user` and other OpenAI fields are accepted and ignored
+    input: str | list[str]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+
+
+async def check_dimensions(embedder: EmbeddingClient, dimensions: int | None) -> None:
+    """400 unless `dimensions` is absent or the model's own (asked of the embedding server's /health)."""
+    if dimensions is None:
+        return
+    health = await embedder.health()
+    if health["state"] != "ok":
+        raise EmbedderUnavailable(f"embedding server is {health['state']}: {health.get('reason', '')}".rstrip(": "))
+    if dimensions != health.get("dimensions"):
+        raise InvalidRequest(
+            f"dimensions={dimensions} is not supported: the model gives {health.get('dimensions')}-dimensional "
+            "vectors (leave `dimensions` out, or send the model's own)", param="dimensions"
+        )
+
+
+def _encoded(vector: np.ndarray, encoding_format: str) -> list[float] | str:
+    if encoding_format == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return vector.tolist()
+
+
+@router.post("/embeddings")
+async def create_embeddings(body: EmbeddingsRequest, settings: SettingsDep, embedder: EmbedderDep) -> dict[str, Any]:
+    model = check_embedding_model(settings, body.model)
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    if not texts:
+        raise InvalidRequest("input must be a non-empty string or a list of non-empty strings")
+    check_embedding_inputs(texts, settings)
+    await check_dimensions(embedder, body.dimensions)
+    vectors, usage = await embedder.embed_with_usage(texts)
+    data = [{"object": "embedding", "index": i, "embedding": _encoded(v, body.encoding_format)}
+            for i, v in enumerate(vectors)]
+    return {"object": "list", "data": data, "model": model, "usage": usage}
