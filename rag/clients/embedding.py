@@ -76,26 +76,7 @@ class EmbeddingClient:
         """One row per text, in order (float32)."""
         if not texts:
             return np.zeros((0, 0), dtype=np.float32)
-        payload = {"model": self.model, "input": [_encodable(t) for t in texts], "encoding_format": "base64"}
-        try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception(_retried),
-                stop=stop_after_attempt(self._retries + 1),
-                wait=wait_exponential_jitter(initial=0.5, max=8.0),
-                reraise=True,
-            ):
-                with attempt:
-                    response = await self._http.post("/v1/embeddings", json=payload)
-                    response.raise_for_status()
-        except httpx.TransportError as exc:
-            raise EmbedderUnavailable(f"embedding server at {self.base_url} is unreachable") from exc
-        except httpx.HTTPStatusError as exc:
-            if exc.response.status_code == 503:
-                raise EmbedderUnavailable("embedding server is not ready") from exc
-            raise UpstreamError(
-                f"embedding server answered {exc.response.status_code}", upstream=exc.response.text[:300]
-            ) from exc
-        return _vectors(response.json(), len(texts))
+        return _vectors(await self._post_embeddings(texts), len(texts))
 
     async def embed_one(self, text: str) -> np.ndarray:
         return (await self.embed([text]))[0]
