@@ -104,7 +104,7 @@ class MicroBatcher:
 
 
 SHORT_REQUEST = 4  # texts; a request of at most this many is one forward pass on one worker
-CPU_FORWARD_BATCH = 8  # texts per forward pass on CPU (bench/embedder_batch.py: 8 is 1.15x the speed of 32)
+CPU_FORWARD_BATCH = 8  # texts per forward pass on CPU (bench/embedder_batch.py: 8 is 1.08x the speed of 32)
 
 
 def forward_batch(settings: Settings, device: str) -> int:
@@ -120,8 +120,8 @@ class SentenceEmbedder:
     On CPU a batch runs as forward passes of `batch_size` texts of similar length, spread over
     `threads` workers of one torch thread each, not as one team of `threads` threads per pass.
     Measured on 2 cores (bench/embedder_batch.py, requests of 32 chunks): as fast on idle cores, and
-    beside a process that takes a quarter of a core the team loses 17% (its threads wait for the
-    descheduled one at every step) and the workers 9%. That other process is usually our own ingest,
+    beside a process that takes a quarter of a core the team loses 14% (its threads wait for the
+    descheduled one at every step) and the workers 8%. That other process is usually our own ingest,
     loading and storing beside the encode.
     """
 
