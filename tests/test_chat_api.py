@@ -52,8 +52,13 @@ def test_non_stream_returns_the_same_as_one_document(api: str):
     response = httpx.post(f"{api}/v1/chat", json=ask("How tall is the Eiffel Tower?", stream=False), timeout=300)
     assert response.status_code == 200, response.text
     body = response.json()
-    assert set(body) == {"answer", "sources", "budget", "citations", "done"}
+    assert set(body) == {"answer", "sources", "search", "budget", "citations", "done"}
     assert body["answer"] and body["sources"][0]["id"] == "S1"
+    assert body["search"] == {"query": "How tall is the Eiffel Tower?", "rewrite": "off"}
+    history = [{"role": "user", "content": "How tall is the Eiffel Tower?"}, {"role": "assistant", "content": body["answer"]}]
+    follow_up = {**ask("When was it completed?", stream=False), "messages": [*history, {"role": "user", "content": "When was it completed?"}]}
+    searched = httpx.post(f"{api}/v1/chat", json=follow_up, timeout=300).json()["search"]
+    assert searched["rewrite"] == "rule" and "Eiffel Tower" in searched["query"]
     assert body["done"]["usage"]["completion_tokens"] <= 12
     assert body["citations"]["invalid"] == [] or body["done"]["invalid_citations"] == len(body["citations"]["invalid"])
 

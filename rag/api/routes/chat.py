@@ -77,6 +77,7 @@ async def collect(answer: Answer) -> dict[str, Any]:
             parts.append(event.data["text"])
         elif event.name == "sources":
             result["sources"] = event.data["sources"]
+            result["search"] = {k: v for k, v in event.data.items() if k != "sources"}  # the query searched
         elif event.name == "citations":
             result["citations"] = event.data
         else:
