@@ -12,9 +12,10 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.middleware.body_limit import MAX_BODY_SIZE_SCOPE_KEY
 
-from rag.core.errors import FileTooLarge, RagError
+from rag.core.errors import FileTooLarge, InvalidRequest, RagError
 
 log = logging.getLogger("rag.api")
+MAX_PROBLEMS = 10  # validation problems listed in one error message
 
 
 def error_body(exc: Exception) -> dict[str, Any]:
@@ -44,7 +45,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        errors = exc.errors()
+        # The first few problems only: a body of a million wrong items must not come back a million times.
+        problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors[:MAX_PROBLEMS]]
+        if len(errors) > MAX_PROBLEMS:
+            problems.append(f"and {len(errors) - MAX_PROBLEMS:,} more")
         body = {"error": {"code": "invalid_request", "message": "; ".join(problems)}}
         return JSONResponse(body, status_code=400)
 
@@ -54,6 +59,8 @@ def install_error_handlers(app: FastAPI) -> None:
             limit = request.scope.get(MAX_BODY_SIZE_SCOPE_KEY)
             shown = f"the limit of {limit:,} bytes" if isinstance(limit, int) else "its limit"
             return error_response(FileTooLarge(f"the request body is over {shown} (RAG_MAX_REQUEST_BYTES)", limit=limit))
+        if exc.status_code == 400:  # FastAPI's body parser: not UTF-8, or JSON nested too deeply for Python
+            return error_response(InvalidRequest(f"the request body could not be parsed as JSON: {exc.detail}"))
         return await http_exception_handler(request, exc)
 
     @app.exception_handler(Exception)

@@ -10,7 +10,7 @@ when it is the model's own, since the model cannot shorten its vectors. Token ar
 from __future__ import annotations
 
 import base64
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from fastapi import APIRouter
@@ -27,7 +27,9 @@ router = APIRouter()
 
 class EmbeddingsRequest(BaseModel):
     model_config = ConfigDict(extra="allow")  # `user` and other OpenAI fields are accepted and ignored
-    input: str | list[str]
+    # fail_fast: a list of a million numbers stops at the first, instead of one validation error per item
+    # (seconds of the event loop and a 60 MB error body for a 2 MB request).
+    input: str | Annotated[list[str], Field(fail_fast=True)]
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1)

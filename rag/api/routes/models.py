@@ -28,11 +28,17 @@ def model_entries(settings: Settings, created: int) -> list[dict[str, Any]]:
     ]
 
 
+def shown(name: str) -> str:
+    """A client's model name as an error message quotes it: escaped (a lone surrogate cannot be encoded as
+    UTF-8 in the response) and cut to 100 characters (a 1 MB name is not echoed back)."""
+    return repr(name[:100] + ("..." if len(name) > 100 else ""))
+
+
 def check_chat_model(settings: Settings, name: str | None) -> str:
     """The generator's name for a chat request; any other name is a 404 as OpenAI answers it."""
     if name is None or name == settings.llm_model:
         return settings.llm_model
-    raise ModelNotFound(f"The model '{name}' does not exist; this API serves '{settings.llm_model}' for chat "
+    raise ModelNotFound(f"The model {shown(name)} does not exist; this API serves '{settings.llm_model}' for chat "
                         "(GET /v1/models lists the models).")
 
 
@@ -40,7 +46,7 @@ def check_embedding_model(settings: Settings, name: str | None) -> str:
     """The embedding model's name for an embeddings request; any other name is a 404 as OpenAI answers it."""
     if name is None or name == settings.embed_model:
         return settings.embed_model
-    raise ModelNotFound(f"The model '{name}' does not exist; this API serves '{settings.embed_model}' for "
+    raise ModelNotFound(f"The model {shown(name)} does not exist; this API serves '{settings.embed_model}' for "
                         "embeddings (GET /v1/models lists the models).")
 
 
@@ -54,4 +60,4 @@ async def get_model(model_id: str, services: ServicesDep) -> dict[str, Any]:
     for entry in model_entries(services.settings, services.started):
         if entry["id"] == model_id:
             return entry
-    raise ModelNotFound(f"The model '{model_id}' does not exist.")
+    raise ModelNotFound(f"The model {shown(model_id)} does not exist.")
