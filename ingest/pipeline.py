@@ -169,6 +169,24 @@ class KeyedLocks:
 _FLUSH = object()  # the consumer's idle tick: embed a partial batch instead of waiting for more
 
 
+class _Turns:
+    """Files opened at once take their document's lock in file order: the first of two copies of a file
+    is the one indexed, the second is `unchanged`, whichever was read first."""
+
+    def __init__(self) -> None:
+        self._next = 0
+        self._changed = asyncio.Condition()
+
+    async def take(self, slot: int) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._next == slot)
+
+    async def pass_on(self, slot: int) -> None:
+        async with self._changed:
+            self._next = slot + 1
+            self._changed.notify_all()
+
+
 class _Pool:
     """Chunks waiting to be embedded, each with the number of batches taken before it arrived."""
 
@@ -383,6 +401,7 @@ class _Run:
         # batch beside those in flight, whatever the corpus size.
         self.queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=4)
         self._limit = asyncio.Semaphore(pipeline._inflight)
+        self._turns = _Turns()
         self._writes: set[asyncio.Future[Any]] = set()
 
     async def _io(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -421,15 +440,18 @@ class _Run:
         """Read, hash, claim, load and chunk one file; None when it needs no embedding (done or failed)."""
         try:
             data, doc_id = await asyncio.to_thread(_read_limited, file.path, self.p.settings.max_upload_bytes)
-        except OSError as exc:
-            rejected = DocumentRejected(f"cannot read {file.name}: {exc.strerror or exc}")
-            self._finish(slot, FileResult(file.name, file.source, None, "failed", rejected.message, error=rejected))
-            return None
-        except RagError as exc:
-            self._finish(slot, FileResult(file.name, file.source, None, "failed", exc.message, error=exc))
+        except (OSError, RagError) as exc:
+            error = exc if isinstance(exc, RagError) else DocumentRejected(f"cannot read {file.name}: {exc.strerror or exc}")
+            await self._turns.take(slot)
+            await self._turns.pass_on(slot)
+            self._finish(slot, FileResult(file.name, file.source, None, "failed", error.message, error=error))
             return None
         doc = _Doc(slot, file, doc_id)
-        await self.p.locks.acquire(self._key(doc))
+        await self._turns.take(slot)
+        try:
+            await self.p.locks.acquire(self._key(doc))
+        finally:
+            await self._turns.pass_on(slot)
         # From here on `cleanup` knows the document; it undoes only what this process claimed.
         self.claimed[doc.doc_id] = doc
         claim, before = await self._io(

@@ -103,7 +103,7 @@ def serve_embeddings(host: str | None, port: int | None) -> None:
 
     import uvicorn
 
-    from rag.servers.embedding import create_embedding_app
+    from rag.servers.embedding import SHUTDOWN_GRACE_S, create_embedding_app
 
     settings = load_settings()
     url = urlparse(settings.embed_url)
@@ -112,6 +112,7 @@ def serve_embeddings(host: str | None, port: int | None) -> None:
         host=host or url.hostname or "127.0.0.1",
         port=port or settings.embed_port,
         log_level="warning",
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
     )
 
 

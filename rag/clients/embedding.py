@@ -29,6 +29,8 @@ def _encodable(text: str) -> str:
 
 
 def _retried(exc: BaseException) -> bool:
+    if isinstance(exc, httpx.ReadTimeout):  # the server is still at work on it: a second copy doubles the work
+        return False
     if isinstance(exc, httpx.TransportError):
         return True
     return isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in RETRIED_STATUSES
@@ -110,6 +112,8 @@ class EmbeddingClient:
                 with attempt:
                     response = await self._http.post("/v1/embeddings", json=payload)
                     response.raise_for_status()
+        except httpx.ReadTimeout as exc:
+            raise EmbedderUnavailable(f"embedding server at {self.base_url} did not answer in time (it is busy)") from exc
         except httpx.TransportError as exc:
             raise EmbedderUnavailable(f"embedding server at {self.base_url} is unreachable") from exc
         except httpx.HTTPStatusError as exc:

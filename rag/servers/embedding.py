@@ -1,7 +1,10 @@
 """The embedding server: the OpenAI embeddings API over a sentence-transformers model.
 
-Concurrent requests are micro-batched into one `encode` call (bounded batch size and wait). Nothing here
-is specific to one model: the embedded default serves all-MiniLM-L6-v2, the GPU deployment bge-m3.
+Concurrent requests are micro-batched into one `encode` call (bounded batch size and wait), in two
+lanes: queries (requests of at most SHORT_REQUEST texts) never wait behind an ingest's batches. Work
+whose client has gone away is dropped: a request is cancelled when its client disconnects, and a batch
+nobody waits for any more runs none of its remaining forward passes. Nothing here is specific to one
+model: the embedded default serves all-MiniLM-L6-v2, the GPU deployment bge-m3.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -17,6 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
@@ -30,6 +35,16 @@ class EmbeddingRequest(BaseModel):
     dimensions: int | None = None
 
 
+SHUTDOWN_GRACE_S = 3.0  # at a stop, requests in flight get this long; then their work is dropped
+DISCONNECT_POLL_S = 0.5  # how often a waiting request checks that its client is still there
+
+Encode = Callable[[list[str], threading.Event], np.ndarray]  # texts, "nobody waits any more" -> vectors
+
+
+class Abandoned(Exception):
+    """An encode stopped because every caller of its batch went away."""
+
+
 @dataclass
 class _Pending:
     texts: list[str]
@@ -37,16 +52,21 @@ class _Pending:
 
 
 class MicroBatcher:
-    """Collects texts from concurrent callers into batches of at most `max_batch` for one encode call."""
+    """Collects texts from concurrent callers into batches of at most `max_batch` for one encode call.
 
-    def __init__(self, encode: Callable[[list[str]], np.ndarray], *, max_batch: int, max_wait_s: float) -> None:
+    The encode gets an event that is set once every caller of its batch has gone (cancelled): it
+    should stop at the next forward pass.
+    """
+
+    def __init__(self, encode: Encode, *, max_batch: int, max_wait_s: float, name: str = "encode") -> None:
         self._encode = encode
         self._max_batch = max_batch
         self._max_wait_s = max_wait_s
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         # One thread runs the model: batches never compete with each other for the cores.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._worker: asyncio.Task[None] | None = None
+        self._current: threading.Event | None = None  # the running batch's "abandoned" event
 
     def start(self) -> None:
         self._worker = asyncio.get_running_loop().create_task(self._run())
@@ -54,6 +74,10 @@ class MicroBatcher:
     async def stop(self) -> None:
         if self._worker:
             self._worker.cancel()
+        if self._current is not None:
+            self._current.set()
+        while not self._queue.empty():
+            self._queue.get_nowait().future.cancel()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def submit(self, texts: list[str]) -> np.ndarray:
@@ -89,8 +113,15 @@ class MicroBatcher:
             if not batch:
                 continue
             texts = [t for p in batch for t in p.texts]
+            abandoned = self._current = threading.Event()
+            for p in batch:
+                p.future.add_done_callback(lambda _, b=batch, e=abandoned: _abandon_if_all_cancelled(b, e))
             try:
-                vectors = await loop.run_in_executor(self._executor, self._encode, texts)
+                vectors = await loop.run_in_executor(self._executor, self._encode, texts, abandoned)
+            except Abandoned:  # every caller went away (or the server stops): nobody reads a result
+                for p in batch:
+                    p.future.cancel()
+                continue
             except Exception as exc:  # the model failed: every waiter gets the error, the worker goes on
                 for p in batch:
                     if not p.future.done():
@@ -103,7 +134,12 @@ class MicroBatcher:
                 start += len(p.texts)
 
 
-SHORT_REQUEST = 4  # texts; a request of at most this many is one forward pass on one worker
+def _abandon_if_all_cancelled(batch: list[_Pending], abandoned: threading.Event) -> None:
+    if all(p.future.cancelled() for p in batch):
+        abandoned.set()
+
+
+SHORT_REQUEST = 4  # texts; a request of at most this many is a query: its own lane, passes on one thread
 CPU_FORWARD_BATCH = 8  # texts per forward pass on CPU (bench/embedder_batch.py: 8 is 1.08x the speed of 32)
 
 
@@ -155,17 +191,34 @@ class SentenceEmbedder:
         # The first encode sets the tokenizer's truncation and padding; the workers then only read them.
         self._forward(["warm up"])
 
-    def encode(self, texts: list[str]) -> np.ndarray:
+    def encode(self, texts: list[str], abandoned: threading.Event | None = None) -> np.ndarray:
+        """Normalized vectors, in order: passes spread over the workers (on one thread without them)."""
         if self._pool is None or len(texts) <= SHORT_REQUEST:
-            return self._forward(texts)
+            return self.encode_here(texts, abandoned)
         # Longest first: the workers take passes as they free up, so the short ones even out the end.
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
         groups = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
-        parts = self._pool.map(self._forward, [[texts[i] for i in group] for group in groups])
+
+        def run(group: list[int]) -> np.ndarray:
+            if abandoned is not None and abandoned.is_set():
+                raise Abandoned
+            return self._forward([texts[i] for i in group])
+
         vectors = np.empty((len(texts), self.dimensions), dtype=np.float32)
-        for group, part in zip(groups, parts):
+        for group, part in zip(groups, self._pool.map(run, groups)):
             vectors[group] = part
         return vectors
+
+    def encode_here(self, texts: list[str], abandoned: threading.Event | None = None) -> np.ndarray:
+        """Like `encode`, every pass on the calling thread: the query lane, beside the workers."""
+        if abandoned is not None and abandoned.is_set():
+            raise Abandoned
+        return self._forward(texts)
+
+    def close(self) -> None:
+        """Drop the passes not started; a running one finishes."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _forward(self, texts: list[str]) -> np.ndarray:
         vectors = self.model.encode(
@@ -192,6 +245,26 @@ def _encode_vector(vector: np.ndarray, fmt: str) -> list[float] | str:
     return vector.tolist()
 
 
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+async def _unless_gone(request: Request, work: Any) -> np.ndarray:
+    """The result of `work`; cancelled (and an HTTP 499 for nobody) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            raise HTTPException(499, "the client closed the connection")
+
+
 def create_embedding_app(settings: Settings, embedder: SentenceEmbedder | None = None) -> FastAPI:
     """The embedding server's app; the model loads at start-up unless one is given."""
     state: dict[str, Any] = {}
@@ -210,11 +283,16 @@ def create_embedding_app(settings: Settings, embedder: SentenceEmbedder | None =
                 batch_size=forward_batch(settings, device),
                 threads=settings.embed_threads,
             )
-        batcher = MicroBatcher(model.encode, max_batch=settings.embed_max_batch, max_wait_s=settings.embed_max_wait_ms / 1000)
-        batcher.start()
-        state.update(model=model, batcher=batcher)
+        wait_s = settings.embed_max_wait_ms / 1000
+        bulk = MicroBatcher(model.encode, max_batch=settings.embed_max_batch, max_wait_s=wait_s, name="bulk")
+        queries = MicroBatcher(model.encode_here, max_batch=settings.embed_max_batch, max_wait_s=wait_s, name="queries")
+        bulk.start()
+        queries.start()
+        state.update(model=model, bulk=bulk, queries=queries)
         yield
-        await batcher.stop()
+        await bulk.stop()
+        await queries.stop()
+        model.close()
 
     app = FastAPI(title="rag embedding server", lifespan=lifespan)
 
@@ -225,6 +303,14 @@ def create_embedding_app(settings: Settings, embedder: SentenceEmbedder | None =
             status_code=exc.status_code,
             content={"error": {"message": exc.detail, "type": "invalid_request_error", "code": exc.status_code}},
         )
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in e.get('loc', ())[1:]) or 'body'}: {e.get('msg', 'invalid')}"
+            for e in exc.errors()[:5]
+        )
+        return await _error(request, HTTPException(400, f"invalid request: {problems}"))
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -244,7 +330,7 @@ def create_embedding_app(settings: Settings, embedder: SentenceEmbedder | None =
         return {"object": "list", "data": [entry]}
 
     @app.post("/v1/embeddings")
-    async def embeddings(body: EmbeddingRequest) -> dict[str, Any]:
+    async def embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any]:
         texts = [body.input] if isinstance(body.input, str) else list(body.input)
         if not texts or any(t == "" for t in texts):
             raise HTTPException(400, "input must be a non-empty string or a list of non-empty strings")
@@ -252,11 +338,14 @@ def create_embedding_app(settings: Settings, embedder: SentenceEmbedder | None =
             raise HTTPException(
                 413, f"{len(texts)} inputs in one request; the limit is {settings.embed_max_inputs} (RAG_EMBED_MAX_INPUTS)"
             )
+        broken = next((i for i, t in enumerate(texts) if not _encodable(t)), None)
+        if broken is not None:
+            raise HTTPException(400, f"input {broken} is not valid Unicode (it holds a lone UTF-16 surrogate)")
         model: SentenceEmbedder = state["model"]
         # A query's count is cheaper than the hop to a thread (the event loop waits ~0.1 ms for it).
         short = len(texts) <= SHORT_REQUEST
         counts = model.token_counts(texts) if short else await asyncio.to_thread(model.token_counts, texts)
-        vectors = await state["batcher"].submit(texts)
+        vectors = await _unless_gone(request, state["queries" if short else "bulk"].submit(texts))
         used = [min(c, model.max_seq_length) for c in counts]
         truncated = sum(c > model.max_seq_length for c in counts)
         data = [
