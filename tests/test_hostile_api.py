@@ -46,6 +46,14 @@ def _body(messages: list[dict[str, str]]) -> bytes:
 
 
 @pytest.mark.parametrize("path", CHAT_ROUTES)
+def test_a_million_wrong_messages_give_one_short_error(api: str, path: str):
+    # 2 MB of `[1,1,1,...]` cost seconds of validation on the event loop, one problem per item.
+    body = b'{"messages":[' + b",".join([b"1"] * 400_000) + b"]}"
+    response = _post(api, path, body)
+    assert response.status_code == 400 and len(response.content) < 5_000, response.content[:300]
+
+
+@pytest.mark.parametrize("path", CHAT_ROUTES)
 def test_a_40_mb_question_is_refused_while_it_streams(api: str, path: str):
     total = 40 << 20
 

@@ -45,7 +45,7 @@ class ChatMessage(BaseModel):
 
 
 class ChatRequest(BaseModel):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, fail_fast=True)  # a million wrong items stop at the first
     collection: str | None = None
     top_k: int | None = Field(default=None, ge=1, le=100)
     max_tokens: int | None = Field(default=None, ge=1, le=32768)

@@ -48,7 +48,7 @@ class StreamOptions(BaseModel):
 class CompletionRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str | None = None
-    messages: list[OpenAIMessage] = Field(min_length=1)
+    messages: list[OpenAIMessage] = Field(min_length=1, fail_fast=True)  # a million wrong items stop at the first
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1, le=32768)
