@@ -60,6 +60,13 @@ def test_the_listed_embedding_model_embeds_like_the_embedding_server(api: str, e
     assert got.shape == (3, 384)
     assert cosines(got, direct(embedding_server, TEXTS)).min() > 0.999
     assert response.usage.prompt_tokens == response.usage.total_tokens > 0
+    assert response.usage.model_extra["truncated_inputs"] == 0
+
+
+def test_an_input_longer_than_the_model_reads_is_counted_as_truncated(api: str, ingest_settings: Settings):
+    long = "lighthouse keeper " * 400  # ~800 tokens; MiniLM reads 256
+    usage = client(api).embeddings.create(model=ingest_settings.embed_model, input=[long, "short"]).usage
+    assert usage.model_extra["truncated_inputs"] == 1 and usage.prompt_tokens <= 256 + 3
 
 
 def test_float_and_base64_give_the_same_vectors(api: str, ingest_settings: Settings):

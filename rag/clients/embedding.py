@@ -93,11 +93,13 @@ class EmbeddingClient:
         return {"state": "loading" if response.status_code == 503 else "down", "reason": f"HTTP {response.status_code}"}
 
     async def embed_with_usage(self, texts: list[str]) -> tuple[np.ndarray, dict[str, int]]:
-        """Like `embed` for a non-empty list, with the server's usage (`prompt_tokens`, `total_tokens`)."""
+        """Like `embed` for a non-empty list, with the server's usage (`prompt_tokens`, `total_tokens`,
+        and `truncated_inputs`: the inputs longer than the model reads, embedded from their start)."""
         body = await self._post_embeddings(texts)
         usage = body.get("usage") or {}
         prompt = int(usage.get("prompt_tokens") or 0)
-        return _vectors(body, len(texts)), {"prompt_tokens": prompt, "total_tokens": prompt}
+        truncated = int(usage.get("truncated_inputs") or 0)
+        return _vectors(body, len(texts)), {"prompt_tokens": prompt, "total_tokens": prompt, "truncated_inputs": truncated}
 
     async def _post_embeddings(self, texts: list[str]) -> dict[str, Any]:
         """The server's JSON answer for `texts` (base64 vectors), retried as the class says; typed errors."""
