@@ -63,7 +63,7 @@ class MicroBatcher:
         self._max_batch = max_batch
         self._max_wait_s = max_wait_s
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
-        # One thread runs the model: batches never compete with each other for the cores.
+        # One thread per lane runs its batches: within a lane, batches never compete for the cores.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._worker: asyncio.Task[None] | None = None
         self._current: threading.Event | None = None  # the running batch's "abandoned" event
