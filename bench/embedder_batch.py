@@ -58,7 +58,7 @@ def main() -> None:
     from sentence_transformers import SentenceTransformer
 
     from rag.core.config import Settings
-    from rag.servers.embedding import SentenceEmbedder, forward_batch, resolve_embedder_path
+    from rag.servers.embedding import SentenceEmbedder, resolve_embedder_path
 
     with tempfile.TemporaryDirectory() as tmp:
         write_corpus(Path(tmp) / "corpus", args.paragraphs, 0, 0)
@@ -66,8 +66,8 @@ def main() -> None:
     path = resolve_embedder_path(Settings())
     cores = os.cpu_count() or 1
     model = SentenceTransformer(path, device="cpu")
-    forward = forward_batch(Settings(), "cpu")
-    served = SentenceEmbedder(path, device="cpu", batch_size=forward)
+    served = SentenceEmbedder.from_settings(Settings(), device="cpu")
+    forward = served.batch_size
     print(f"{len(texts)} chunks of {args.paragraphs} SQuAD paragraphs; {cores} cores; all-in-one-call encodes sort all texts")
 
     print("\nforward batch (SentenceTransformer.encode, torch on every core), texts/s per round:")

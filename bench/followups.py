@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench._provenance import header, write_json
-from bench.relevance_floor import _AllIndexed, _Embedder, _h, read
+from bench.relevance_floor import _AllIndexed, _Embedder, _h, index_chunks, read
 from bench.retrieval_quality import EmbeddingCache, make_splitter, sentence_encoder
 from rag.answering.followup import generator_rewrite, rule_rewrite
 from rag.answering.retrieval import Retriever
@@ -114,13 +114,7 @@ async def run(args: argparse.Namespace) -> dict:
         settings = Settings(data_dir=Path(tmp))
         store = ChunkStore.open(settings)
         lexical = LexicalIndex(Path(tmp) / "lexical.sqlite")
-        ids = list(chunks)
-        vectors = cache.embed([chunks[i][1] for i in ids])
-        for start in range(0, len(ids), 1000):
-            part = ids[start:start + 1000]
-            store.upsert(COLLECTION, part, vectors[start:start + 1000].tolist(), [chunks[i][1] for i in part],
-                         [{"doc_id": chunks[i][0]} for i in part])
-        lexical.add(COLLECTION, [(i, chunks[i][0], chunks[i][1]) for i in ids])
+        index_chunks(store, lexical, COLLECTION, chunks, cache)
         retriever = Retriever(_Embedder(cache), store, lexical, _AllIndexed(), settings)
         ranks: dict[str, list[int | None]] = {"original": [], "followup": [], "rule": [], "generator": []}
         ms: dict[str, list[float]] = {"rule": [], "generator": []}

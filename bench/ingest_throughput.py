@@ -239,12 +239,11 @@ def references(model_path: str) -> list[Reference]:
     from sentence_transformers import SentenceTransformer
 
     from rag.core.config import Settings
-    from rag.servers.embedding import SentenceEmbedder, forward_batch
+    from rag.servers.embedding import SentenceEmbedder
 
-    settings = Settings()
-    forward = forward_batch(settings, "cpu")
+    served = SentenceEmbedder.from_settings(Settings(), device="cpu")
+    forward = served.batch_size
     cores = os.cpu_count() or 1
-    served = SentenceEmbedder(model_path, device="cpu", batch_size=forward, threads=settings.embed_threads)
     model = SentenceTransformer(model_path, device="cpu")
     torch.set_num_threads(cores)
     model.encode(["warm up"] * BATCH, batch_size=BATCH)

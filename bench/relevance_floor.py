@@ -40,7 +40,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
+from typing import Any
 
 from bench._provenance import header, write_json
 from bench.retrieval_quality import DATA, DATASETS, EmbeddingCache, make_splitter, sentence_encoder
@@ -140,6 +140,17 @@ class _AllIndexed:
         return set(doc_ids)
 
 
+
+def index_chunks(store: Any, lexical: Any, collection: str, held: dict[str, tuple[str, str]], cache: Any) -> None:
+    """Write `held` (chunk id -> (doc id, text)) into Chroma and the BM25 index with cached vectors."""
+    ids = list(held)
+    vectors = cache.embed([held[i][1] for i in ids])
+    for start in range(0, len(ids), 1000):
+        part = ids[start:start + 1000]
+        store.upsert(collection, part, vectors[start:start + 1000].tolist(), [held[i][1] for i in part],
+                     [{"doc_id": held[i][0]} for i in part])
+    lexical.add(collection, [(i, held[i][0], held[i][1]) for i in ids])
+
 async def measure(chunks: dict[str, dict[str, tuple[str, str]]], asked: dict[str, list[Asked]],
                   cache: EmbeddingCache, workdir: Path, k: int) -> list[dict]:
     """Per question: its kind, the scores, and the rank of its first answer-bearing chunk."""
@@ -149,13 +160,7 @@ async def measure(chunks: dict[str, dict[str, tuple[str, str]]], asked: dict[str
     retriever = Retriever(_Embedder(cache), store, lexical, _AllIndexed(), settings)
     rows = []
     for collection, held in chunks.items():
-        ids = list(held)
-        vectors = cache.embed([held[i][1] for i in ids])
-        for start in range(0, len(ids), 1000):
-            part = ids[start:start + 1000]
-            store.upsert(collection, part, vectors[start:start + 1000].tolist(), [held[i][1] for i in part],
-                         [{"doc_id": held[i][0]} for i in part])
-        lexical.add(collection, [(i, held[i][0], held[i][1]) for i in ids])
+        index_chunks(store, lexical, collection, held, cache)
         cache.embed([q.text for q in asked[collection]])
         for q in asked[collection]:
             hits = await retriever.search(q.text, collection=collection, k=k)

@@ -57,15 +57,7 @@ def check_messages(messages: Sequence[dict[str, str]], settings: Settings) -> No
             limit=settings.max_messages,
         )
     for index, message in enumerate(messages):
-        content = message["content"]
-        if len(content) > settings.max_message_chars:
-            raise LimitExceeded(
-                f"message {index} has {len(content):,} characters; at most {settings.max_message_chars:,} "
-                "(RAG_MAX_MESSAGE_CHARS)",
-                limit=settings.max_message_chars,
-            )
-        if _SURROGATE.search(content):
-            raise InvalidRequest(f"message {index} contains a lone UTF-16 surrogate (not valid Unicode text)")
+        _check_text(f"message {index}", message["content"], settings)
     question = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
     if len(question) > settings.max_question_chars:
         raise LimitExceeded(
@@ -85,11 +77,15 @@ def check_embedding_inputs(texts: Sequence[str], settings: Settings) -> None:
     for index, text in enumerate(texts):
         if not text:
             raise InvalidRequest(f"input {index} is empty; every input must be a non-empty string")
-        if len(text) > settings.max_message_chars:
-            raise LimitExceeded(
-                f"input {index} has {len(text):,} characters; at most {settings.max_message_chars:,} "
-                "(RAG_MAX_MESSAGE_CHARS)",
-                limit=settings.max_message_chars,
-            )
-        if _SURROGATE.search(text):
-            raise InvalidRequest(f"input {index} contains a lone UTF-16 surrogate (not valid Unicode text)")
+        _check_text(f"input {index}", text, settings)
+
+
+def _check_text(name: str, text: str, settings: Settings) -> None:
+    """413 for a text over RAG_MAX_MESSAGE_CHARS, 400 for one with a lone surrogate; `name` says which."""
+    if len(text) > settings.max_message_chars:
+        raise LimitExceeded(
+            f"{name} has {len(text):,} characters; at most {settings.max_message_chars:,} (RAG_MAX_MESSAGE_CHARS)",
+            limit=settings.max_message_chars,
+        )
+    if _SURROGATE.search(text):
+        raise InvalidRequest(f"{name} contains a lone UTF-16 surrogate (not valid Unicode text)")

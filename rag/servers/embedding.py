@@ -161,14 +161,11 @@ class SentenceEmbedder:
     loading and storing beside the encode.
     """
 
-    def __init__(
-        self, model_path: str, *, device: str | None = None, batch_size: int | None = None, threads: int | None = None
-    ) -> None:
+    def __init__(self, model_path: str, *, device: str, batch_size: int, threads: int | None = None) -> None:
         import torch
         from sentence_transformers import SentenceTransformer
         from tokenizers import Tokenizer
 
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.threads = threads or os.cpu_count() or 1
         self.model = SentenceTransformer(model_path, device=device, local_files_only=True)
         self.device = device
@@ -176,7 +173,7 @@ class SentenceEmbedder:
         if on_cuda:
             self.model.half()
         # Texts per forward pass: encode sorts its texts by length, then runs passes of this many.
-        self.batch_size = batch_size or (64 if on_cuda else CPU_FORWARD_BATCH)
+        self.batch_size = batch_size
         self.workers = 1 if on_cuda else self.threads
         torch.set_num_threads(self.threads if on_cuda else 1)
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="forward") if self.workers > 1 else None
@@ -190,6 +187,15 @@ class SentenceEmbedder:
         self._counter.no_padding()
         # The first encode sets the tokenizer's truncation and padding; the workers then only read them.
         self._forward(["warm up"])
+
+    @classmethod
+    def from_settings(cls, settings: Settings, device: str | None = None) -> "SentenceEmbedder":
+        """The configured model on `device`, else RAG_EMBED_DEVICE, else CUDA when there is one."""
+        import torch
+
+        device = device or settings.embed_device or ("cuda" if torch.cuda.is_available() else "cpu")
+        return cls(resolve_embedder_path(settings), device=device, batch_size=forward_batch(settings, device),
+                   threads=settings.embed_threads)
 
     def encode(self, texts: list[str], abandoned: threading.Event | None = None) -> np.ndarray:
         """Normalized vectors, in order: passes spread over the workers (on one thread without them)."""
@@ -271,18 +277,7 @@ def create_embedding_app(settings: Settings, embedder: SentenceEmbedder | None =
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        if embedder is not None:
-            model = embedder
-        else:
-            import torch
-
-            device = settings.embed_device or ("cuda" if torch.cuda.is_available() else "cpu")
-            model = SentenceEmbedder(
-                resolve_embedder_path(settings),
-                device=device,
-                batch_size=forward_batch(settings, device),
-                threads=settings.embed_threads,
-            )
+        model = embedder or SentenceEmbedder.from_settings(settings)
         wait_s = settings.embed_max_wait_ms / 1000
         bulk = MicroBatcher(model.encode, max_batch=settings.embed_max_batch, max_wait_s=wait_s, name="bulk")
         queries = MicroBatcher(model.encode_here, max_batch=settings.embed_max_batch, max_wait_s=wait_s, name="queries")
