@@ -251,7 +251,7 @@ def _encode_vector(vector: np.ndarray, fmt: str) -> list[float] | str:
     return vector.tolist()
 
 
-def _encodable(text: str) -> bool:
+def _valid_unicode(text: str) -> bool:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -333,7 +333,7 @@ def create_embedding_app(settings: Settings, embedder: SentenceEmbedder | None =
             raise HTTPException(
                 413, f"{len(texts)} inputs in one request; the limit is {settings.embed_max_inputs} (RAG_EMBED_MAX_INPUTS)"
             )
-        broken = next((i for i, t in enumerate(texts) if not _encodable(t)), None)
+        broken = next((i for i, t in enumerate(texts) if not _valid_unicode(t)), None)
         if broken is not None:
             raise HTTPException(400, f"input {broken} is not valid Unicode (it holds a lone UTF-16 surrogate)")
         model: SentenceEmbedder = state["model"]
