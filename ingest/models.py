@@ -22,6 +22,24 @@ class DocKind(str, Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class TextBox:
+    """Where a run of the extracted text sits on its page, for showing a cited passage on the page.
+
+    `start`/`end` are offsets into `LoadedDocument.text` (like a section's); the box is in fractions of
+    the page's width and height with the origin at the top left, so a page rendered at any size can draw
+    it. `confidence` is the OCR's score of the line, None for text from a PDF's text layer.
+    """
+
+    start: int
+    end: int
+    x0: float
+    y0: float
+    x1: float
+    y1: float
+    confidence: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Section:
     """A run of the extracted text under one heading path on one page (PDF) or in one place (others)."""
 
@@ -30,6 +48,7 @@ class Section:
     end: int
     page: int | None = None
     headings: tuple[str, ...] = ()
+    boxes: tuple[TextBox, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
