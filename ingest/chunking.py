@@ -8,18 +8,19 @@ Lengths are counted with the embedding model's own tokenizer (a Hugging Face tok
 tokens, counted exactly; `max_sequence` checks that this plus the model's special tokens fits.
 
 Each section of the document is split on its own, so a chunk never crosses a heading boundary or a
-PDF page, and carries its section's page and heading path. Inside a section, langchain's
-`RecursiveCharacterTextSplitter` splits on paragraphs, lines, then sentence and clause punctuation
-(Chinese full-width marks included, so text without spaces splits at sentence ends) and finally
-characters, merging pieces back up to the target with `chunk_overlap` tokens of overlap. Separators stay
-attached to the text before them and nothing is stripped inside the splitter, so each chunk is an exact
-slice of the extracted text: `doc.text[c.start:c.end] == c.text`.
+PDF page, and carries its section's page and heading path. Inside a section, the split is langchain's
+`RecursiveCharacterTextSplitter` (separators kept at the end of their piece, nothing stripped): on
+paragraphs, lines, then sentence and clause punctuation (Chinese full-width marks included, so text
+without spaces splits at sentence ends) and finally characters, merging pieces back up to the target with
+`chunk_overlap` tokens of overlap. We run the same recursion and merge over offsets instead of strings
+(`_Splitter`): langchain returns only the chunks' text, and in repetitive text (a log of identical lines,
+a table of equal rows) a chunk's text occurs at many places, so its place cannot be found again by
+searching. Working on spans, each chunk is an exact slice of the extracted text by construction:
+`doc.text[c.start:c.end] == c.text`, and the chunk texts are langchain's (a test compares them).
 
-Speed: the tokenizer is the cost, and the splitter asks for one length at a time (every piece
-twice, the separators over and over). So counts are cached, and before the splitter runs we walk the
-same separator recursion it will walk and count all its pieces in batched tokenizer calls (Rust,
-parallel), then count the finished chunks in one more batch; the splitter then only hits the cache.
-A section that fits is a single call.
+Speed: the tokenizer is the cost. Counts are cached, every level of the recursion counts its pieces in
+one batched tokenizer call (Rust, parallel), and the finished chunks are counted in one more batch. A
+section that fits is a single call.
 """
 
 from __future__ import annotations
@@ -84,7 +85,6 @@ class Chunker:
         self.chunk_tokens = chunk_tokens
         self.chunk_overlap = chunk_overlap
         self.max_chunks = max_chunks
-        self._splitters: dict[int, Any] = {}
 
     @classmethod
     def from_tokenizer(
@@ -119,23 +119,9 @@ class Chunker:
         return self._enforce_limit(text, self._split(text, self.chunk_tokens))
 
     def _split(self, text: str, size: int) -> list[tuple[int, int, int]]:
-        self._prime(text, SEPARATORS, size)
-        spans = _locate(text, self._splitter(size).split_text(text))
+        spans = _Splitter(self.count_tokens, size, min(self.chunk_overlap, size // 2)).spans(text)
         self.count_tokens.prime(text[s:e].strip() for s, e in spans)
         return _stripped(text, spans, self.count_tokens)
-
-    def _prime(self, text: str, separators: list[str], size: int) -> None:
-        """Counts, in batches, every piece the splitter's recursion will measure (same rules as langchain's)."""
-        for i, sep in enumerate(separators):
-            if sep == "" or sep in text:
-                break
-        pieces = _split_keeping_end(text, sep)
-        self.count_tokens.prime(pieces)
-        rest = separators[i + 1 :] if sep else []
-        if rest:
-            for piece in pieces:
-                if self.count_tokens(piece) >= size:
-                    self._prime(piece, rest, size)
 
     def chunk(self, doc: LoadedDocument, doc_id: str) -> list[Chunk]:
         """The document's chunks in reading order, numbered from 0."""
@@ -149,21 +135,6 @@ class Chunker:
                     f"{doc.name} makes more than {self.max_chunks:,} chunks (RAG_MAX_DOCUMENT_CHUNKS)", limit=self.max_chunks
                 )
         return chunks
-
-    def _splitter(self, size: int) -> Any:
-        splitter = self._splitters.get(size)
-        if splitter is None:
-            from langchain_text_splitters import RecursiveCharacterTextSplitter
-
-            splitter = self._splitters[size] = RecursiveCharacterTextSplitter(
-                separators=SEPARATORS,
-                keep_separator="end",
-                strip_whitespace=False,  # keeps chunks exact slices; we strip and shift offsets ourselves
-                chunk_size=size,
-                chunk_overlap=min(self.chunk_overlap, size // 2),
-                length_function=self.count_tokens,
-            )
-        return splitter
 
     def _enforce_limit(self, text: str, spans: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
         """Re-splits the rare chunk whose exact count exceeds the limit.
@@ -215,32 +186,68 @@ def token_counter(tokenizer: Any) -> tuple[TokenCounter, int]:
     return TokenCounter(one, many), specials
 
 
-def _locate(text: str, pieces: list[str]) -> list[tuple[int, int]]:
-    """Offsets of the splitter's pieces, which are exact slices of `text`, in order, each overlapping or
-    touching the one before.
+class _Splitter:
+    """langchain's `RecursiveCharacterTextSplitter._split_text` and `_merge_splits` (keep_separator="end",
+    strip_whitespace=False, joined with ""), on (start, end) spans of one text."""
 
-    Each piece starts after the previous one starts and no later than it ends, so we take the last
-    match in that window: in repetitive text the same string matches at several places, and the last
-    one keeps the chunks contiguous (never a gap in coverage), where the first would not.
-    """
-    spans: list[tuple[int, int]] = []
-    prev_start, prev_end = -1, 0
-    for piece in pieces:
-        at = text.rfind(piece, prev_start + 1, prev_end + len(piece))
-        if at < 0:
-            at = text.find(piece, prev_start + 1)
-        if at < 0:
-            raise AssertionError("the splitter returned text that is not a slice of its input")
-        spans.append((at, at + len(piece)))
-        prev_start, prev_end = at, at + len(piece)
-    return spans
+    def __init__(self, count: TokenCounter, size: int, overlap: int) -> None:
+        self.count = count
+        self.size = size
+        self.overlap = overlap
+
+    def spans(self, text: str, start: int = 0, end: int | None = None, separators: list[str] = SEPARATORS) -> list[tuple[int, int]]:
+        end = len(text) if end is None else end
+        piece = text[start:end]
+        for i, sep in enumerate(separators):
+            if sep == "" or sep in piece:
+                break
+        rest = separators[i + 1 :] if sep else []
+        splits = _split_keeping_end(text, start, end, sep)
+        self.count.prime(text[s:e] for s, e in splits)
+        out: list[tuple[int, int]] = []
+        good: list[tuple[int, int]] = []
+        for s, e in splits:
+            if self.count(text[s:e]) < self.size:
+                good.append((s, e))
+                continue
+            out.extend(self._merge(text, good))
+            good = []
+            out.extend(self.spans(text, s, e, rest) if rest else [(s, e)])
+        out.extend(self._merge(text, good))
+        return out
+
+    def _merge(self, text: str, splits: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Consecutive splits joined up to `size` tokens, each chunk starting with the last splits of the
+        one before that fit in `overlap` tokens (langchain's token sums, so the same chunks)."""
+        out: list[tuple[int, int]] = []
+        current: list[tuple[int, int]] = []
+        total = 0
+        for s, e in splits:
+            n = self.count(text[s:e])
+            if total + n > self.size and current:
+                out.append((current[0][0], current[-1][1]))
+                while total > self.overlap or (total + n > self.size and total > 0):
+                    total -= self.count(text[current[0][0] : current[0][1]])
+                    current = current[1:]
+            current.append((s, e))
+            total += n
+        if current:
+            out.append((current[0][0], current[-1][1]))
+        return out
 
 
-def _split_keeping_end(text: str, sep: str) -> list[str]:
+def _split_keeping_end(text: str, start: int, end: int, sep: str) -> list[tuple[int, int]]:
+    """Spans of text[start:end] cut after each `sep` (kept at the end of its piece); no empty ones."""
     if not sep:
-        return list(text)
-    parts = text.split(sep)
-    return [p for p in [p + sep for p in parts[:-1]] + parts[-1:] if p]
+        return [(i, i + 1) for i in range(start, end)]
+    spans = []
+    at = start
+    while (found := text.find(sep, at, end)) >= 0:
+        spans.append((at, found + len(sep)))
+        at = found + len(sep)
+    if at < end:
+        spans.append((at, end))
+    return spans
 
 
 def _stripped(text: str, spans: list[tuple[int, int]], count: Callable[[str], int]) -> list[tuple[int, int, int]]:

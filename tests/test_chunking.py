@@ -226,3 +226,51 @@ def test_a_hugging_face_tokenizer_is_accepted(tokenizer: Tokenizer) -> None:
     chunks = chunker.chunk(doc, "hf")
     check_chunks(doc, chunks)
     assert all(len(hf(c.text)["input_ids"]) <= MINILM_MAX_SEQUENCE for c in chunks)
+
+
+REPETITIVE = {
+    "a log of one line": "2026-01-01 12:00:00 INFO heartbeat ok\n" * 5000,
+    "a table of equal rows": "| 42 | widget | 3.50 | in stock |\n" * 3000,
+    "Chinese sentences": "北京是首都。" * 3000,
+    "one word": "aaa " * 20000,
+    "one giant token": "a" * 60000,
+}
+
+
+@pytest.mark.parametrize("text", REPETITIVE.values(), ids=REPETITIVE.keys())
+def test_repetitive_text_is_chunked_whole(chunker: Chunker, text: str) -> None:
+    doc = text_doc(text)
+    chunks = chunker.chunk(doc, "r")
+    check_chunks(doc, chunks)
+    assert chunks[0].start == 0 and chunks[-1].end == len(doc.text.rstrip())
+
+
+@hsettings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    unit=st.text(alphabet="ab ,.\n。中", min_size=1, max_size=12),
+    times=st.integers(min_value=1, max_value=400),
+    tail=st.text(max_size=30),
+)
+def test_offsets_and_limits_hold_for_repeated_text(chunker: Chunker, unit: str, times: int, tail: str) -> None:
+    text = unit * times + tail
+    if not text.strip() or "\x00" in text:
+        return
+    small = Chunker(chunker.count_tokens, chunk_tokens=24, chunk_overlap=6)
+    doc = text_doc(text)
+    check_chunks(doc, small.chunk(doc, "h"), limit=24)
+
+
+@hsettings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.sampled_from(["alpha", "beta ", "gamma. ", "\n", "\n\n", "。", "，", "delta, ", "x" * 30]), max_size=150))
+def test_chunks_are_the_ones_langchain_makes(chunker: Chunker, parts: list[str]) -> None:
+    from langchain_text_splitters import RecursiveCharacterTextSplitter
+
+    from ingest.chunking import SEPARATORS, _Splitter
+
+    text = "".join(parts)
+    reference = RecursiveCharacterTextSplitter(
+        separators=SEPARATORS, keep_separator="end", strip_whitespace=False, chunk_size=24, chunk_overlap=6,
+        length_function=chunker.count_tokens,
+    )
+    spans = _Splitter(chunker.count_tokens, size=24, overlap=6).spans(text)
+    assert [text[s:e] for s, e in spans] == reference.split_text(text)
