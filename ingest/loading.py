@@ -4,9 +4,9 @@ The entry point for the pipeline, the upload endpoint and the CLI:
 
     doc = load_document(data, name, settings)
 
-It detects the type from the bytes (`ingest.detect`), then parses. Plain text, Markdown and small HTML
-are parsed in this process (linear-time work on already-decoded text). PDF, DOCX and large HTML are
-parsed in a bounded worker process (`ingest.sandbox`): `settings.parse_timeout_s` of wall-clock time
+It detects the type from the bytes (`ingest.detect`), then parses. Plain text and Markdown are parsed in
+this process (linear-time work on already-decoded text). PDF, DOCX and HTML, whose parsers run
+third-party code and stylesheet rules over the page, are parsed in a bounded worker process (`ingest.sandbox`): `settings.parse_timeout_s` of wall-clock time
 and `settings.parse_memory_mb` of address space, so a hostile file costs a worker, never the service.
 
 Errors, all from `rag.core.errors`: `UnsupportedFileType` (415) names the type the bytes showed;
@@ -26,15 +26,16 @@ from .sandbox import ParserPool, get_pool
 if TYPE_CHECKING:
     from rag.core.config import Settings
 
-# HTML up to this size is parsed in-process: Lexbor is linear and this stays in the milliseconds.
-INPROCESS_HTML_BYTES = 256 * 1024
+# Parsed in the bounded worker: the API process never runs a parser over them (one page must not stall
+# every request while it holds the GIL).
+SANDBOXED_KINDS = frozenset({DocKind.PDF, DocKind.DOCX, DocKind.HTML})
 
 
 def load_document(data: bytes, name: str, settings: Settings, pool: ParserPool | None = None) -> LoadedDocument:
     """The document in `data` (named `name` for messages and metadata only), parsed within bounds."""
     detection = classify(data, name)
     kind = detection.kind
-    if kind in (DocKind.PDF, DocKind.DOCX) or (kind is DocKind.HTML and len(data) > INPROCESS_HTML_BYTES):
+    if kind in SANDBOXED_KINDS:
         pool = pool or get_pool(settings.parse_memory_mb)
         return pool.parse(kind, data, name, timeout_s=settings.parse_timeout_s, max_inflated=inflate_limit(settings),
                           max_pages=settings.max_document_pages)

@@ -15,7 +15,7 @@ from ingest.models import DocKind, LoadedDocument
 from ingest.sandbox import ParserPool
 from rag.core.config import Settings
 from rag.core.errors import DocumentRejected, UnsupportedFileType
-from tests import hostile
+from tests import css_hiding, hostile
 
 CMRC = Path(__file__).resolve().parents[2] / "shared" / "data" / "cmrc2018-trial.json"
 
@@ -224,7 +224,7 @@ def test_deeply_nested_html_does_not_recurse(load) -> None:
     assert "deep text" in load(page, "deep.html").text
 
 
-def test_large_html_is_parsed_in_the_worker(load) -> None:
+def test_large_html_is_read_whole(load) -> None:
     body = "".join(f"<p>Paragraph {i} of a long page.</p>" for i in range(12_000))
     page = f"<html><body><h1>Long</h1>{body}</body></html>".encode()
     assert len(page) > 256 * 1024
@@ -264,6 +264,14 @@ def test_html_drops_text_hidden_by_css_tricks(load) -> None:
 <font color="white">Font white.</font></body></html>"""
     text = load(page, "tricks.html").text
     assert text.split("\n\n") == ["Visible one.", "White on black stays.", "Big stays.", "Half stays."]
+
+
+def test_html_drops_text_hidden_by_every_css_technique_and_keeps_look_alikes(load) -> None:
+    hidden = load(css_hiding.page(css_hiding.HIDING, "HIDDEN"), "hiding.html").text
+    assert [name for i, (name, _, _) in enumerate(css_hiding.HIDING) if f"HIDDEN{i} " in hidden] == []
+    assert hidden == "Visible intro."
+    shown = load(css_hiding.page(css_hiding.SHOWN, "SHOWN"), "shown.html").text
+    assert [name for i, (name, _, _) in enumerate(css_hiding.SHOWN) if f"SHOWN{i} " not in shown] == []
 
 
 @pytest.mark.parametrize("name", ["manual.txt", "manual.md", "page.html"])

@@ -15,10 +15,10 @@ Readability-style rules drop the rest of the boilerplate that pages do not mark 
   table of contents line): at least half their letters are link text, and outside the links fewer than
   three letters remain once Next/Previous/Up/Home/Index/Contents/Top and the like are taken out (so
   "See Types." and "message <string> | <Error>" stay);
-- text hidden by CSS where the page says so itself: `font-size: 0`, `opacity: 0`, off-screen positions
-  or indents (-999px and beyond), a zero clip, a colour equal to the background it sits on (white on
-  white), the classes that frameworks hide (`hidden`, `d-none`, `sr-only`, `visually-hidden`...), and
-  classes or ids that the page's own `<style>` hides with `display: none` and the like.
+- text hidden by CSS where the page says so itself, inline or in its `<style>` rules (`ingest.loaders.css`:
+  no display, a font too small to read, near-zero opacity, a transparent colour, scaled to nothing,
+  clipped away, far off-screen, a zero box with its overflow hidden), a colour equal to the background it
+  sits on (white on white), and the classes that frameworks hide (`hidden`, `d-none`, `sr-only`...).
 trafilatura was tried for this and not kept: in its precision mode it dropped function prototypes and
 code examples (27% of Node.js's fs.html, 2.1 s for that page), and in its recall mode every navigation
 line stayed.
@@ -29,10 +29,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from selectolax.lexbor import LexborHTMLParser, LexborNode
+from selectolax.lexbor import LexborHTMLParser, LexborNode, SelectolaxError
 
 from ..detect import decode_text
 from ..models import DocKind, LoadedDocument
+from . import css
 from ._builder import DocumentBuilder, clean
 
 _SKIP = {
@@ -51,12 +52,6 @@ _BLOCKS = {
 }  # fmt: skip
 _TIGHT = {"li", "tr", "dt", "dd"}  # consecutive ones are joined by one newline, not a blank line
 _HEADING = re.compile(r"h([1-6])")
-_HIDDEN_STYLE = re.compile(
-    r"display\s*:\s*none|visibility\s*:\s*hidden|(?<![-\w])font-size\s*:\s*0(?:\.0*)?(?:px|em|rem|pt|%)?\s*(?:;|$|!)"
-    r"|(?<![-\w])opacity\s*:\s*0(?:\.0*)?\s*(?:;|$|!)|(?<![-\w])(?:left|top|right|text-indent|margin-left)\s*:\s*-\d{3,}"
-    r"|clip\s*:\s*rect\(\s*0[^)]*\)|clip-path\s*:\s*inset\(\s*50%",
-    re.I,
-)  # fmt: skip
 _HIDDEN_CLASSES = {
     "hidden", "hide", "d-none", "invisible", "sr-only", "visually-hidden", "visuallyhidden", "screen-reader-text",
     "screenreader", "offscreen", "u-hidden", "is-hidden",
@@ -69,9 +64,8 @@ _FURNITURE = re.compile(
     re.I,
 )
 _CONTENT_NAME = re.compile(r"article|body|column|content|main|shadow", re.I)
-_STYLE_RULE = re.compile(r"([^{}]+)\{([^{}]*)\}")
-_SIMPLE_SELECTOR = re.compile(r"^\s*([.#])([-\w]+)\s*$")
-_COLOR = re.compile(r"(?<![-\w])(background(?:-color)?|color)\s*:\s*([^;!]+)", re.I)
+# Selectors that depend on state or generated content: the text is not hidden while a reader looks.
+_DYNAMIC_SELECTOR = re.compile(r":(?!not\b|is\b|where\b|nth-|first-|last-|only-|root\b|empty\b)|::")
 _NAMED = {"white": "#ffffff", "black": "#000000", "transparent": None}
 _LETTER = re.compile(r"[^\W\d_]")
 _NAV_WORDS = re.compile(r"\b(?:next|previous|prev|up|home|index|contents|top|back|forward|jump to|go to|toc)\b", re.I)
@@ -93,25 +87,27 @@ def load_html(data: bytes, name: str, text: str | None = None, encoding: str | N
 
 
 class _PageRules:
-    """What this page hides: the framework classes, and the classes and ids its own `<style>` hides."""
+    """What this page hides: the framework classes, and the elements its own `<style>` rules hide."""
 
-    def __init__(self, classes: set[str], ids: set[str]) -> None:
-        self.classes = classes
-        self.ids = ids
+    def __init__(self, hidden_nodes: set[int]) -> None:
+        self.hidden_nodes = hidden_nodes  # mem_id of each element a stylesheet rule hides
 
     @classmethod
     def of(cls, tree: LexborHTMLParser) -> _PageRules:
-        classes, ids = set(_HIDDEN_CLASSES), set()
+        hidden: set[int] = set()
         for style in tree.css("style"):
-            for selectors, declarations in _STYLE_RULE.findall(style.text(deep=True)):
-                if not _HIDDEN_STYLE.search(declarations):
+            for selector in css.hiding_selectors(style.text(deep=True)):
+                if _DYNAMIC_SELECTOR.search(selector):
                     continue
-                for selector in selectors.split(","):
-                    if (simple := _SIMPLE_SELECTOR.match(selector)) is not None:
-                        (classes if simple.group(1) == "." else ids).add(simple.group(2).lower())
-        return cls(classes, ids)
+                try:
+                    hidden.update(node.mem_id for node in tree.css(selector))
+                except (SelectolaxError, ValueError):  # a selector Lexbor does not know: a browser ignores it too
+                    continue
+        return cls(hidden)
 
     def hidden(self, node: LexborNode, background: str | None) -> bool:
+        if node.mem_id in self.hidden_nodes:
+            return True
         attrs = node.attributes
         if not attrs:
             return False
@@ -119,13 +115,12 @@ class _PageRules:
             return True
         if (attrs.get("role") or "").lower() in _BOILERPLATE_ROLES:
             return True
-        names = (attrs.get("class") or "").lower().split()
-        if any(n in self.classes for n in names) or (attrs.get("id") or "").lower() in self.ids:
+        if any(n in _HIDDEN_CLASSES for n in (attrs.get("class") or "").lower().split()):
             return True
         style = attrs.get("style") or ""
-        if _HIDDEN_STYLE.search(style):
+        if style and css.hides(style):
             return True
-        color = _color(attrs.get("color")) or _style_colors(style).get("color")
+        color = _color(attrs.get("color")) or _color(css.text_color(style)[0] if style else None)
         return color is not None and color == _background(node, background)
 
     @staticmethod
@@ -152,20 +147,13 @@ def _color(value: str | None) -> str | None:
     return None
 
 
-def _style_colors(style: str) -> dict[str, str | None]:
-    colors: dict[str, str | None] = {}
-    for prop, value in _COLOR.findall(style):
-        prop = "color" if prop.lower() == "color" else "background"
-        colors[prop] = _color(value.split()[0] if prop == "background" and value.split() else value)
-    return colors
-
-
 def _background(node: LexborNode, inherited: str | None) -> str | None:
     """The background an element's text sits on: its own (style or bgcolor) or its parent's."""
     attrs = node.attributes
-    style = _style_colors(attrs.get("style") or "")
-    if "background" in style:
-        return style["background"] or inherited  # transparent or unknown: the parent's shows through
+    style = attrs.get("style")
+    background = css.text_color(style)[1] if style else None
+    if background is not None:
+        return _color(background) or inherited  # transparent or unknown: the parent's shows through
     return _color(attrs.get("bgcolor")) or inherited
 
 
