@@ -40,6 +40,12 @@ DOCS = {
 }
 
 
+def without_backends(**overrides: Any) -> Settings:
+    """Settings whose llama-server and embedder are away (nothing listens on their port)."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    return Settings(llm_url=dead, embed_url=dead, **overrides)
+
+
 def changed(settings: Settings, **changes: Any) -> Settings:
     """A copy of `settings` with some fields changed, validated like any other."""
     return Settings(**{**settings.model_dump(), **changes})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -202,3 +203,11 @@ def test_the_app_image_creates_and_owns_every_mount_point_its_services_write(ser
     assert written == {"/models", "/data", "/chroma"}
     assert f"mkdir -p {' '.join(sorted(written, key=['/models', '/data', '/chroma'].index))}" in app
     assert app.index("chown rag:rag") < app.index("USER rag")
+
+
+def test_the_api_answers_to_its_service_name_and_its_published_address(services: dict) -> None:
+    env = environment(services["api"])
+    allowed = re.sub(r"\$\{RAG_ALLOWED_HOSTS:-([^}]*)\}", r"\1", env["RAG_ALLOWED_HOSTS"])
+    settings = Settings(_env_file=None, api_host=env["RAG_API_HOST"], allowed_hosts=allowed)
+    published_host = services["api"]["ports"][0].split(":-", 1)[1].split(":", 1)[0]
+    assert {"api", published_host, "localhost"} <= settings.host_names

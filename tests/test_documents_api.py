@@ -358,7 +358,7 @@ def test_a_client_that_goes_away_leaves_no_temp_file(api: LiveApi) -> None:
     port = int(api.url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port)) as sock:
         head = (
-            "POST /v1/documents HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=QQ\r\n"
+            "POST /v1/documents HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: multipart/form-data; boundary=QQ\r\n"
             "Content-Length: 1000000\r\n\r\n--QQ\r\nContent-Disposition: form-data; name=\"files\"; filename=\"cut.txt\"\r\n\r\n"
         )
         sock.sendall(head.encode() + b"half a file " * 1000)

@@ -15,10 +15,8 @@ import httpx
 import pytest
 from typing import Any
 
-from rag.core.config import Settings
 from tests import hostile
-from tests.chat_helpers import serve
-from tests.servers import free_port
+from tests.chat_helpers import serve, without_backends
 
 pytestmark = pytest.mark.integration
 
@@ -26,14 +24,9 @@ KEY = "k3y"
 CHAT_ROUTES = ("/v1/chat", "/v1/chat/completions")
 
 
-def _settings(**overrides: object) -> Settings:
-    dead = f"http://127.0.0.1:{free_port()}"
-    return Settings(llm_url=dead, embed_url=dead, **overrides)
-
-
 @pytest.fixture
 def api(isolated_env) -> Iterator[str]:
-    with serve(_settings()) as url:
+    with serve(without_backends()) as url:
         yield url
 
 
@@ -113,7 +106,7 @@ def test_a_backend_that_is_down_is_503_with_retry_after(api: str, path: str):
 
 
 def test_docs_pages_need_no_cdn_and_the_schema_is_behind_the_key(isolated_env):
-    with serve(_settings(api_key=KEY)) as url:
+    with serve(without_backends(api_key=KEY)) as url:
         for path in ("/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"):
             assert httpx.get(f"{url}{path}", timeout=30).status_code == 404, path
         assert httpx.get(f"{url}/v1/openapi.json", timeout=30).status_code == 401
@@ -133,7 +126,7 @@ def test_an_upload_over_the_limit_is_answered_while_the_body_still_streams(isola
             yield b"z" * (1 << 17)
         yield b"\r\n--b0undary--\r\n"
 
-    with serve(_settings(max_upload_bytes=limit)) as url:
+    with serve(without_backends(max_upload_bytes=limit)) as url:
         status, sent, answer = hostile.send_until_answered(
             url, "/v1/documents",
             {"content-type": "multipart/form-data; boundary=b0undary", "transfer-encoding": "chunked"},
@@ -150,11 +143,11 @@ def test_a_client_that_keeps_sending_after_the_413_is_cut_off(isolated_env):
     import socket
 
     limit, total = 1 << 20, 64 << 20
-    with serve(_settings(max_upload_bytes=limit)) as url:
+    with serve(without_backends(max_upload_bytes=limit)) as url:
         port = int(url.rsplit(":", 1)[1])
         sent = 0
         with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-            sock.sendall(b"POST /v1/documents HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+            sock.sendall(b"POST /v1/documents HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
                          b"Content-Type: multipart/form-data; boundary=b0undary\r\n\r\n")
             chunks = _chunked(iter([b'--b0undary\r\nContent-Disposition: form-data; name="files"; filename="a.txt"\r\n\r\n']
                                    + [b"z" * (1 << 16)] * (total >> 16)))

@@ -664,13 +664,20 @@ def test_sse_parser_handles_split_crlf_comments_and_multiline_data(static_page):
     assert events == [["a", '{"x":1}'], ["b", "1\n2"], ["c", " z"], ["message", "plain"]]
 
 
+UNFOLLOWED = ('<span class="unfollowed-url" title="A link the model wrote to another site: not opened. Copy it only if '
+              'you trust it.">{}</span>')
 MARKDOWN_CASES = [
     ("**a** _b_ *c* `d`", "<p><strong>a</strong> <em>b</em> <em>c</em> <code>d</code></p>"),
     ("snake_case_name and window.__x__y", "<p>snake_case_name and window.__x__y</p>"),
     ("<b>bold?</b> <script>x()</script>", "<p>&lt;b&gt;bold?&lt;/b&gt; &lt;script&gt;x()&lt;/script&gt;</p>"),
-    ("[ok](https://a.test/x) [no](javascript:alert(1)) ![alt](http://a.test/i.png)",
-     '<p><a href="https://a.test/x" target="_blank" rel="noopener noreferrer nofollow">ok</a> <span>no</span> '
-     '<span class="image-placeholder">[image: alt]</span></p>'),
+    # Only links to the page's own origin are links; any other URL the model writes is marked text.
+    (f"[ok]({UNIT_ORIGIN}/x) [own](/v1/documents) [away](https://a.test/x) [no](javascript:alert(1)) "
+     "![alt](http://a.test/i.png?data=SECRET) see https://a.test/?d=1.",
+     f'<p><a href="{UNIT_ORIGIN}/x" target="_blank" rel="noopener noreferrer nofollow">ok</a> '
+     '<a href="/v1/documents" target="_blank" rel="noopener noreferrer nofollow">own</a> '
+     f'<span>away {UNFOLLOWED.format("https://a.test/x")}</span> <span>no {UNFOLLOWED.format("javascript:alert(1)")}</span> '
+     f'<span class="image-placeholder">[image: alt] {UNFOLLOWED.format("http://a.test/i.png?data=SECRET")}</span> '
+     f'see {UNFOLLOWED.format("https://a.test/?d=1")}.</p>'),
     ("# Title\n- one\n- two\n\n3. three", "<h3>Title</h3><ul><li>one</li><li>two</li></ul><ol start=\"3\"><li>three</li></ol>"),
     ("```\n<i>code</i>\n```\nafter", "<pre><code>&lt;i&gt;code&lt;/i&gt;</code></pre><p>after</p>"),
     ("> quoted\nline one\nline two", "<blockquote><p>quoted</p></blockquote><p>line one<br>line two</p>"),

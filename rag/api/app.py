@@ -6,6 +6,7 @@ import logging
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 
 from rag.api.deps import require_api_key
@@ -13,6 +14,7 @@ from rag.api.errors import install_error_handlers
 from rag.api.limits import ChatBodyLimit
 from rag.api.metrics import Metrics, MetricsMiddleware, instrument
 from rag.api.routes import chat, documents, embeddings, health, metrics, models, openai_compat, web
+from rag.api.sameorigin import SameOriginGuard
 from rag.api.services import Services, build_services
 from rag.core.config import Settings, get_settings
 
@@ -36,6 +38,9 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app = FastAPI(title="rag", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
     app.add_middleware(ChatBodyLimit, limit=settings.max_request_bytes)
+    if settings.origins:  # the other sites allowed to write may also read the answers
+        app.add_middleware(CORSMiddleware, allow_origins=sorted(settings.origins), allow_methods=["*"], allow_headers=["*"])
+    app.add_middleware(SameOriginGuard, settings=settings)
     # Added last, so outermost: the metrics count what the body limit refuses too.
     app.state.metrics = Metrics()
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)

@@ -37,6 +37,10 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = Field(default=8000, ge=1, le=65535)
     api_key: SecretStr | None = None
+    # Names the API answers to besides the bind address and localhost's (comma-separated; "*" for any),
+    # and the other sites' origins whose pages may write (comma-separated, as "http://host:port").
+    allowed_hosts: str = ""
+    allowed_origins: str = ""
 
     # llama-server.
     llm_url: str = "http://127.0.0.1:8081"
@@ -171,6 +175,18 @@ class Settings(BaseSettings):
     @property
     def embed_port(self) -> int:
         return urlparse(self.embed_url).port or 80
+
+    @property
+    def host_names(self) -> frozenset[str]:
+        """Host names the API answers to: localhost's, the bind address, and RAG_ALLOWED_HOSTS."""
+        names = {"localhost", "127.0.0.1", "::1", self.api_host.strip("[]").lower()}
+        names.update(n.strip().lower() for n in self.allowed_hosts.split(",") if n.strip())
+        return frozenset(names - {"0.0.0.0", "::"})  # an any-address bind names no host a client asks for
+
+    @property
+    def origins(self) -> frozenset[str]:
+        """Other sites' origins whose pages may write (RAG_ALLOWED_ORIGINS)."""
+        return frozenset(o.strip().rstrip("/").lower() for o in self.allowed_origins.split(",") if o.strip())
 
     @property
     def api_url(self) -> str:

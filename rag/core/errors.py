@@ -9,6 +9,7 @@
     │   ├── LimitExceeded (413)            a chat request over a RAG_MAX_* bound (messages, characters)
     │   └── DocumentRejected (422)         a readable file with nothing to index (empty, scanned, encrypted)
     ├── Unauthorized (401)
+    ├── Forbidden (403)                    a write from another site's page, or a Host this API does not serve
     ├── NotFound (404)
     │   └── ModelNotFound (404)            a model name this API does not serve (OpenAI's error shape)
     ├── Busy (429)                         the generation queue is full or waited too long
@@ -76,6 +77,10 @@ class DocumentRejected(InvalidRequest):
 
 class Unauthorized(RagError):
     status, code = 401, "unauthorized"
+
+
+class Forbidden(RagError):
+    status, code = 403, "forbidden"
 
 
 class NotFound(RagError):
