@@ -183,7 +183,7 @@ def check_zip_file(path: Path) -> None:
         if not file.read(4).startswith(_ZIP_MAGICS):
             return
         size = file.seek(0, 2)
-        base = max(0, size - _EOCD.size - 0xFFFF - _ZIP64_LOCATOR.size)
+        base = max(0, size - _EOCD.size - 0xFFFF - _ZIP64_LOCATOR.size - _EOCD64.size)
         file.seek(base)
         tail = file.read()
     check_zip_directory(tail, base)
@@ -209,10 +209,12 @@ def check_zip_directory(data: bytes, base: int = 0) -> None:
 
 
 def _zip_end_record(data: bytes, base: int = 0) -> tuple[int, int] | None:
-    """(entries, directory bytes) from the end record (ZIP64's when the classic one overflows).
+    """(entries, directory bytes) from the end record, and from every ZIP64 record beside it.
 
-    `data` is the archive from offset `base` on; a ZIP64 record outside it leaves the classic
-    record's overflowed values (0xFFFF entries), which the bounds refuse.
+    `zipfile` reads a ZIP64 record whenever its locator sits before the classic record, whatever the
+    classic one says, from just before the locator; so we read the same place, and the place the locator
+    points at, and keep the largest counts: a classic record saying "2 entries" cannot hide a ZIP64 one
+    listing 900,000. `data` is the archive from offset `base` on.
     """
     at = len(data) - _EOCD.size
     if at < 0:
@@ -225,12 +227,15 @@ def _zip_end_record(data: bytes, base: int = 0) -> tuple[int, int] | None:
     if len(record) < _EOCD.size:
         return None
     _, _, _, _, entries, size, _, _ = _EOCD.unpack(record)
-    locator = data[max(0, at - _ZIP64_LOCATOR.size) : at]
-    if (entries == 0xFFFF or size == 0xFFFFFFFF) and locator[:4] == b"PK\x06\x07":
+    locator_at = at - _ZIP64_LOCATOR.size
+    locator = data[max(0, locator_at) : at]
+    if locator[:4] == b"PK\x06\x07":
         _, _, offset, _ = _ZIP64_LOCATOR.unpack(locator)
-        record64 = data[offset - base : offset - base + _EOCD64.size] if offset >= base else b""
-        if len(record64) == _EOCD64.size and record64[:4] == b"PK\x06\x06":
-            entries, size = _EOCD64.unpack(record64)[7:9]
+        for start in (locator_at - _EOCD64.size, offset - base):  # where zipfile reads it; where it points
+            record64 = data[start : start + _EOCD64.size] if start >= 0 else b""
+            if len(record64) == _EOCD64.size and record64[:4] == b"PK\x06\x06":
+                entries64, size64 = _EOCD64.unpack(record64)[7:9]
+                entries, size = max(entries, entries64), max(size, size64)
     return entries, size
 
 

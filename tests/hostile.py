@@ -409,11 +409,13 @@ def shared_stream_pdf(pages: int, lines: int = 40) -> bytes:
     return writer.build()
 
 
-def zip_directory_flood(entries: int, shared_header: bool = False) -> bytes:
+def zip_directory_flood(entries: int, shared_header: bool = False, zip64_behind_small_record: bool = False) -> bytes:
     """A ZIP of `entries` empty stored members: a central directory of ~60 bytes an entry, nothing else.
 
     With `shared_header` every directory entry points at one local header, so the file is almost all
-    directory (900,017 entries in 46.8 MB, the flood that cost the API 450 MB).
+    directory (900,017 entries in 46.8 MB, the flood that cost the API 450 MB). With
+    `zip64_behind_small_record` the classic end record says "2 entries, 100 bytes" and a ZIP64 record
+    before it gives the true counts, which `zipfile` reads anyway.
     """
     local = bytearray()
     central = bytearray()
@@ -425,8 +427,14 @@ def zip_directory_flood(entries: int, shared_header: bool = False) -> bytes:
             local += b"PK\x03\x04" + fields + struct.pack("<HH", len(fname), 0) + fname
         central += b"PK\x01\x02" + struct.pack("<H", 20) + fields + struct.pack("<HHHHHII", len(fname), 0, 0, 0, 0, 0, offset) + fname
     count = min(entries, 0xFFFF)
-    end = b"PK\x05\x06" + struct.pack("<HHHHIIH", 0, 0, count, count, len(central), len(local), 0)
-    return bytes(local + central + end)
+    if not zip64_behind_small_record:
+        end = b"PK\x05\x06" + struct.pack("<HHHHIIH", 0, 0, count, count, len(central), len(local), 0)
+        return bytes(local + central + end)
+    record64_at = len(local) + len(central)
+    record64 = b"PK\x06\x06" + struct.pack("<QHHLLQQQQ", 44, 45, 45, 0, 0, entries, entries, len(central), len(local))
+    locator = b"PK\x06\x07" + struct.pack("<LQL", 0, record64_at, 1)
+    end = b"PK\x05\x06" + struct.pack("<HHHHIIH", 0, 0, 2, 2, 100, len(local), 0)
+    return bytes(local + central + record64 + locator + end)
 
 
 def docx_with_encoded_document_xml(encoding: str, codec: str | None = None) -> bytes:

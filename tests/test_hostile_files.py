@@ -7,6 +7,7 @@ short Western European texts that the statistics alone would put in a rare code 
 
 from __future__ import annotations
 
+import io
 import time
 import tracemalloc
 import zipfile
@@ -142,6 +143,20 @@ def test_a_reused_worker_does_not_call_a_page_less_pdf_encrypted(pool: ParserPoo
 
 def test_zipfile_is_the_real_one_again():
     assert detect_module.zipfile.ZipFile is zipfile.ZipFile
+
+
+def test_a_zip64_record_behind_a_small_classic_record_is_read(tmp_path):
+
+    from ingest.detect import check_zip_file
+
+    data = hostile.zip_directory_flood(70_000, shared_header=True, zip64_behind_small_record=True)
+    assert len(zipfile.ZipFile(io.BytesIO(data)).infolist()) == 70_000  # what zipfile would list
+    with pytest.raises(DocumentRejected, match="70,000 entries"):
+        classify(data, "hidden.docx")
+    path = tmp_path / "hidden.docx"
+    path.write_bytes(data)
+    with pytest.raises(DocumentRejected, match="70,000 entries"):
+        check_zip_file(path)
 
 
 def test_a_zip_directory_flood_on_disk_is_refused_from_its_tail(tmp_path):
