@@ -508,6 +508,33 @@ def test_reads_never_create_collections(api: LiveApi) -> None:
     assert store.names() == before == ["known-one"]
 
 
+def test_collections_are_capped_and_an_unknown_one_names_only_a_few(ingest_settings: Settings) -> None:
+    settings = ingest_settings.model_copy(update={"max_collections": 7})
+    server, thread, url, _ = serve(settings)
+    try:
+        with httpx.Client(base_url=url, timeout=120) as client:
+            for i in range(7):
+                files = [("files", (f"n{i}.txt", text_of(1, f"c{i}"), "text/plain"))]
+                assert client.post("/v1/documents", files=files, data={"collection": f"coll-{i}"}).status_code == 200
+            files = [("files", ("late.txt", text_of(1, "late"), "text/plain"))]
+            refused = client.post("/v1/documents", files=files, data={"collection": "coll-new"})
+            assert refused.status_code == 409, refused.text
+            assert refused.json()["error"]["code"] == "too_many_collections"
+            assert "RAG_MAX_COLLECTIONS" in refused.json()["error"]["message"]
+            assert client.post("/v1/documents", files=files, data={"collection": "coll-0"}).status_code == 200
+            assert len(client.get("/v1/collections").json()["collections"]) == 7
+
+            chat = {"messages": [{"role": "user", "content": "Rivers?"}], "collection": "no-such-coll"}
+            unknown = client.post("/v1/chat", json=chat)
+            assert unknown.status_code == 404
+            error = unknown.json()["error"]
+            assert error["detail"] == {"collections": [f"coll-{i}" for i in range(5)], "total": 7}
+            assert "and 2 more" in error["message"] and "coll-6" not in error["message"]
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
 def test_leftover_upload_folders_are_removed_at_start(ingest_settings: Settings) -> None:
     left = ingest_settings.data_dir / "uploads" / "upload-crashed"
     left.mkdir(parents=True)

@@ -146,7 +146,6 @@ def test_zipfile_is_the_real_one_again():
 
 
 def test_a_zip64_record_behind_a_small_classic_record_is_read(tmp_path):
-
     from ingest.detect import check_zip_file
 
     data = hostile.zip_directory_flood(70_000, shared_header=True, zip64_behind_small_record=True)

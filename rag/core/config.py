@@ -113,6 +113,7 @@ class Settings(BaseSettings):
     max_question_chars: int = Field(default=32_000, ge=1)
     max_document_pages: int = Field(default=2_000, ge=1)
     max_document_chunks: int = Field(default=10_000, ge=1)
+    max_collections: int = Field(default=100, ge=1)
     # Packing cut-off: a source whose fused score is below this share of the best source's is not packed
     # (fewer new tokens to prefill; the curve behind the default is in bench/packing_cutoff.py). 0: off.
     pack_relative_score: float = Field(default=0.35, ge=0, le=1)

@@ -15,7 +15,8 @@
     ├── Busy (429)                         the generation queue is full or waited too long
     ├── StoreLocked (409)                  another process holds the embedded Chroma store
     ├── Conflict (409)                     another request is indexing or deleting this document
-    │   └── EmbedderMismatch (409)         the embedder is not the model that built the collection
+    │   ├── EmbedderMismatch (409)         the embedder is not the model that built the collection
+    │   └── TooManyCollections (409)       a new collection past RAG_MAX_COLLECTIONS
     ├── UpstreamError (502)                a backend answered with something we cannot use
     │   └── ContextOverflow (502)          llama-server's exceed_context_size_error
     └── BackendUnavailable (503)          with Retry-After: a backend that is down or loading comes back
@@ -143,3 +144,7 @@ class StoreUnavailable(BackendUnavailable):
 
 class EmbedderMismatch(Conflict):
     code = "embedder_mismatch"
+
+
+class TooManyCollections(Conflict):
+    code = "too_many_collections"

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from filelock import FileLock, Timeout
 
-from rag.core.errors import Conflict, InvalidRequest, NotFound
+from rag.core.errors import Conflict, InvalidRequest, NotFound, TooManyCollections
 from rag.store.sqlite import write_transaction
 
 State = Literal["pending", "indexed", "failed", "deleting"]
@@ -245,6 +245,18 @@ class DocumentCatalog:
                 f"SELECT collection, sum(state = 'indexed') FROM {_NAMED} GROUP BY collection ORDER BY collection"
             ).fetchall()
         return [(name, int(n or 0)) for name, n in rows]
+
+    def check_room(self, collection: str, limit: int) -> None:
+        """TooManyCollections when `collection` would be new and `limit` collections exist already."""
+        with self._lock:
+            known = self._db.execute("SELECT 1 FROM documents WHERE collection = ? LIMIT 1", (collection,)).fetchone()
+            count = 0 if known else self._db.execute("SELECT count(DISTINCT collection) FROM documents").fetchone()[0]
+        if not known and count >= limit:
+            raise TooManyCollections(
+                f"collection {collection!r} would be new, and the store holds {count:,} collections, its limit "
+                f"(RAG_MAX_COLLECTIONS); add to an existing one or delete one",
+                limit=limit,
+            )
 
     def indexed_chunks(self, collection: str) -> dict[str, int]:
         """Every indexed document of the collection with its number of chunks."""

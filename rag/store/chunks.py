@@ -17,6 +17,7 @@ HNSW = {"space": "cosine", "ef_construction": 200, "ef_search": 200}
 REPAIR_HINT = "stop the API and run `rag store repair`"
 # Document ids in one Chroma `$in` filter: SQLite refuses a statement with more than 32,766 variables.
 FILTER_BATCH = 5000
+SHOWN_COLLECTIONS = 5  # names in the 404 of an unknown collection
 
 
 @dataclass
@@ -108,8 +109,14 @@ class ChunkStore:
 
     def _unknown(self, name: str) -> NotFound:
         known = self.names()
-        shown = ", ".join(known[:50]) or "none yet"
-        return NotFound(f"no collection {name!r}; the collections are: {shown}", collections=known)
+        # A few names only: a store of thousands must not answer every unknown name with all of them.
+        shown = ", ".join(known[:SHOWN_COLLECTIONS]) or "none yet"
+        more = f" and {len(known) - SHOWN_COLLECTIONS:,} more (GET /v1/collections)" if len(known) > SHOWN_COLLECTIONS else ""
+        return NotFound(
+            f"no collection {name[:100]!r}; the collections are: {shown}{more}",
+            collections=known[:SHOWN_COLLECTIONS],
+            total=len(known),
+        )
 
     def names(self) -> list[str]:
         """The collections that exist in Chroma."""

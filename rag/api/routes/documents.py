@@ -51,6 +51,7 @@ async def upload_documents(
             settings.max_upload_bytes,
         )
         job.collection = check_collection(form.field("collection") or job.collection)
+        await asyncio.to_thread(pipeline.catalog.check_room, job.collection, settings.max_collections)
         files = _source_files(form)
         job.files_total, job.state = len(files), "running"
         if not wait:
