@@ -141,7 +141,39 @@ def case_pdf_6000_pages(url: str) -> tuple[int, float, str]:
     return upload(url, "pages.pdf", hostile.shared_stream_pdf(6_000))
 
 
+def case_random_words_48mb(url: str) -> tuple[int, float, str]:
+    import random
+
+    rng = random.Random(7)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9))) for _ in range(5000)]
+    text = " ".join(rng.choice(words) for _ in range(8_500_000))[: 48 * MB]
+    return upload(url, "words.txt", text.encode())
+
+
+def case_style_without_braces(url: str) -> tuple[int, float, str]:
+    page = "<html><head><style>" + "a" * 200_000 + "</style></head><body><p>x</p></body></html>"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(upload, url, "freeze.html", page.encode())
+        slowest = 0.0
+        while not answer.done():
+            started = time.perf_counter()
+            httpx.get(f"{url}/health", timeout=30)
+            slowest = max(slowest, time.perf_counter() - started)
+        status, seconds, detail = answer.result()
+    return status, seconds, f"slowest /health meanwhile {slowest:.3f} s; {detail}"
+
+
+def case_zip64_behind_small_record(url: str) -> tuple[int, float, str]:
+    flood = hostile.zip_directory_flood(900_017, shared_header=True, zip64_behind_small_record=True)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda i: upload(url, f"hidden{i}.docx", flood), range(4)))
+    return results[0][0], max(r[1] for r in results), results[0][2]
+
+
 CASES: dict[str, Callable[[str], tuple[int, float, str]]] = {
+    "a 48 MB text of random words": case_random_words_48mb,
+    "HTML whose <style> is 200,000 'a' (while /health is polled)": case_style_without_braces,
+    "4 concurrent ZIP64 floods behind a 2-entry classic record": case_zip64_behind_small_record,
     "one ZIP-directory flood (900,017 entries, 46.8 MB)": case_zip_flood,
     "4 concurrent ZIP-directory floods (900,017 entries, 46.8 MB each)": case_zip_floods,
     "a 40 MB question (Content-Length)": case_question_40mb,
@@ -154,11 +186,14 @@ CASES: dict[str, Callable[[str], tuple[int, float, str]]] = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the results here too")
+    parser.add_argument("--only", help="run only the cases whose name holds this text")
     args = parser.parse_args()
     print(header(), flush=True)
     rows = []
     print(f"load average: {Path('/proc/loadavg').read_text().split()[:3]}")
     for name, case in CASES.items():
+        if args.only and args.only not in name:
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             api = Api(Path(tmp))
             try:

@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 SEPARATORS = ["\n\n", "\n", "。", "！", "？", "；", ". ", "! ", "? ", "; ", "，", ", ", " ", ""]
 _CACHE_SIZE = 1 << 16
 # Past 16 characters a token on average a text almost surely does not fit, so we do not count it
-# whole before splitting (a speed shortcut only: the splitter returns one chunk if it does fit).
+# whole before splitting (a speed shortcut only: the splitter returns one chunk if it does fit); and a
+# text longer than max_chunks chunks at this rate is refused from its length alone.
 _MAX_CHARS_PER_TOKEN = 16
 
 
@@ -125,6 +126,7 @@ class Chunker:
 
     def chunk(self, doc: LoadedDocument, doc_id: str) -> list[Chunk]:
         """The document's chunks in reading order, numbered from 0."""
+        self.check_length(doc)
         chunks: list[Chunk] = []
         for section in doc.sections:
             for start, end, tokens in self.split(section.text):
@@ -135,6 +137,19 @@ class Chunker:
                     f"{doc.name} makes more than {self.max_chunks:,} chunks (RAG_MAX_DOCUMENT_CHUNKS)", limit=self.max_chunks
                 )
         return chunks
+
+    def check_length(self, doc: LoadedDocument) -> None:
+        """Refuses, before any tokenizing, a text too long for `max_chunks` even at `_MAX_CHARS_PER_TOKEN`
+        characters a token (English runs 4-5, Chinese 1-2: a real document is far under the estimate)."""
+        if self.max_chunks is None:
+            return
+        chars = sum(len(section.text) for section in doc.sections)
+        if chars > self.max_chunks * self.chunk_tokens * _MAX_CHARS_PER_TOKEN:
+            raise DocumentRejected(
+                f"{doc.name} makes more than {self.max_chunks:,} chunks (RAG_MAX_DOCUMENT_CHUNKS): its {chars:,} "
+                f"characters would need over {chars // (self.chunk_tokens * _MAX_CHARS_PER_TOKEN):,}",
+                limit=self.max_chunks,
+            )
 
     def _enforce_limit(self, text: str, spans: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
         """Re-splits the rare chunk whose exact count exceeds the limit.

@@ -13,6 +13,7 @@ from tokenizers import Tokenizer
 from ingest.chunking import Chunker, chunk_document
 from ingest.loaders import parse
 from ingest.models import Chunk, DocKind, LoadedDocument, Section
+from rag.core.errors import DocumentRejected
 from rag.core.config import Settings
 from tests import hostile
 
@@ -274,3 +275,17 @@ def test_chunks_are_the_ones_langchain_makes(chunker: Chunker, parts: list[str])
     )
     spans = _Splitter(chunker.count_tokens, size=24, overlap=6).spans(text)
     assert [text[s:e] for s, e in spans] == reference.split_text(text)
+
+
+def test_a_text_too_long_for_the_chunk_limit_is_refused_before_tokenizing() -> None:
+    counted: list[str] = []
+
+    def count(text: str) -> int:
+        counted.append(text)
+        return len(text.split())
+
+    chunker = Chunker(count, chunk_tokens=50, chunk_overlap=5, max_chunks=10)
+    doc = text_doc("word " * (10 * 50 * 16 // 5 + 1))
+    with pytest.raises(DocumentRejected, match="RAG_MAX_DOCUMENT_CHUNKS"):
+        chunker.chunk(doc, "long")
+    assert counted == []
