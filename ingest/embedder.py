@@ -1,6 +1,7 @@
 """An embedding server for the `ingest` CLI when none answers at RAG_EMBED_URL: the same server as
 `rag up` starts (`rag serve-embeddings`, the same model, device, threads and batching from the same
-settings), run as this process's child on a free local port and stopped when the run ends.
+settings), run as this process's child on a free local port and stopped when the run ends; it dies
+with this process, however that ends.
 
 A child rather than the model in-process: `ingest` then embeds exactly as the stack does (the server's
 micro-batching and thread settings), and nothing of the embedding server is imported here.
@@ -20,6 +21,7 @@ import httpx
 
 from rag.core.config import Settings
 from rag.core.errors import EmbedderUnavailable
+from rag.core.lifetime import die_with_parent
 
 START_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 10.0
@@ -51,6 +53,7 @@ async def embedder_for(settings: Settings, say: Callable[[str], None]) -> AsyncI
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "rag.cli", "serve-embeddings", "--host", "127.0.0.1", "--port", str(port),
             stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
+            preexec_fn=die_with_parent(),  # a killed ingest leaves no orphan server holding the model
         )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -215,6 +215,39 @@ def test_with_nothing_running_ingest_starts_its_own_embedder(
     assert (isolated_env / "logs" / "ingest-embedder.log").exists()
 
 
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_embedder_that_ingest_started_dies_when_ingest_is_killed(tmp_path: Path, isolated_env: Path) -> None:
+    import signal
+    import time
+
+    from tests.test_launcher import _alive, _children
+
+    make_corpus(tmp_path / "docs")
+    env = {**os.environ, "RAG_API_PORT": str(free_port()), "RAG_EMBED_URL": f"http://127.0.0.1:{free_port()}",
+           "RAG_DATA_DIR": str(isolated_env)}
+    ingest = subprocess.Popen([sys.executable, "-m", "ingest.cli", str(tmp_path / "docs"), "-r"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        embedders: set[int] = set()
+        while not embedders:
+            assert ingest.poll() is None and time.monotonic() < deadline, "ingest started no embedding server"
+            embedders = {pid for pid in _children(ingest.pid)
+                         if b"serve-embeddings" in Path(f"/proc/{pid}/cmdline").read_bytes()}
+            time.sleep(0.1)
+        os.kill(ingest.pid, signal.SIGKILL)
+        ingest.wait()
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in embedders):
+            assert time.monotonic() < deadline, "the embedding server outlived the ingest that started it"
+            time.sleep(0.1)
+    finally:
+        if ingest.poll() is None:
+            ingest.kill()
+            ingest.wait()
+
+
 # A real subprocess against a running API.
 
 

@@ -219,3 +219,25 @@ def test_rag_help_lists_whole_command_descriptions():
     listing = " ".join(CliRunner().invoke(cli, ["--help"], terminal_width=80).output.split("Commands:")[1].split())
     assert "Start llama-server, the embedding server and the API; Ctrl-C stops them all." in listing
     assert "..." not in listing
+
+
+def test_the_api_gets_its_shutdown_grace_before_it_is_killed(tmp_path: Path):
+    from rag.core.config import Settings
+    from rag.deploy.launcher import Part, plan_parts
+
+    settings = Settings(data_dir=tmp_path, llm_model_path=tmp_path / "m.gguf", llm_server_bin=Path("/bin/true"),
+                        shutdown_grace_s=20)
+    api = next(p for p in plan_parts(settings) if p.name == "api")
+    assert api.stop_timeout_s > settings.shutdown_grace_s
+
+    # A part that takes its grace after SIGTERM (as the API does with uploads in flight) ends by itself.
+    script = "import signal, time; signal.signal(signal.SIGTERM, lambda *a: None); print('up', flush=True); time.sleep(3)"
+    slow = Part("slow", [sys.executable, "-c", script], "http://127.0.0.1:9/health", 9, "127.0.0.1", "-",
+                tmp_path / "slow.log", stop_timeout_s=30)
+    slow.start(dict(os.environ))
+    deadline = time.monotonic() + 30
+    while "up" not in (slow.log_path.read_text() if slow.log_path.exists() else ""):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    slow.stop()
+    assert slow.process is not None and slow.process.returncode == 0  # exited, not SIGKILLed

@@ -33,7 +33,7 @@ from selectolax.lexbor import LexborHTMLParser, LexborNode, SelectolaxError
 
 from ..detect import decode_text
 from ..models import DocKind, LoadedDocument
-from . import css
+from .css import hides, hiding_selectors, text_color
 from ._builder import DocumentBuilder, clean
 
 _SKIP = {
@@ -96,7 +96,7 @@ class _PageRules:
     def of(cls, tree: LexborHTMLParser) -> _PageRules:
         hidden: set[int] = set()
         for style in tree.css("style"):
-            for selector in css.hiding_selectors(style.text(deep=True)):
+            for selector in hiding_selectors(style.text(deep=True)):
                 if _DYNAMIC_SELECTOR.search(selector):
                     continue
                 try:
@@ -118,9 +118,9 @@ class _PageRules:
         if any(n in _HIDDEN_CLASSES for n in (attrs.get("class") or "").lower().split()):
             return True
         style = attrs.get("style") or ""
-        if style and css.hides(style):
+        if style and hides(style):
             return True
-        color = _color(attrs.get("color")) or _color(css.text_color(style)[0] if style else None)
+        color = _color(attrs.get("color")) or _color(text_color(style)[0] if style else None)
         return color is not None and color == _background(node, background)
 
     @staticmethod
@@ -151,7 +151,7 @@ def _background(node: LexborNode, inherited: str | None) -> str | None:
     """The background an element's text sits on: its own (style or bgcolor) or its parent's."""
     attrs = node.attributes
     style = attrs.get("style")
-    background = css.text_color(style)[1] if style else None
+    background = text_color(style)[1] if style else None
     if background is not None:
         return _color(background) or inherited  # transparent or unknown: the parent's shows through
     return _color(attrs.get("bgcolor")) or inherited

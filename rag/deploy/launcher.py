@@ -18,6 +18,7 @@ import httpx
 
 from rag.core.config import Settings
 from rag.core.errors import RagError
+from rag.core.lifetime import die_with_parent
 from rag.deploy.modellock import ensure_bundled_generator
 from rag.deploy.placement import embedder_placement
 from rag.deploy.profiles import get_profile
@@ -42,6 +43,7 @@ class Part:
     model: str
     log_path: Path
     ready_timeout_s: float = 180.0
+    stop_timeout_s: float = 10.0  # after SIGTERM, before SIGKILL
     env: dict[str, str] = field(default_factory=dict)  # on top of the stack's environment
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
@@ -53,14 +55,15 @@ class Part:
         # stop anything (rag up killed with SIGKILL).
         self.process = subprocess.Popen(
             self.command, stdout=log, stderr=subprocess.STDOUT, env={**env, **self.env}, start_new_session=True,
-            preexec_fn=_die_with_parent(os.getpid()),
+            preexec_fn=die_with_parent(),
         )
         log.close()
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float | None = None) -> None:
+        timeout = self.stop_timeout_s if timeout is None else timeout
         if self.process is None:
             return
         if self.alive():
@@ -79,23 +82,6 @@ class Part:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except FileNotFoundError:
             return "(no log)"
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent(parent: int) -> Callable[[], None]:
-    """A preexec_fn: the child gets SIGKILL when its parent dies, however it dies (Linux prctl)."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-
-    def arm() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the parent died before the signal was armed
-            os._exit(1)
-
-    return arm
 
 
 def group_members(pgid: int) -> list[int]:
@@ -194,6 +180,9 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+# The API gets its shutdown grace (uploads being indexed finish or roll back) plus this, to close.
+API_STOP_MARGIN_S = 10.0
+
 # The setting that moves each part's port, for the busy-port error.
 PORT_SETTINGS = {"llama-server": "RAG_LLM_URL", "embedder": "RAG_EMBED_URL", "api": "RAG_API_PORT"}
 
@@ -219,7 +208,8 @@ def plan_parts(settings: Settings) -> list[Part]:
              f"{settings.embed_model} on {placement.device or 'its default device'} ({placement.reason})",
              logs / "embedder.log", env=embed_env),
         Part("api", [python, "-m", "rag.cli", "serve-api"], f"{settings.api_url}/health", settings.api_port,
-             settings.api_host, f"web page and API over {settings.data_dir}", logs / "api.log"),
+             settings.api_host, f"web page and API over {settings.data_dir}", logs / "api.log",
+             stop_timeout_s=settings.shutdown_grace_s + API_STOP_MARGIN_S),
     ]
 
 
