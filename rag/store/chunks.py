@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,7 @@ from urllib.parse import urlparse
 from filelock import FileLock, Timeout
 
 from rag.core.config import Settings
-from rag.core.errors import NotFound, StoreLocked, StoreUnavailable
+from rag.core.errors import BackendUnavailable, NotFound, StoreLocked, StoreUnavailable
 
 HNSW = {"space": "cosine", "ef_construction": 200, "ef_search": 200}
 REPAIR_HINT = "stop the API and run `rag store repair`"
@@ -232,3 +234,17 @@ def _hits(coll: Any, embedding: list[float], k: int, where: dict[str, Any] | Non
         StoredChunk(i, (doc or "") if texts else None, dict(meta or {}), 1.0 - float(dist))
         for i, doc, meta, dist in zip(ids, documents, metadatas, distances)
     ]
+
+
+@contextmanager
+def store_errors() -> Iterator[None]:
+    """Chroma's failures (its server away, its disk full) become StoreUnavailable."""
+    import httpx
+    from chromadb.errors import ChromaError
+
+    try:
+        yield
+    except BackendUnavailable:
+        raise
+    except (ChromaError, httpx.HTTPError, ConnectionError, OSError) as exc:
+        raise StoreUnavailable(f"Chroma is unavailable: {exc.__class__.__name__}: {exc}") from exc
