@@ -19,7 +19,6 @@ def type_bytes(type_name: str, n_values: int) -> int:
     return n_values // block * size
 
 
-
 @dataclass(frozen=True)
 class Memory:
     """Bytes by component; `*_gpu` on the card, `*_host` in system memory."""
