@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rag.deploy.model_shapes import ModelSpec
+from rag.deploy._specs import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from rag.deploy._architecture import Architecture, architecture
 from rag.deploy._flags import MIB, Flags, pad
 from rag.deploy.gpus import GPU
-from rag.deploy.model_shapes import BLOCK_SIZES, ModelSpec
+from rag.deploy._specs import BLOCK_SIZES, ModelSpec
 
 UNITEMIZED = "output.unitemized"  # stands for bytes a published file has beyond its described tensors
 

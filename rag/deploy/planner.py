@@ -48,7 +48,7 @@ from rag.deploy._memory import (
     weight_bytes,
 )
 from rag.deploy.gpus import GPU
-from rag.deploy.model_shapes import ModelSpec, TensorSpec
+from rag.deploy._specs import ModelSpec, TensorSpec
 
 __all__ = [
     "CACHE_TYPES", "GIB", "MIB", "UNITEMIZED", "Architecture", "Flags", "GGUFFormatError", "Memory", "Plan",
