@@ -54,6 +54,20 @@ class StoreLock:
             self._lock.release()
 
 
+def _chroma_settings() -> Any:
+    from chromadb.config import Settings as ChromaSettings
+
+    return ChromaSettings(anonymized_telemetry=False, allow_reset=False)
+
+
+def persistent_client(path: Path | str) -> Any:
+    """An embedded Chroma client on `path`: the store's, the repair's and the probe's, with one set of
+    settings (Chroma refuses a second client of a path with other settings in one process)."""
+    import chromadb
+
+    return chromadb.PersistentClient(path=str(path), settings=_chroma_settings())
+
+
 class ChunkStore:
     """Collections of chunk vectors with their text and metadata."""
 
@@ -70,21 +84,19 @@ class ChunkStore:
 
     @classmethod
     def open(cls, settings: Settings) -> "ChunkStore":
-        import chromadb
-        from chromadb.config import Settings as ChromaSettings
-
-        chroma_settings = ChromaSettings(anonymized_telemetry=False, allow_reset=False)
         if settings.chroma_mode == "server":
+            import chromadb
+
             url = urlparse(settings.chroma_url or "")
             client = chromadb.HttpClient(
                 host=url.hostname or "127.0.0.1",
                 port=url.port or 8000,
                 ssl=url.scheme == "https",
-                settings=chroma_settings,
+                settings=_chroma_settings(),
             )
         else:
             settings.chroma_path.mkdir(parents=True, exist_ok=True)
-            client = chromadb.PersistentClient(path=str(settings.chroma_path), settings=chroma_settings)
+            client = persistent_client(settings.chroma_path)
         return cls(client, settings.collection)
 
     def collection(self, name: str, *, create: bool = False) -> Any:
