@@ -13,7 +13,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_health_is_ok_when_every_backend_is(backend_settings: Settings):
-    with TestClient(create_app(backend_settings)) as client:
+    with TestClient(create_app(backend_settings), base_url="http://127.0.0.1") as client:
         response = client.get("/health")
     body = response.json()
     assert response.status_code == 200, body
@@ -27,7 +27,7 @@ def test_health_is_ok_when_every_backend_is(backend_settings: Settings):
 
 def test_health_is_503_with_the_reason_when_llama_server_is_down(embedding_server: Server, isolated_env):
     settings = Settings(data_dir=isolated_env, llm_url=f"http://127.0.0.1:{free_port()}", embed_url=embedding_server.url)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
         response = client.get("/health")
     body = response.json()
     assert response.status_code == 503
@@ -40,9 +40,9 @@ def test_health_is_503_with_the_reason_when_llama_server_is_down(embedding_serve
 def test_a_second_api_on_the_same_store_is_refused(backend_settings: Settings):
     from rag.core.errors import StoreLocked
 
-    with TestClient(create_app(backend_settings)):
+    with TestClient(create_app(backend_settings), base_url="http://127.0.0.1"):
         with pytest.raises(StoreLocked, match="held by the rag API"):
-            with TestClient(create_app(backend_settings)):
+            with TestClient(create_app(backend_settings), base_url="http://127.0.0.1"):
                 pass
 
 
@@ -53,7 +53,7 @@ def test_health_reports_the_prompt_style_and_warns_when_it_is_a_guess(
 
     from tests.servers import start_llama_server
 
-    with TestClient(create_app(backend_settings)) as client:
+    with TestClient(create_app(backend_settings), base_url="http://127.0.0.1") as client:
         llm = client.get("/health").json()["backends"]["llm"]
     assert llm["prompt_style"] == "completion" and "warning" not in llm  # the bundled GGUF has no chat template
     # A model file the API cannot read (as in another container): llama-server keeps its mapped copy.
@@ -63,7 +63,7 @@ def test_health_reports_the_prompt_style_and_warns_when_it_is_a_guess(
     try:
         elsewhere.unlink()
         settings = Settings(**{**backend_settings.model_dump(), "llm_url": server.url})
-        with TestClient(create_app(settings)) as client:
+        with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
             response = client.get("/health")
     finally:
         server.stop()

@@ -196,12 +196,13 @@ def test_the_shared_damaged_store_is_probed_without_crashing(damaged_store: Path
 @pytest.mark.integration
 def test_the_api_starts_on_the_shared_damaged_store_and_reports_it(damaged_store: Path, ingest_settings: Settings) -> None:
     settings = ingest_settings.model_copy(update={"data_dir": damaged_store})
-    with TestClient(__import__("rag.api.app", fromlist=["create_app"]).create_app(settings)) as client:
+    with TestClient(__import__("rag.api.app", fromlist=["create_app"]).create_app(settings), base_url="http://127.0.0.1") as client:
         store = client.get("/health").json()["backends"]["store"]
         assert store["state"] == "damaged" and "default" in store["problems"]
         assert "rag store repair" in store["fix"]
         refused = client.post("/v1/documents", files={"files": ("a.txt", b"Some words to index.")})
         assert refused.status_code == 503 and "rag store repair" in refused.json()["error"]["message"]
+        assert "retry-after" not in refused.headers  # it never clears by itself
         fine = client.post("/v1/documents", data={"collection": "killtest"}, files={"files": ("b.txt", b"Other words here.")})
         assert fine.status_code == 200, fine.text
 

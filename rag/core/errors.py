@@ -23,6 +23,7 @@
         ├── LLMUnavailable (503)           llama-server down or loading its model
         ├── EmbedderUnavailable (503)
         └── StoreUnavailable (503)
+            └── StoreDamaged (503)         without Retry-After: a damaged collection waits for `rag store repair`
 
 The API maps them to JSON errors (and SSE `error` events mid-stream) in `rag/api/errors.py`.
 """
@@ -127,7 +128,7 @@ class ContextOverflow(UpstreamError):
 
 class BackendUnavailable(RagError):
     status, code = 503, "backend_unavailable"
-    retry_after = 5  # seconds: a restart of llama-server or the embedder (rag up restarts them) takes about this
+    retry_after: int | None = 5  # seconds: a restart of llama-server or the embedder (rag up restarts them) takes about this
 
 
 class LLMUnavailable(BackendUnavailable):
@@ -148,3 +149,8 @@ class EmbedderMismatch(Conflict):
 
 class TooManyCollections(Conflict):
     code = "too_many_collections"
+
+
+class StoreDamaged(StoreUnavailable):
+    code = "store_damaged"
+    retry_after = None  # it never clears by itself: a client should not retry, an operator must repair

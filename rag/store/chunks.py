@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 from filelock import FileLock, Timeout
 
 from rag.core.config import Settings
-from rag.core.errors import BackendUnavailable, NotFound, StoreLocked, StoreUnavailable
+from rag.core.errors import BackendUnavailable, NotFound, StoreDamaged, StoreLocked, StoreUnavailable
 
 HNSW = {"space": "cosine", "ef_construction": 200, "ef_search": 200}
 REPAIR_HINT = "stop the API and run `rag store repair`"
@@ -104,7 +104,7 @@ class ChunkStore:
         """The Chroma collection `name`; only writes create it, a read of an unknown one is NotFound."""
         reason = self.unreadable or self.damaged.get(name)
         if reason is not None or self._client is None:
-            raise StoreUnavailable(f"Chroma's collection {name!r} is damaged ({reason}); {REPAIR_HINT}", fix="rag store repair")
+            raise StoreDamaged(f"Chroma's collection {name!r} is damaged ({reason}); {REPAIR_HINT}", fix="rag store repair")
         if name not in self._collections:
             from chromadb.errors import NotFoundError
 
