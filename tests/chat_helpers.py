@@ -41,9 +41,9 @@ DOCS = {
 
 
 def without_backends(**overrides: Any) -> Settings:
-    """Settings whose llama-server and embedder are away (nothing listens on their port)."""
+    """Settings whose llama-server and embedder are away (nothing listens on their port), unless overridden."""
     dead = f"http://127.0.0.1:{free_port()}"
-    return Settings(llm_url=dead, embed_url=dead, **overrides)
+    return Settings(**{"llm_url": dead, "embed_url": dead, **overrides})
 
 
 def changed(settings: Settings, **changes: Any) -> Settings:

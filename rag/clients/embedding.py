@@ -8,6 +8,7 @@ used here: importing it costs every `ingest` run about half a second of CPU befo
 from __future__ import annotations
 
 import base64
+import binascii
 from typing import Any
 
 import httpx
@@ -36,18 +37,38 @@ def _retried(exc: BaseException) -> bool:
     return isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in RETRIED_STATUSES
 
 
-def _vectors(body: dict[str, Any], expected: int) -> np.ndarray:
-    """The response's embeddings in input order, as an (n, d) float32 array."""
-    data = sorted(body["data"], key=lambda d: d["index"])
-    if len(data) != expected:
-        raise UpstreamError(f"embedding server returned {len(data)} vectors for {expected} inputs")
-    rows = [
-        np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4")
-        if isinstance(d["embedding"], str)
-        else np.asarray(d["embedding"], dtype=np.float32)
-        for d in data
-    ]
-    return np.vstack(rows).astype(np.float32, copy=False)
+def _vectors(body: Any, texts: list[str]) -> np.ndarray:
+    """The response's embeddings in input order, as an (n, d) float32 array; UpstreamError (502) naming
+    what is wrong when the answer is not one finite, non-degenerate vector per input."""
+    expected = len(texts)
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list):
+        raise UpstreamError("embedding server answered without a `data` list of embeddings")
+    try:
+        data = sorted(data, key=lambda d: d["index"])
+        rows = [_row(d["embedding"]) for d in data]
+    except (KeyError, TypeError, ValueError, binascii.Error) as exc:
+        raise UpstreamError(f"embedding server answered with a malformed embedding ({type(exc).__name__}: {exc})") from None
+    if len(rows) != expected:
+        raise UpstreamError(f"embedding server returned {len(rows)} vectors for {expected} inputs")
+    if len({len(r) for r in rows}) > 1 or not rows[0].size:
+        raise UpstreamError(f"embedding server returned vectors of differing or zero lengths ({sorted({len(r) for r in rows})})")
+    vectors = np.vstack(rows).astype(np.float32, copy=False)
+    if not np.isfinite(vectors).all():
+        raise UpstreamError("embedding server returned vectors with NaN or infinite values")
+    if not np.any(vectors, axis=1).all():
+        raise UpstreamError(f"embedding server returned an all-zero vector (input {int(np.argmin(np.any(vectors, axis=1)))})")
+    if expected > 1 and len(set(texts)) > 1 and (vectors == vectors[0]).all():
+        raise UpstreamError(f"embedding server returned one same vector for {expected} different inputs")
+    return vectors
+
+
+def _row(embedding: Any) -> np.ndarray:
+    if isinstance(embedding, str):
+        return np.frombuffer(base64.b64decode(embedding, validate=True), dtype="<f4")
+    if not isinstance(embedding, list):
+        raise TypeError(f"an embedding is a {type(embedding).__name__}")
+    return np.asarray(embedding, dtype=np.float32)
 
 
 class EmbeddingClient:
@@ -78,7 +99,7 @@ class EmbeddingClient:
         """One row per text, in order (float32)."""
         if not texts:
             return np.zeros((0, 0), dtype=np.float32)
-        return _vectors(await self._post_embeddings(texts), len(texts))
+        return _vectors(await self._post_embeddings(texts), texts)
 
     async def embed_one(self, text: str) -> np.ndarray:
         return (await self.embed([text]))[0]
@@ -96,12 +117,12 @@ class EmbeddingClient:
         """Like `embed` for a non-empty list, with the server's usage (`prompt_tokens`, `total_tokens`,
         and `truncated_inputs`: the inputs longer than the model reads, embedded from their start)."""
         body = await self._post_embeddings(texts)
-        usage = body.get("usage") or {}
+        usage = (body.get("usage") if isinstance(body, dict) else None) or {}
         prompt = int(usage.get("prompt_tokens") or 0)
         truncated = int(usage.get("truncated_inputs") or 0)
-        return _vectors(body, len(texts)), {"prompt_tokens": prompt, "total_tokens": prompt, "truncated_inputs": truncated}
+        return _vectors(body, texts), {"prompt_tokens": prompt, "total_tokens": prompt, "truncated_inputs": truncated}
 
-    async def _post_embeddings(self, texts: list[str]) -> dict[str, Any]:
+    async def _post_embeddings(self, texts: list[str]) -> Any:
         """The server's JSON answer for `texts` (base64 vectors), retried as the class says; typed errors."""
         payload = {"model": self.model, "input": [_encodable(t) for t in texts], "encoding_format": "base64"}
         try:
@@ -124,4 +145,7 @@ class EmbeddingClient:
             raise UpstreamError(
                 f"embedding server answered {exc.response.status_code}", upstream=exc.response.text[:300]
             ) from exc
-        return response.json()
+        try:
+            return response.json()
+        except ValueError:
+            raise UpstreamError("embedding server answered with something that is not JSON", upstream=response.text[:300]) from None
