@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import os
 import signal
 from collections.abc import Iterator
@@ -282,3 +284,42 @@ def test_a_backend_killed_mid_stream_ends_the_stream_with_an_error_event(
     assert "done" not in names
     assert events[-1].data["code"] in ("llm_unavailable", "upstream_error")
     assert events[-1].data["message"]
+
+
+def test_a_reader_that_stops_reading_is_cut_off_and_its_slot_given_back(monkeypatch) -> None:
+    import itertools
+
+    import rag.api.routes.chat as chat_routes
+
+    monkeypatch.setattr(chat_routes, "SEND_TIMEOUT_S", 0.3)
+
+    class Answer:  # the one part of an answer the stream touches
+        closed = 0
+
+        def close(self) -> None:
+            Answer.closed += 1
+
+    produced = []
+
+    async def tokens():
+        for i in itertools.count():
+            produced.append(i)
+            yield {"event": "token", "data": "x"}
+
+    sent: list[str] = []
+
+    async def stalled_reader(message: dict) -> None:
+        sent.append(message["type"])
+        if len(sent) > 3:
+            await asyncio.sleep(3600)  # the client's socket is full: this send never completes
+
+    async def receive() -> dict:
+        await asyncio.sleep(3600)
+        return {}
+
+    response = chat_routes.event_stream(Answer(), tokens())
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat", "headers": []}
+    asyncio.run(asyncio.wait_for(response(scope, receive, stalled_reader), 30))
+    assert Answer.closed >= 1
+    done = len(produced)
+    assert done < 10  # nothing more was generated for the stalled reader

@@ -19,6 +19,7 @@ from typing import Any, Literal, TypeVar
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field
 from sse_starlette import EventSourceResponse
+from sse_starlette.sse import SendTimeoutError
 from starlette.background import BackgroundTask
 
 from rag.answering.answerer import Answer, ChatQuery
@@ -33,6 +34,9 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 PING_S = 10
+# A reader that stops reading (the socket's buffers full) is cut off after this long on one event, so a
+# stalled client cannot hold a generation slot and its buffered tokens indefinitely.
+SEND_TIMEOUT_S = 30.0
 DISCONNECT_POLL_S = 0.25
 CLIENT_CLOSED = 499  # nginx's code for a client that closed the connection; nobody is left to read it
 
@@ -118,9 +122,30 @@ async def unless_disconnected(request: Request, answer: Answer, work: Awaitable[
         answer.close()
 
 
+class _AnswerStream(EventSourceResponse):
+    """The SSE response of one answer: a reader that stops reading is cut off after SEND_TIMEOUT_S, and
+    the generation slot is given back and the generation stopped however the stream ends."""
+
+    def __init__(self, answer: Answer, events: AsyncIterator[dict[str, str]]) -> None:
+        super().__init__(events, ping=PING_S, send_timeout=SEND_TIMEOUT_S, background=BackgroundTask(answer.close))
+        self.answer = answer
+        self.events = events
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except SendTimeoutError:
+            log.info("a client stopped reading its stream for %g s: cut off", SEND_TIMEOUT_S)
+        finally:
+            self.answer.close()
+            aclose = getattr(self.events, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
 def event_stream(answer: Answer, events: AsyncIterator[dict[str, str]]) -> EventSourceResponse:
     """An SSE response that gives the generation slot back however the stream ends (even unstarted)."""
-    return EventSourceResponse(events, ping=PING_S, background=BackgroundTask(answer.close))
+    return _AnswerStream(answer, events)
 
 
 @router.post("/chat")
