@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-
 import os
 import signal
 from collections.abc import Iterator
@@ -12,9 +11,18 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rag.core.config import Settings
 from rag.answering.prompt import no_sources_answer
-from tests.chat_helpers import changed, ask, chat_events, empty_collection, parse_sse, prompt_tokens_total, serve, upload
+from rag.core.config import Settings
+from tests.chat_helpers import (
+    ask,
+    changed,
+    chat_events,
+    empty_collection,
+    parse_sse,
+    prompt_tokens_total,
+    serve,
+    upload,
+)
 from tests.servers import Server, free_port, start_llama_server
 
 pytestmark = pytest.mark.integration

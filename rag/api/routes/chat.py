@@ -26,9 +26,9 @@ from rag.answering.answerer import Answer, ChatQuery
 from rag.api.deps import AnswererDep, SettingsDep
 from rag.api.errors import error_body
 from rag.api.limits import check_messages
-from rag.store.catalog import check_collection
 from rag.core.config import Settings
 from rag.core.errors import RagError
+from rag.store.catalog import check_collection
 
 log = logging.getLogger(__name__)
 router = APIRouter()
