@@ -109,7 +109,9 @@ def test_kind_comes_from_content(data: bytes, name: str, kind: DocKind) -> None:
 
 @pytest.mark.parametrize(
     ("data", "name"),
-    [(b"", "empty.txt"), (b"   \n\t\r\n  ", "blank.txt"), ("\u3000\n ".encode(), "blank.md"), (b"<html><body> </body></html>", "a.html")],
+    [(b"", "empty.txt"), (b"   \n\t\r\n  ", "blank.txt"), ("\u3000\n ".encode(), "blank.md"), (b"<html><body> </body></html>", "a.html"),
+     ("\ufeff\u00a0\u2003\u200b\n\u2009\u200b\u2060\u202f".encode(), "unicode-blank.txt"),
+     ("<html><body><p>\u200b\u00a0</p></body></html>".encode(), "zero-width.html")],
 )
 def test_empty_and_whitespace_only_are_rejected(data: bytes, name: str, load) -> None:
     with pytest.raises(DocumentRejected) as info:

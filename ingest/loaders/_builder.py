@@ -12,6 +12,9 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f-\x9f\ufeff\ufffe]")
 # ANSI/VT escape sequences (terminal colours as in "\x1b[1mGNU\x1b[22m ROFF"): CSI with its parameters,
 # OSC up to its terminator, and the two-character escapes; also their 8-bit CSI form.
 _ANSI = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]")
+# Something a reader sees: not whitespace (NBSP and the em/en spaces are, to str.isspace) and not an
+# invisible format character (zero-width spaces and joiners, bidi marks, the BOM, the soft hyphen).
+_VISIBLE = re.compile(r"[^\s\u00ad\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff]")
 # nroff's overstrike: bold "X\bX" and underline "_\bX" keep the last character.
 _OVERSTRIKE = re.compile(r".\x08(?=.)", re.S)
 
@@ -74,9 +77,9 @@ class DocumentBuilder:
         """The document, or DocumentRejected when nothing but whitespace was extracted."""
         self._close()
         text = "".join(self._parts)
-        sections = tuple(s for s in (self._section(text, *span) for span in self._spans) if s.text)
+        sections = tuple(s for s in (self._section(text, *span) for span in self._spans) if _VISIBLE.search(s.text))
         if not sections:
-            raise DocumentRejected(f"{name} has no text to index (it is empty or whitespace only)")
+            raise DocumentRejected(f"{name} has no text to index (it is empty, or whitespace and invisible characters only)")
         return LoadedDocument(name=name, kind=kind, text=text, sections=sections, **fields)  # type: ignore[arg-type]
 
     def _append(self, text: str, sep: str) -> int:
