@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,14 @@ from rag.cli import load_settings, run_cli
 from rag.core.config import Settings
 from rag.core.errors import InvalidRequest
 
-from .backends import ApiBackend, Backend, KnownDocument, LocalBackend, file_id, find_api
+from .backends import (
+    ApiBackend,
+    Backend,
+    KnownDocument,
+    LocalBackend,
+    file_id,
+    find_api,
+)
 from .pipeline import FileResult, SourceFile
 
 EXAMPLES = """
@@ -151,7 +159,8 @@ def collect_files(paths: Sequence[Path], pattern: str | None, recursive: bool) -
                     found[file.resolve()] = None
         else:
             found[path.resolve()] = None
-    return [SourceFile(p, str(p), p.name) for p in found]
+    # Names in NFC, as the API keeps them: the same name typed on macOS (NFD) and Linux is one source.
+    return [SourceFile(p, unicodedata.normalize("NFC", str(p)), unicodedata.normalize("NFC", p.name)) for p in found]
 
 
 def _walk(folder: Path, recursive: bool) -> list[Path]:
@@ -202,7 +211,14 @@ class Report:
         if not sys.stderr.isatty():
             return nullcontext()
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         self._bar = Progress(
             TextColumn("[bold]{task.description}"),

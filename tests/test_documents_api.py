@@ -287,12 +287,15 @@ def test_hostile_filenames_are_stored_under_a_server_id(api: LiveApi, case: str)
 
 
 def test_odd_but_harmless_unicode_names_are_kept(api: LiveApi) -> None:
+    import unicodedata
+
     for name in ("naïve café ☕.txt", "中文文件名.txt", "e\u0301t\u00e9.md"):
         response = api.upload((name, text_of(1, name)))
         assert response.status_code == 200
-        assert response.json()["results"][0]["filename"] == name
+        kept = unicodedata.normalize("NFC", name)  # "e\u0301" is kept as "é"
+        assert response.json()["results"][0]["filename"] == kept
         doc = api.client.get(f"/v1/documents/{response.json()['results'][0]['document_id']}").json()
-        assert doc["source"] == doc["source_key"] == name
+        assert doc["source"] == doc["source_key"] == kept
 
 
 def test_html_with_scripts_and_remote_images(api: LiveApi) -> None:
@@ -466,6 +469,16 @@ def test_the_same_bytes_under_two_names_are_two_listed_documents_that_never_dele
     assert _listed(api) == [("b.txt", newer["document_id"])]
     assert api.census().indexed() == {newer["document_id"]: newer["chunks"]} and api.census().consistent()
     assert api.client.get("/v1/collections").json()["collections"] == [{"name": "default", "documents": 1}]
+
+
+def test_a_name_in_nfc_and_nfd_is_one_source(api: LiveApi) -> None:
+    import unicodedata
+
+    nfc, nfd = unicodedata.normalize("NFC", "résumé.txt"), unicodedata.normalize("NFD", "résumé.txt")
+    assert nfc != nfd
+    assert api.upload((nfc, text_of(2, "first"), "text/plain")).status_code == 200
+    assert api.upload((nfd, text_of(2, "second"), "text/plain")).status_code == 200  # a new version, not a twin
+    assert [name for name, _ in _listed(api)] == [nfc]
 
 
 def test_deleting_by_id_alone_removes_the_content_under_every_name(api: LiveApi) -> None:

@@ -217,7 +217,7 @@ def escape_name(name: str) -> str:
 def safe_filename(raw: bytes) -> str | None:
     """The name itself when it is a plain file name; None when it must not be used as one."""
     try:
-        name = raw.decode("utf-8")
+        name = unicodedata.normalize("NFC", raw.decode("utf-8"))  # "résumé" typed on macOS or Linux: one name
     except UnicodeDecodeError:
         return None
     if (
@@ -251,4 +251,4 @@ def check_source(source: str) -> str:
     """A client-given source key (the CLI sends a file's path): printable and of sane length."""
     if not source or len(source) > MAX_SOURCE_CHARS or any(_unsafe_char(ch) for ch in source):
         raise InvalidRequest("each 'sources' value must be 1-4096 printable characters")
-    return source
+    return unicodedata.normalize("NFC", source)
