@@ -82,6 +82,13 @@ _CHARSET_DECL = re.compile(rb"""(?:<meta[^>]{0,200}?charset|<\?xml[^>]{0,100}?en
 _PREFERRED_ON_TIE = ("cp1252", "latin_1", "iso8859_15", "gb18030", "big5", "shift_jis", "euc_kr")
 _HEAD = 1 << 16  # characters at the head sniffed for text-kind signals
 _WESTERN_PAGES = {"cp1252", "latin_1", "iso8859_15"}
+# DOS and classic Mac code pages: charset_normalizer finds "language evidence" for them in short
+# Western texts ("Für" as cp775 "F³r", "pequeño" as cp852 "peque˝o"), yet files in them are rare today:
+# a plausible cp1252 reading wins over them whatever the evidence.
+_LEGACY_PAGES = {
+    "cp437", "cp737", "cp775", "cp850", "cp852", "cp855", "cp857", "cp858", "cp860", "cp861", "cp862", "cp863",
+    "cp864", "cp865", "cp869", "mac_roman", "mac_latin2", "mac_iceland", "mac_turkish", "mac_greek", "mac_cyrillic",
+}  # fmt: skip
 _LANGUAGE_EVIDENCE = 0.3  # charset_normalizer coherence above which its language detection is trusted
 _WESTERN_CHARS = frozenset(
     "àáâãäåæçèéêëìíîïñòóôõöøùúûüýÿßÀÁÂÃÄÅÆÇÈÉÊËÌÍÎÏÑÒÓÔÕÖØÙÚÛÜÝŒœŠšŽžŸ"
@@ -282,7 +289,7 @@ def decode_text(data: bytes) -> tuple[str, str]:
     # turned into "ŕ"); among equals, take the most widely used ones.
     ties = {m.encoding: m for m in matches if (m.chaos, m.coherence) == (best.chaos, best.coherence)}
     best = next((ties[e] for e in _PREFERRED_ON_TIE if e in ties), best)
-    if best.encoding not in _WESTERN_PAGES and best.coherence < _LANGUAGE_EVIDENCE:
+    if best.encoding not in _WESTERN_PAGES and (best.coherence < _LANGUAGE_EVIDENCE or best.encoding in _LEGACY_PAGES):
         western = _plausible_western(data)
         if western is not None:
             return western, "cp1252"

@@ -465,3 +465,24 @@ def test_a_worker_that_cannot_start_is_a_service_error_not_a_bad_file(settings: 
         assert pool._count == 0
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize("codec", ["cp1252", "latin-1"])
+def test_short_western_texts_in_cp1252_or_latin1_are_read_as_written(codec: str) -> None:
+    from ingest.detect import decode_text
+    from tests.western_samples import SAMPLES
+
+    samples = [s for s in SAMPLES if codec == "cp1252" or "œ" not in s]  # Latin-1 has no œ
+    wrong = [(s, decode_text(s.encode(codec))) for s in samples if decode_text(s.encode(codec))[0] != s]
+    assert wrong == []
+
+
+@pytest.mark.parametrize(
+    ("text", "codec"),
+    [("Příliš žluťoučký kůň úpěl ďábelské ódy.", "cp1250"), ("Zażółć gęślą jaźń, to zdanie ma polskie litery.", "cp1250"),
+     ("Съешь же ещё этих мягких французских булок, да выпей чаю.", "cp1251"), ("Ξεσκεπάζω την ψυχοφθόρα βδελυγμία.", "cp1253")],
+)
+def test_other_single_byte_pages_still_win_where_they_fit(text: str, codec: str) -> None:
+    from ingest.detect import decode_text
+
+    assert decode_text(text.encode(codec))[0] == text
