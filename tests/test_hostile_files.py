@@ -174,3 +174,23 @@ def test_a_zip_directory_flood_on_disk_is_refused_from_its_tail(tmp_path):
     ok = tmp_path / "ok.docx"
     ok.write_bytes(hostile.docx_document([("p", "fine")]))
     check_zip_file(ok)
+
+
+def test_a_main_part_hidden_in_word_media_is_checked_like_any_other():
+    src = zipfile.ZipFile(io.BytesIO(hostile.docx_document([("p", "placeholder")])))
+    moved = {"word/document.xml": "word/media/main.xml", "word/_rels/document.xml.rels": "word/media/_rels/main.xml.rels"}
+    entity = '<?xml version="1.0"?><!DOCTYPE d [<!ENTITY e "expanded">]>' + hostile._BODY.format(text="Visible words &e;")
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename in ("_rels/.rels", "[Content_Types].xml"):
+                data = data.replace(b"word/document.xml", b"word/media/main.xml")
+            if info.filename == "word/document.xml":
+                data = entity.encode()
+            if info.filename == "word/_rels/document.xml.rels":  # its targets are relative to the part
+                data = data.replace(b'Target="', b'Target="../').replace(b'Target="../http', b'Target="http')
+            dst.writestr(moved.get(info.filename, info.filename), data)
+    with pytest.raises(DocumentRejected) as info:
+        parse(DocKind.DOCX, out.getvalue(), "hidden-main.docx")
+    assert "word/media/main.xml" in info.value.message

@@ -158,9 +158,13 @@ def _member_bytes(data: bytes, member: zipfile.ZipInfo, name: str) -> memoryview
     return memoryview(data)[start : start + member.compress_size]
 
 
+_BINARY_MEDIA = (".png", ".jpg", ".jpeg", ".gif", ".bmp", ".tif", ".tiff", ".emf", ".wmf", ".ico", ".webp")
+
+
 def _maybe_xml(filename: str) -> bool:
-    # Media are binary blobs python-docx never parses (an SVG may carry a harmless DOCTYPE).
-    return not filename.startswith("word/media/")
+    """Every part but the images in word/media/: a main document part can be put anywhere (its
+    relationship names it), so a folder alone vouches for nothing; an SVG is XML and checked too."""
+    return not (filename.startswith("word/media/") and filename.lower().endswith(_BINARY_MEDIA))
 
 
 class _XmlCheck:
