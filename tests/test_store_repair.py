@@ -123,8 +123,19 @@ def _drop_rows(chroma: Path) -> None:
         db.execute("DELETE FROM embeddings WHERE id IN (SELECT id FROM embeddings ORDER BY id DESC LIMIT 100)")
 
 
-@pytest.mark.parametrize("damage", [_delete_segment_folders, _truncate_hnsw, _drop_rows],
-                         ids=["deleted segment folder", "truncated HNSW files", "missing rows"])
+def _add_orphans(chroma: Path) -> None:
+    """Vectors in Chroma that the record never held (a write cut short by a full disk leaves such)."""
+    import chromadb
+
+    client = chromadb.PersistentClient(path=str(chroma))
+    coll = client.get_collection("alpha", embedding_function=None)
+    sample = coll.get(limit=1, include=["embeddings", "documents", "metadatas"])
+    coll.add(ids=[f"orphan:{i}" for i in range(5)], embeddings=[sample["embeddings"][0]] * 5,
+             documents=["orphan"] * 5, metadatas=[sample["metadatas"][0]] * 5)
+
+
+@pytest.mark.parametrize("damage", [_delete_segment_folders, _truncate_hnsw, _drop_rows, _add_orphans],
+                         ids=["deleted segment folder", "truncated HNSW files", "missing rows", "orphan vectors"])
 def test_a_damaged_chroma_is_found_and_rebuilt_from_the_record(built, damage) -> None:
     settings, queries, before = built
     damage(settings.chroma_path)

@@ -51,7 +51,8 @@ class CollectionCheck:
         out = []
         if self.chroma_state == "damaged":
             out.append("Chroma cannot open this collection")
-        elif self.chroma is not None and self.chroma < self.catalog_chunks:
+        elif self.chroma is not None and self.chroma != self.catalog_chunks:
+            # More is as wrong as fewer: vectors of no indexed chunk (a write cut short) are found by search.
             out.append(f"Chroma holds {self.chroma:,} vectors for {self.catalog_chunks:,} indexed chunks")
         elif self.chroma_state == "missing" and self.catalog_chunks:
             out.append("Chroma has no such collection")
