@@ -36,7 +36,7 @@ from filelock import FileLock, Timeout
 
 from rag.core.config import COLLECTION_NAME
 from rag.core.errors import Conflict, InvalidRequest, NotFound, TooManyCollections
-from rag.store.sqlite import write_transaction
+from rag.store.sqlite import BUSY_TIMEOUT_S, write_transaction
 
 State = Literal["pending", "indexed", "failed", "deleting"]
 Claim = Literal["claimed", "indexed", "busy"]
@@ -179,7 +179,7 @@ class DocumentCatalog:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30.0)
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_S)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)

@@ -37,7 +37,7 @@ from rag.store import record
 from rag.store._bm25 import FORMAT, Bm25Index
 from rag.store._tokenizer import STOPWORDS_EN, Tokenizer, cjk_fraction, lexical_tokens
 from rag.store.record import EmbedderIdentity
-from rag.store.sqlite import write_transaction
+from rag.store.sqlite import BUSY_TIMEOUT_S, write_transaction
 
 __all__ = ["STOPWORDS_EN", "LexicalHit", "LexicalIndex", "Tokenizer", "cjk_fraction", "lexical_tokens"]
 
@@ -74,7 +74,7 @@ class LexicalIndex:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.tokenizer = tokenizer
         self._path = path
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30.0)
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_S)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
