@@ -5,7 +5,7 @@
 
 A parser worker that meets a scanned page renders it and hands the image up to the parent, which
 passes it here. An OCR worker is a process of its own like the parser's (`ingest.sandbox`), limited to
-`RAG_OCR_MEMORY_MB` of address space, run at nice 10 with onnxruntime, OpenCV and OpenMP on one thread;
+`RAG_OCR_MEMORY_MB` of address space, run at nice 19 with onnxruntime, OpenCV and OpenMP on one thread;
 the pool has `RAG_OCR_WORKERS` of them (1 by default), so a scan being indexed takes at most one core
 at low priority and chats keep the other. A page over `RAG_OCR_PAGE_TIMEOUT_S` costs its worker (killed,
 the next page starts a fresh one) and is left out with a warning; the rest of the document goes on.
@@ -30,7 +30,7 @@ from .sandbox import ParserPool
 if TYPE_CHECKING:
     from rag.core.config import Settings
 
-OCR_NICE = 10
+OCR_NICE = 19  # the lowest priority: chats, the embedder and other files go first
 _BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from ingest.ocr_pool import ocr_worker_main; ocr_worker_main()"
 
 

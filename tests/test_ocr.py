@@ -54,8 +54,8 @@ def test_lines_read_columns_first_then_lines_with_a_box_each() -> None:
     text, boxes = layout(TWO_COLUMNS)
     assert text.split("\n\n") == [
         "A title across the page",
-        "Left column, first line\nLeft column, second line\nLeft column, third line",
-        "Right column, first line\nRight column, second line\nRight column, third line",
+        "Left column, first line Left column, second line Left column, third line",
+        "Right column, first line Right column, second line Right column, third line",
     ]
     assert [text[b.start : b.end] for b in boxes] == [
         "A title across the page",
@@ -71,9 +71,11 @@ def test_cells_of_a_table_row_read_across_the_row() -> None:
     assert text == "Item Price Stock\nKettle 24.00 7"
 
 
-def test_chinese_segments_of_one_line_join_without_a_space() -> None:
+def test_chinese_lines_and_segments_join_without_a_space() -> None:
     text, boxes = layout([line("水库的库容为", 0.1, 0.1, 0.4), line("三点二亿立方米。", 0.45, 0.1, 0.8)])
     assert text == "水库的库容为三点二亿立方米。" and len(boxes) == 2
+    text, _ = layout([line("水库的总库容为三点二亿立", 0.1, 0.1, 0.8), line("方米，灌溉农田四万亩。", 0.1, 0.13, 0.7)])
+    assert text == "水库的总库容为三点二亿立方米，灌溉农田四万亩。"
 
 
 @pytest.mark.parametrize("fmt", ["PNG", "JPEG", "TIFF", "WEBP", "BMP"])

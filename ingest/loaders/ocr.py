@@ -3,8 +3,8 @@
     lines = recognize(make_engine(), image)          # in the OCR worker (ingest.ocr_pool)
     text, boxes = layout(lines)                      # anywhere: plain Python
 
-The engine is RapidOCR 3.10 (PP-OCRv6 detection and recognition, Chinese and English in one model,
-plus the 180° line classifier), run by onnxruntime on one thread; its model files come inside the
+The engine is RapidOCR 3.10 (PP-OCRv6 detection and recognition, Chinese and English in one model;
+its 180° line classifier is off, see `make_engine`), run by onnxruntime on one thread; its model files come inside the
 `rapidocr` wheel and are pinned in models.lock. A loader does not call the engine itself: it gets an
 `OcrFn` (an image in, the lines out), which the parser worker forwards to the OCR worker, so the
 OCR of a page has its own time and memory bounds.
@@ -13,7 +13,10 @@ Reading order, done here because RapidOCR only sorts lines top to bottom: lines 
 text's width (titles, a one-column body) cut the page into bands; inside a band, lines whose x ranges
 leave a gutter free form columns, read one after the other when each is a real column (wide and at
 least three lines tall; narrower ones are table cells and are read row by row). Segments at the same
-height join into one line; a vertical gap of more than a line's height starts a paragraph.
+height join into one row; a vertical gap of more than a line's height starts a paragraph. The lines of
+a paragraph are joined as running text (a space, or nothing between Chinese characters), since a line
+break inside a sentence would split the phrases that search and answers quote; rows of several cells
+(a table) keep a line each.
 """
 
 from __future__ import annotations
@@ -69,6 +72,10 @@ def make_engine(threads: int = 1) -> Any:
         params={
             "Global.log_level": "error",  # "the text detection result is empty" is no news
             "Global.max_side_len": MAX_SIDE,
+            # The 180-degree line classifier turned upright lines of our scans over (3 of 11 lines of a
+            # SQuAD page read as garbage, scores ~0.6); without it all 11 read right. Pages come upright
+            # (EXIF for photos); an upside-down scan is read badly and flagged by its low scores.
+            "Global.use_cls": False,
             "EngineConfig.onnxruntime.intra_op_num_threads": threads,
             "EngineConfig.onnxruntime.inter_op_num_threads": 1,
         }
@@ -116,7 +123,12 @@ def layout(lines: Sequence[OcrLine]) -> tuple[str, list[TextBox]]:
     for row in _rows_in_reading_order(lines, height):
         if previous is not None:
             gap = row[0].y0 - max(line.y1 for line in previous)
-            sep = "\n\n" if gap > height or gap < -height else "\n"  # a jump up: the next column
+            if gap > height or gap < -height:  # a blank line's gap, or a jump up to the next column
+                sep = "\n\n"
+            elif len(row) > 1 or len(previous) > 1:
+                sep = "\n"  # the cells of a table row keep their row
+            else:
+                sep = "" if _CJK.search(previous[-1].text[-1]) and _CJK.match(row[0].text) else " "
             parts.append(sep)
             length += len(sep)
         for i, line in enumerate(row):
