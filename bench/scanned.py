@@ -38,6 +38,7 @@ import unicodedata
 from pathlib import Path
 
 import numpy as np
+from rapidfuzz.distance import Levenshtein
 
 from bench._provenance import header, write_json
 from bench.retrieval_quality import (
@@ -99,8 +100,6 @@ def corpus(name: str, paragraphs: list[tuple[str, str, list[Question]]], texts: 
 
 def cer(reference: str, read: str, chinese: bool) -> tuple[int, int]:
     """(edit distance, reference length) after NFKC; whitespace dropped (Chinese) or collapsed (English)."""
-    from rapidfuzz.distance import Levenshtein
-
     def norm(text: str) -> str:
         text = unicodedata.normalize("NFKC", text)
         return "".join(text.split()) if chinese else " ".join(text.split())

@@ -67,6 +67,7 @@ class FileResult:
     reason: str | None = None
     chunks: int = 0
     error: RagError | None = field(default=None, repr=False, compare=False)
+    warnings: tuple[str, ...] = ()  # indexed, with something left out or in doubt (an OCR page, low scores)
 
     def to_api(self) -> dict[str, Any]:
         return {
@@ -75,6 +76,7 @@ class FileResult:
             "status": self.status,
             "reason": self.reason,
             "chunks": self.chunks,
+            "warnings": list(self.warnings),
         }
 
 
@@ -98,6 +100,7 @@ class Prepared:
 
     records: list[ChunkRecord]
     pages: int | None = None
+    warnings: tuple[str, ...] = ()
 
 
 class Embedder(Protocol):
@@ -575,12 +578,12 @@ class _Run:
 
     async def _searchable(self, doc: _Doc) -> None:
         assert doc.prepared is not None
-        chunks, pages = len(doc.prepared.records), doc.prepared.pages
+        chunks, pages, warnings = len(doc.prepared.records), doc.prepared.pages, doc.prepared.warnings
         retired = await self._io(
             self.p.catalog.mark_indexed, self.collection, doc.doc_id, chunks=chunks, pages=pages, owner=self.p.lease.token
         )
         doc.prepared = None
-        self._release(doc, FileResult(doc.file.name, doc.file.source, doc.doc_id, "indexed", chunks=chunks))
+        self._release(doc, FileResult(doc.file.name, doc.file.source, doc.doc_id, "indexed", chunks=chunks, warnings=warnings))
         for old in retired:
             await self._io(self.p.purge, self.collection, old)
 
@@ -680,10 +683,14 @@ class LoaderPreparer:
 
     def __call__(self, data: bytes, file: SourceFile, doc_id: str) -> Prepared:
         from ingest.chunking import chunk_document
+        from ingest.loaders.ocr import ocr_flags
         from ingest.loading import load_document
 
         doc = load_document(data, file.name, self.settings)
-        return Prepared(chunk_records(chunk_document(doc, doc_id, self.chunker), file.name), doc.pages)
+        records = chunk_records(chunk_document(doc, doc_id, self.chunker), file.name)
+        for record in records:
+            record.metadata.update(ocr_flags(doc, record.metadata, self.settings.ocr_min_confidence))
+        return Prepared(records, doc.pages, doc.warnings)
 
     @property
     def chunker(self) -> Any:

@@ -13,7 +13,7 @@ import pytest
 
 from ingest.detect import detect
 from ingest.loaders import parse
-from ingest.loaders.ocr import OcrLine, PageSkipped, layout
+from ingest.loaders.ocr import OcrLine, PageSkipped, layout, ocr_flags
 from ingest.models import DocKind
 from ingest.ocr_pool import OcrPool
 from rag.core.errors import DocumentRejected, UnsupportedFileType
@@ -134,6 +134,8 @@ def test_a_mixed_pdf_keeps_its_text_pages_and_reads_its_scanned_pages() -> None:
     assert scanned.page == 2 and scanned.text == "Scanned: the lease ends in 2031\n\nsmudged"
     assert [doc.text[b.start : b.end] for b in scanned.boxes] == ["Scanned: the lease ends in 2031", "smudged"]
     assert doc.warnings == ("page 2: 1 of 2 OCR lines read with confidence under 0.8",)
+    assert ocr_flags(doc, {"page": 2, "start": scanned.start, "end": scanned.end}, 0.8) == {"ocr_lines": 2, "ocr_low_confidence": 1}
+    assert ocr_flags(doc, {"page": 1, "start": typed.start, "end": typed.end}, 0.8) == {}, "text-layer chunks carry no flags"
 
 
 def test_a_page_whose_ocr_is_skipped_is_left_out_with_a_warning() -> None:

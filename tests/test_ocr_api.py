@@ -34,6 +34,7 @@ def test_a_scanned_pdf_and_a_photo_are_read_and_answer_questions_with_their_sour
         assert response.status_code == 200, response.text
         results = {r["filename"]: r for r in response.json()["results"]}
         assert {name: r["status"] for name, r in results.items()} == {"velmora-scan.pdf": "indexed", "kettle-photo.png": "indexed"}
+        assert all(isinstance(r["warnings"], list) for r in results.values())
 
         for question, source, page, fact in [
             ("Who opened the Harbour Bridge of Velmora?", "velmora-scan.pdf", 1, "Mayor Ilse Varnhagen"),
@@ -45,3 +46,4 @@ def test_a_scanned_pdf_and_a_photo_are_read_and_answer_questions_with_their_sour
             top = answer.json()["sources"][0]
             assert (top["source"], top.get("page")) == (source, page), (question, top)
             assert fact in top["text"], "the OCR read the fact the answer needs"
+            assert top["ocr_low_confidence"] == 0, "a chunk of OCR text says how many of its lines are in doubt"

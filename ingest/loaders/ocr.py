@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..models import TextBox
+from ..models import LoadedDocument, TextBox
 from ._builder import DocumentBuilder, clean
 
 MAX_SIDE = 2000  # pixels on an image's long side that the detector reads (RapidOCR's default): larger is downscaled
@@ -204,3 +204,20 @@ def add_ocr_page(builder: DocumentBuilder, number: int, image: Any, ocr: OcrFn, 
     if doubtful:
         return [f"page {number}: {doubtful} of {len(lines)} OCR lines read with confidence under {min_confidence:g}"]
     return []
+
+
+def ocr_flags(doc: LoadedDocument, chunk: Mapping[str, Any], min_confidence: float) -> dict[str, int]:
+    """For a chunk of OCR text (its metadata: page, start, end): how many OCR lines it holds, and how many
+    of them read with a confidence under `min_confidence`, so that doubtful text is never shown as fact
+    unmarked. Empty for text that did not come from OCR."""
+    start, end, page = chunk.get("start"), chunk.get("end"), chunk.get("page")
+    scores = [
+        box.confidence
+        for section in doc.sections
+        if section.page == page and section.boxes
+        for box in section.boxes
+        if box.confidence is not None and isinstance(start, int) and isinstance(end, int) and box.start < end and box.end > start
+    ]
+    if not scores:
+        return {}
+    return {"ocr_lines": len(scores), "ocr_low_confidence": sum(1 for score in scores if score < min_confidence)}
