@@ -26,8 +26,9 @@ from .ocr import MAX_SIDE, OcrFn, add_ocr_page
 _BLANK_LINES = re.compile(r"\n[ \t]*\n(?:[ \t]*\n)+")
 _MAX_OUTLINE_DEPTH = 8
 # A page is read by OCR when its text layer holds fewer characters than this per square inch of page
-# (31 on an A4 page: a running head and a page number, never a body: the born-digital pages of
-# bench/scanned.py hold 14 or more per square inch) and images cover at least _SCAN_IMAGE_SHARE of it.
+# (31 on an A4 page: a running head and a page number, never a body: an A4 page holding one short SQuAD
+# or CMRC paragraph has 3.9 or more, a full page ~30; bench/scanned.py) and images cover at least
+# _SCAN_IMAGE_SHARE of it.
 _MIN_CHARS_PER_SQUARE_INCH = 1 / 3
 _SCAN_IMAGE_SHARE = 0.3
 

@@ -104,7 +104,7 @@ class Settings(BaseSettings):
 
     # OCR of scanned PDF pages and images (ingest/ocr_pool.py): one niced worker, one thread.
     max_ocr_pages: int = Field(default=200, ge=1)
-    ocr_page_timeout_s: float = Field(default=60.0, gt=0)
+    ocr_page_timeout_s: float = Field(default=180.0, gt=0)  # wall clock at nice 19: a busy machine slows it
     ocr_memory_mb: int = Field(default=2048, ge=256)
     ocr_workers: int = Field(default=1, ge=1)
     ocr_dpi: int = Field(default=200, ge=72, le=600)
