@@ -5,9 +5,12 @@ The entry point for the pipeline, the upload endpoint and the CLI:
     doc = load_document(data, name, settings)
 
 It detects the type from the bytes (`ingest.detect`), then parses. Plain text and Markdown are parsed in
-this process (linear-time work on already-decoded text). PDF, DOCX and HTML, whose parsers run
-third-party code and stylesheet rules over the page, are parsed in a bounded worker process (`ingest.sandbox`): `settings.parse_timeout_s` of wall-clock time
+this process (linear-time work on already-decoded text). PDF, DOCX, images and HTML (whose parser runs
+third-party code and the page's stylesheet rules) are parsed in a bounded worker process
+(`ingest.sandbox`): `settings.parse_timeout_s` of wall-clock time
 and `settings.parse_memory_mb` of address space, so a hostile file costs a worker, never the service.
+Images and scanned PDF pages are read by OCR in workers of their own (`ingest.ocr_pool`), a page at a
+time under `settings.ocr_page_timeout_s` and `settings.ocr_memory_mb`.
 
 Errors, all from `rag.core.errors`: `UnsupportedFileType` (415) names the type the bytes showed;
 `DocumentRejected` (422) says why a readable file has nothing to index (empty, whitespace only,
@@ -21,25 +24,35 @@ from typing import TYPE_CHECKING
 from .detect import classify
 from .loaders import parse
 from .models import DocKind, LoadedDocument
+from .ocr_pool import get_ocr_pool
 from .sandbox import ParserPool, get_pool
 
 if TYPE_CHECKING:
     from rag.core.config import Settings
 
-# Parsed in the bounded worker: the API process never runs a parser over them (one page must not stall
-# every request while it holds the GIL).
-SANDBOXED_KINDS = frozenset({DocKind.PDF, DocKind.DOCX, DocKind.HTML})
+# Parsed in the bounded worker (PDF and images too, with the OCR reader): the API process never runs a
+# parser over them, so one page cannot stall every request while it holds the GIL.
+SANDBOXED_KINDS = frozenset({DocKind.DOCX, DocKind.HTML})
 
 
 def load_document(data: bytes, name: str, settings: Settings, pool: ParserPool | None = None) -> LoadedDocument:
     """The document in `data` (named `name` for messages and metadata only), parsed within bounds."""
     detection = classify(data, name)
     kind = detection.kind
+    if kind in (DocKind.PDF, DocKind.IMAGE):
+        pool = pool or get_pool(settings.parse_memory_mb)
+        return pool.parse(kind, data, name, timeout_s=settings.parse_timeout_s, ocr=get_ocr_pool(settings).reader(name),
+                          max_pages=settings.max_document_pages, **ocr_options(settings))
     if kind in SANDBOXED_KINDS:
         pool = pool or get_pool(settings.parse_memory_mb)
         return pool.parse(kind, data, name, timeout_s=settings.parse_timeout_s, max_inflated=inflate_limit(settings),
                           max_pages=settings.max_document_pages)
     return parse(kind, data, name, text=detection.text, encoding=detection.encoding)
+
+
+def ocr_options(settings: Settings) -> dict[str, int | float]:
+    """The OCR settings the loaders take (the page cap, the rendering DPI, the confidence floor)."""
+    return {"max_ocr_pages": settings.max_ocr_pages, "ocr_dpi": settings.ocr_dpi, "min_confidence": settings.ocr_min_confidence}
 
 
 def inflate_limit(settings: Settings) -> int:
