@@ -171,7 +171,7 @@ def test_the_embedding_client_sends_a_lone_surrogate_as_a_replacement_character(
     def reply(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         seen.append(body)
-        data = [{"object": "embedding", "index": i, "embedding": [0.5, 0.5]} for i in range(len(body["input"]))]
+        data = [{"object": "embedding", "index": i, "embedding": [0.5, 0.5 + i]} for i in range(len(body["input"]))]
         return httpx.Response(200, json={"object": "list", "data": data, "model": "m", "usage": {"prompt_tokens": 1, "total_tokens": 1}})
 
     from rag.clients.embedding import EmbeddingClient
@@ -183,7 +183,7 @@ def test_the_embedding_client_sends_a_lone_surrogate_as_a_replacement_character(
         finally:
             await client.aclose()
 
-    assert asyncio.run(go()) == [[0.5, 0.5], [0.5, 0.5]]
+    assert asyncio.run(go()) == [[0.5, 0.5], [0.5, 1.5]]
     assert "\ud800" not in seen[0]["input"][0] and "\ufffd" in seen[0]["input"][0]
 
 
