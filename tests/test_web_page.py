@@ -508,7 +508,9 @@ def test_scripted_stream_renders_markdown_citations_budget_and_errors_safely(con
     body = markup.locator(".answer")
     expect(body).to_contain_text("<script>window.__pwned=1</script>")
     expect(body).to_contain_text("[image: pixel]")
-    expect(body.locator("a[href^='https://example.invalid']")).to_have_text("manual")
+    # A link to another site is marked text (the model may have been told to write it), never a link.
+    expect(body.locator("a[href^='https://example.invalid']")).to_have_count(0)
+    expect(body.locator(".unfollowed-url", has_text="https://example.invalid/manual")).to_have_count(1)
     expect(body.locator("a[href^='javascript']")).to_have_count(0)
     expect(body.locator("code")).to_have_text("code <i>")
 
