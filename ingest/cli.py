@@ -7,7 +7,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,9 +16,8 @@ import click
 
 from rag.cli import load_settings, run_cli
 from rag.core.config import Settings
-from rag.core.errors import InvalidRequest
 
-from .backends import ApiBackend, Backend, KnownDocument, LocalBackend, file_id, find_api
+from .backends import ApiBackend, Backend, KnownDocument, LocalBackend, choose_api, file_id
 from .pipeline import FileResult, SourceFile
 
 EXAMPLES = """
@@ -90,7 +89,7 @@ async def _main(
     server: str | None,
     report: Report,
 ) -> None:
-    url = await _api_url(settings, server, report.line)
+    url = await choose_api(settings, server, report.line, who="ingest")
     # With nothing running, the local backend starts an embedding server of its own for this run.
     backend = ApiBackend(url, settings) if url else LocalBackend(settings, read_only=dry_run, own_embedder=report.line)
     async with backend:
@@ -107,29 +106,6 @@ async def _main(
                     await backend.delete(collection, doc.id, doc.source)
                 report.deleted.append(doc)
                 report.line(f"{'would delete' if dry_run else 'deleted':<13} {doc.source}")
-
-
-async def _api_url(settings: Settings, server: str | None, say: Callable[[str], None]) -> str | None:
-    """The API to send files to (said on stderr), or None to open the store here.
-
-    An API found at RAG_API_HOST:RAG_API_PORT whose data dir is not the one the settings name is refused:
-    the files would land in another store than the user means. `--server` sends them there anyway.
-    """
-    if server:
-        say(f"ingest: via the API at {server} (--server)")
-        return server
-    found = await find_api(settings) if settings.chroma_mode == "embedded" else None
-    if found is None:
-        return None
-    mine = settings.data_dir.expanduser().resolve()
-    if found.data_dir is not None and Path(found.data_dir).expanduser().resolve() != mine:
-        raise InvalidRequest(
-            f"the API at {found.url} keeps its data in {found.data_dir}, but your settings name {mine} "
-            f"(RAG_DATA_DIR): stop that API to ingest into {mine}, or pass --server {found.url} to send the "
-            "files to that API's store"
-        )
-    say(f"ingest: via the API at {found.url} (data dir {found.data_dir or 'not reported'})")
-    return found.url
 
 
 async def _dry_run(backend: Backend, files: list[SourceFile], collection: str, report: Report) -> None:
