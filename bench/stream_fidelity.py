@@ -71,9 +71,10 @@ def cpu_ms(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
 
 
-def squad_documents(n_articles: int, rng: random.Random) -> tuple[dict[str, str], list[str]]:
-    """Some SQuAD articles as text files, and questions about them."""
-    raw = json.loads((DATA / "squad-v1.1-dev.json").read_text(encoding="utf-8"))
+def squad_documents(n_articles: int, rng: random.Random, path: Path = DATA / "squad-v1.1-dev.json",
+                    ) -> tuple[dict[str, str], list[str]]:
+    """Some SQuAD articles (of the file at `path`) as text files, and questions about them."""
+    raw = json.loads(path.read_text(encoding="utf-8"))
     articles = rng.sample(raw["data"], n_articles)
     docs = {f"{a['title']}.txt": "\n\n".join(p["context"] for p in a["paragraphs"]) for a in articles}
     questions = [qa["question"] for a in articles for p in a["paragraphs"] for qa in p["qas"]]

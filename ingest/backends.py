@@ -294,3 +294,25 @@ async def find_api(settings: Settings, transport: httpx.AsyncBaseTransport | Non
     store = body["backends"].get("store")
     data_dir = store.get("data_dir") if isinstance(store, dict) else None
     return FoundApi(settings.api_url, str(data_dir) if data_dir else None)
+
+
+async def choose_api(settings: Settings, server: str | None, say: Callable[[str], None], *, who: str) -> str | None:
+    """The API to work through (said with `say`, as `who`), or None to open the store here.
+
+    An API found at RAG_API_HOST:RAG_API_PORT whose data dir is not the one the settings name is refused:
+    the files would land (or answers come from) another store than the user means. `--server` uses it anyway.
+    """
+    if server:
+        say(f"{who}: via the API at {server} (--server)")
+        return server
+    found = await find_api(settings) if settings.chroma_mode == "embedded" else None
+    if found is None:
+        return None
+    mine = settings.data_dir.expanduser().resolve()
+    if found.data_dir is not None and Path(found.data_dir).expanduser().resolve() != mine:
+        raise InvalidRequest(
+            f"the API at {found.url} keeps its data in {found.data_dir}, but your settings name {mine} "
+            f"(RAG_DATA_DIR): stop that API to use {mine}, or pass --server {found.url} to use that API's store"
+        )
+    say(f"{who}: via the API at {found.url} (data dir {found.data_dir or 'not reported'})")
+    return found.url

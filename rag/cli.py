@@ -95,6 +95,20 @@ def serve_api() -> None:
     )
 
 
+@cli.command("mcp")
+@click.option("--server", help="Work through the API at this URL.  [default: "
+              "the API at RAG_API_HOST:RAG_API_PORT when one answers, else the store directly]")
+def mcp(server: str | None) -> None:
+    """Serve the documents to an MCP client over stdio (a desktop assistant starts this command)."""
+    import asyncio
+
+    from rag.api.mcp.stdio import serve_stdio
+
+    if server and not server.startswith(("http://", "https://")):
+        raise click.UsageError(f"--server needs an http(s) URL, not {server!r}")
+    asyncio.run(serve_stdio(load_settings(), server))
+
+
 @cli.command("serve-embeddings")
 @click.option("--host", default=None, help="Default: the host of RAG_EMBED_URL.")
 @click.option("--port", type=int, default=None, help="Default: the port of RAG_EMBED_URL.")

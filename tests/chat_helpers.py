@@ -46,9 +46,9 @@ def changed(settings: Settings, **changes: Any) -> Settings:
 
 
 @contextmanager
-def serve(settings: Settings, *, app: Any = None) -> Iterator[str]:
-    """The API on a free port over real HTTP (uvicorn in a thread); yields its base URL."""
-    port = free_port()
+def serve(settings: Settings, *, app: Any = None, port: int | None = None) -> Iterator[str]:
+    """The API on `port` (default: a free one) over real HTTP (uvicorn in a thread); yields its base URL."""
+    port = port or free_port()
     config = uvicorn.Config(app or create_app(settings), host="127.0.0.1", port=port, log_level="warning",
                             timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)

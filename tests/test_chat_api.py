@@ -98,6 +98,14 @@ def test_an_empty_collection_gets_a_plain_answer_without_calling_the_model(api: 
     assert prompt_tokens_total(llama_server.url) == before, "llama-server processed no prompt"
 
 
+def test_a_question_in_chinese_gets_the_fixed_answer_in_chinese(api: str):
+    empty_collection(api, "empty-zh")
+    events = chat_events(api, ask("埃菲尔铁塔是哪一年建成的？", collection="empty-zh"))
+    text = "".join(e.data["text"] for e in events if e.event == "token")
+    assert text == no_sources_answer("empty-zh", "埃菲尔铁塔是哪一年建成的？")
+    assert text.startswith("我在集合“empty-zh”的文档中没有找到")
+
+
 def test_nothing_above_min_score_is_no_sources(backend_settings: Settings):
     with serve(changed(backend_settings, min_score=5.0)) as url:
         upload(url)

@@ -427,7 +427,7 @@ class NoSourcesAnswer(Answer):
         })
 
     async def events(self) -> AsyncIterator[Event]:
-        text = no_sources_answer(self.query.collection)
+        text = no_sources_answer(self.query.collection, self.query.messages[-1]["content"])
         self.text_parts.append(text)
         yield Event("sources", {"sources": [], **self.searched.to_dict()})
         yield self.budget_event()

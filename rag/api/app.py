@@ -11,6 +11,8 @@ from fastapi.responses import JSONResponse
 from rag.api.deps import require_api_key
 from rag.api.errors import install_error_handlers
 from rag.api.limits import ChatBodyLimit
+from rag.api.mcp.http import PATH as MCP_PATH
+from rag.api.mcp.http import McpEndpoint
 from rag.api.metrics import Metrics, MetricsMiddleware, instrument
 from rag.api.routes import chat, documents, embeddings, health, metrics, models, openai_compat, web
 from rag.api.services import Services, build_services
@@ -26,7 +28,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         app.state.services = services or build_services(settings)
         instrument(app.state.services, app.state.metrics)
         try:
-            yield
+            async with mcp_endpoint.run():
+                yield
         finally:
             await app.state.services.aclose()
 
@@ -48,6 +51,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.include_router(embeddings.router, prefix="/v1", dependencies=protected)
     app.include_router(metrics.router, dependencies=protected)
     app.include_router(web.router)
+    mcp_endpoint = McpEndpoint(settings, lambda: app.state.services)
+    app.add_route(MCP_PATH, mcp_endpoint, methods=["GET", "POST", "DELETE"], include_in_schema=False)
 
     @app.get("/v1/openapi.json", include_in_schema=False, dependencies=protected)
     async def openapi() -> JSONResponse:

@@ -80,10 +80,14 @@ AnswererDep = Annotated[Answerer, Depends(get_answerer)]
 
 
 async def require_api_key(request: Request, settings: SettingsDep) -> None:
-    """When RAG_API_KEY is set, every /v1 route needs `Authorization: Bearer <key>`."""
+    """When RAG_API_KEY is set, every /v1 route (and /mcp) needs `Authorization: Bearer <key>`."""
+    check_api_key(request.headers.get("authorization", ""), settings)
+
+
+def check_api_key(header: str, settings: Settings) -> None:
+    """Unauthorized unless `header` (an Authorization header) carries RAG_API_KEY, when one is set."""
     if settings.api_key is None:
         return
-    header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     expected = settings.api_key.get_secret_value()
     if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), expected.encode()):

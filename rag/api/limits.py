@@ -57,7 +57,7 @@ def check_messages(messages: Sequence[dict[str, str]], settings: Settings) -> No
             limit=settings.max_messages,
         )
     for index, message in enumerate(messages):
-        _check_text(f"message {index}", message["content"], settings)
+        check_text(f"message {index}", message["content"], settings)
     question = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
     if len(question) > settings.max_question_chars:
         raise LimitExceeded(
@@ -77,11 +77,12 @@ def check_embedding_inputs(texts: Sequence[str], settings: Settings) -> None:
     for index, text in enumerate(texts):
         if not text:
             raise InvalidRequest(f"input {index} is empty; every input must be a non-empty string")
-        _check_text(f"input {index}", text, settings)
+        check_text(f"input {index}", text, settings)
 
 
-def _check_text(name: str, text: str, settings: Settings) -> None:
-    """413 for a text over RAG_MAX_MESSAGE_CHARS, 400 for one with a lone surrogate; `name` says which."""
+def check_text(name: str, text: str, settings: Settings) -> None:
+    """413 for a text over RAG_MAX_MESSAGE_CHARS, 400 for one with a lone surrogate; `name` says which
+    (a message, an embedding input, an MCP search query)."""
     if len(text) > settings.max_message_chars:
         raise LimitExceeded(
             f"{name} has {len(text):,} characters; at most {settings.max_message_chars:,} (RAG_MAX_MESSAGE_CHARS)",

@@ -255,6 +255,14 @@ class LexicalIndex:
             }
         return [LexicalHit(*found[rowid], score) for score, rowid in hits if rowid in found]
 
+    def document_chunks(self, collection: str, doc_id: str) -> list[tuple[str, dict]]:
+        """A document's chunks as (text, metadata), in the order they were written."""
+        with self._read_lock:
+            rows = self._reader.execute(
+                "SELECT text, metadata FROM chunks WHERE collection = ? AND doc_id = ? ORDER BY id", (collection, doc_id)
+            ).fetchall()
+        return [(text, record.decode_metadata(meta)) for text, meta in rows]
+
     def idf(self, terms: Iterable[str], prior_docs: int = 1000) -> dict[str, float]:
         """BM25's inverse document frequency of each term over the whole index (all collections).
 

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
 from fastapi import APIRouter, Request, Response
@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 from sse_starlette import EventSourceResponse
 from starlette.background import BackgroundTask
 
-from rag.answering.answerer import Answer, ChatQuery
+from rag.answering.answerer import Answer, ChatQuery, Event
 from rag.api.deps import AnswererDep, SettingsDep
 from rag.api.errors import error_body
 from rag.api.limits import check_messages
@@ -68,11 +68,14 @@ def chat_query(messages: list[dict[str, str]], settings: Settings, *, collection
     )
 
 
-async def collect(answer: Answer) -> dict[str, Any]:
-    """The whole answer as one document: the events' payloads under their names."""
+async def collect(answer: Answer, on_event: Callable[[Event], Awaitable[None]] | None = None) -> dict[str, Any]:
+    """The whole answer as one document: the events' payloads under their names. `on_event` sees each
+    event as it comes (the MCP `ask` tool reports progress from it)."""
     result: dict[str, Any] = {}
     parts: list[str] = []
     async for event in answer.events():
+        if on_event is not None:
+            await on_event(event)
         if event.name == "token":
             parts.append(event.data["text"])
         elif event.name == "sources":

@@ -6,6 +6,8 @@
 // Inline: `code`, **bold**, *italic*, _italic_, [text](url), ![alt](src), and citations [S1] or [S1, S2],
 // which the caller turns into nodes (a link to the source, or plain text when the citation is invalid).
 
+import { t } from "./i18n.js";
+
 const FENCE = /^\s*(```|~~~)/;
 const HEADING = /^(#{1,6})\s+(.*?)\s*#*\s*$/;
 const ITEM = /^\s*(?:([-*+])|(\d{1,9})[.)])\s+(.*)$/;
@@ -142,7 +144,9 @@ function inlineNode(m, cite) {
   if (m[1] !== undefined) return textElement("code", m[2]);
   if (m[3] !== undefined || m[4] !== undefined) return nested("strong", m[3] ?? m[4], cite);
   if (m[5] !== undefined || m[6] !== undefined) return nested("em", m[5] ?? m[6], cite);
-  if (m[7] !== undefined) return textElement("span", `[image${m[7] ? `: ${m[7]}` : ""}]`, "image-placeholder");
+  if (m[7] !== undefined) {
+    return textElement("span", m[7] ? t("markdown.image", { alt: m[7] }) : t("markdown.imageNoAlt"), "image-placeholder");
+  }
   if (m[8] !== undefined) return link(m[8], m[9], cite);
   if (m[10] !== undefined) return citations(m[10], cite);
   return el("br");
