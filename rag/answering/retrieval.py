@@ -23,7 +23,7 @@ import functools
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from rag.core.config import Settings
 from rag.core.errors import BackendUnavailable, InvalidRequest, UpstreamError
@@ -33,7 +33,6 @@ from rag.store.chunks import ChunkStore
 
 log = logging.getLogger(__name__)
 
-Mode = Literal["hybrid", "dense", "lexical"]
 MODES: tuple[str, ...] = ("hybrid", "dense", "lexical")
 
 
