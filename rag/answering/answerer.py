@@ -239,7 +239,7 @@ class Answerer:
         query = self.with_defaults(asked)  # the style may be known only now, from llama-server's model path
         by_id = {f"S{i}": hit for i, hit in enumerate(good, 1)}
         candidates = [Candidate(sid, h.chunk_id, h.text, h.metadata) for sid, h in by_id.items()]
-        packed = await self._pack(query, history, question, candidates, props.n_ctx)
+        packed = await self.pack(query, history, question, candidates, props.n_ctx)
         packed.dropped += below
         clock.mark("packed")
         if not packed.chunks:
@@ -258,12 +258,13 @@ class Answerer:
             props = await ahead
         except (BackendUnavailable, UpstreamError):
             return
-        await self._pack(query, [], question, [], props.n_ctx)
+        await self.pack(query, [], question, [], props.n_ctx)
 
-    async def _pack(
+    async def pack(
         self, query: ChatQuery, history: list[Message], question: str, candidates: list[Candidate], n_ctx: int,
         correction: int = 0,
     ) -> PackedPrompt:
+        """The query's prompt packed for a context of `n_ctx` (less `correction` tokens)."""
         assert query.max_tokens is not None  # with_defaults filled it in
         return await self.budget.pack(
             question=question, candidates=candidates, history=history, n_ctx=n_ctx, reserve=query.max_tokens,
@@ -287,15 +288,14 @@ class Answer:
         self.candidates = candidates
         self.hits = hits
         self.packed = packed
-        self.permit: Permit | None = permit
+        self.permit = permit
         self.clock = clock
         self.searched = searched or SearchQuery(question)  # the query retrieval ran, shown with the sources
         self.text_parts: list[str] = []
 
     def close(self) -> None:
         """Give the generation slot back (idempotent; events() does it too)."""
-        if self.permit is not None:
-            self.permit.release()
+        self.permit.release()
 
     def sources_event(self) -> Sources:
         sources = [source_entry(c.source_id, self.hits[c.source_id], c.text) for c in self.packed.chunks]
@@ -350,7 +350,7 @@ class Answer:
             "llama-server refused a %s-token prompt (its n_ctx %s, we packed for %s): packing again",
             overflow.n_prompt_tokens, n_ctx, self.packed.n_ctx,
         )
-        packed = await answerer._pack(self.query, self.history, self.question, self.candidates, n_ctx, correction)
+        packed = await answerer.pack(self.query, self.history, self.question, self.candidates, n_ctx, correction)
         packed.repacked = True
         self.packed = packed
         if not packed.chunks:
