@@ -60,9 +60,9 @@ def _extract(pdf: pdfium.PdfDocument, name: str, max_pages: int) -> LoadedDocume
         for level, title in outline.get(index, ()):
             builder.heading(title, level, raw="", sep="")
         builder.block(_page_text(pdf, index))
-    title = pdf.get_metadata_value("Title").strip() or None
+    doc_title = pdf.get_metadata_value("Title").strip() or None
     try:
-        return builder.build(name, DocKind.PDF, title=title, pages=n_pages)
+        return builder.build(name, DocKind.PDF, title=doc_title, pages=n_pages)
     except DocumentRejected:
         raise DocumentRejected(
             f"{name} has no extractable text: its {n_pages} page(s) are images (a scan?) and we do not run OCR"

@@ -155,7 +155,7 @@ def _limits(n_ctx: int, reserve: int, ceiling: int | None, correction: int) -> _
 
 def sentence_ends(text: str) -> list[int]:
     """Offsets just after each sentence end inside `text` (the end of the text is not listed)."""
-    ends = []
+    ends: list[int] = []
     for match in _SENTENCE_END.finditer(text):
         end = match.end()
         if 0 < end < len(text) and not _NOT_AN_END.search(text[: match.start()]):

@@ -24,7 +24,8 @@ from rag.store.catalog import DocumentCatalog
 
 
 async def get_services(request: Request) -> Services:
-    return request.app.state.services
+    services: Services = request.app.state.services
+    return services
 
 
 ServicesDep = Annotated[Services, Depends(get_services)]

@@ -122,7 +122,7 @@ class MetricsMiddleware:
         """The matched route's full template ("/v1/documents/{doc_id}"): the route's own template after
         the prefix it was included under (what the path has before the route's rendered part)."""
         route = scope.get("route")
-        template = getattr(route, "path_format", None) or getattr(route, "path", None)
+        template: str | None = getattr(route, "path_format", None) or getattr(route, "path", None)
         if not template:
             return "unmatched"
         rendered = template
@@ -196,15 +196,15 @@ class _TimedMethod(_Proxy):
     def __init__(self, inner: Any, method: str, histogram: Any) -> None:
         super().__init__(inner)
         original = getattr(inner, method)
-        if _is_async(original):
-            async def timed(*args: Any, **kwargs: Any) -> Any:
-                with histogram.time():
-                    return await original(*args, **kwargs)
-        else:
-            def timed(*args: Any, **kwargs: Any) -> Any:
-                with histogram.time():
-                    return original(*args, **kwargs)
-        setattr(self, method, timed)
+        async def timed_async(*args: Any, **kwargs: Any) -> Any:
+            with histogram.time():
+                return await original(*args, **kwargs)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            with histogram.time():
+                return original(*args, **kwargs)
+
+        setattr(self, method, timed_async if _is_async(original) else timed)
 
 
 def _is_async(function: Any) -> bool:

@@ -76,7 +76,8 @@ class EmbeddingClient:
         return _vectors(await self._post_embeddings(texts), len(texts))
 
     async def embed_one(self, text: str) -> np.ndarray:
-        return (await self.embed([text]))[0]
+        vector: np.ndarray = (await self.embed([text]))[0]
+        return vector
 
     async def health(self) -> dict[str, Any]:
         try:
@@ -120,4 +121,5 @@ class EmbeddingClient:
             raise UpstreamError(
                 f"embedding server answered {exc.response.status_code}", upstream=exc.response.text[:300]
             ) from exc
-        return response.json()
+        body: dict[str, Any] = response.json()
+        return body

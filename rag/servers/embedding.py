@@ -10,9 +10,10 @@ model: the embedded default serves all-MiniLM-L6-v2, the GPU deployment bge-m3.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -123,7 +124,7 @@ class MicroBatcher:
             texts = [t for p in batch for t in p.texts]
             abandoned = self._current = threading.Event()
             for p in batch:
-                p.future.add_done_callback(lambda _, b=batch, e=abandoned: _abandon_if_all_cancelled(b, e))
+                p.future.add_done_callback(functools.partial(_abandon_if_all_cancelled, batch, abandoned))
             try:
                 vectors = await loop.run_in_executor(self._executor, self._encode, texts, abandoned)
             except Abandoned:  # every caller went away (or the server stops): nobody reads a result
@@ -142,7 +143,7 @@ class MicroBatcher:
                 start += len(p.texts)
 
 
-def _abandon_if_all_cancelled(batch: list[_Pending], abandoned: threading.Event) -> None:
+def _abandon_if_all_cancelled(batch: list[_Pending], abandoned: threading.Event, _: object = None) -> None:
     if all(p.future.cancelled() for p in batch):
         abandoned.set()
 
@@ -185,8 +186,12 @@ class SentenceEmbedder:
         self.workers = 1 if on_cuda else self.threads
         torch.set_num_threads(self.threads if on_cuda else 1)
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="forward") if self.workers > 1 else None
-        self.max_seq_length = int(self.model.max_seq_length)
-        self.dimensions = int(self.model.get_embedding_dimension() or 0)
+        max_seq_length = self.model.max_seq_length
+        if max_seq_length is None:
+            raise ValueError(f"the model at {model_path} states no max_seq_length")
+        self.max_seq_length = int(max_seq_length)
+        dimension = self.model.get_embedding_dimension()
+        self.dimensions = int(dimension) if dimension is not None else 0
         # Counting runs beside an encode. Calling the model's own tokenizer with other truncation and padding
         # options rewrites its shared Rust state mid-encode ("expected sequence of length 194 at dim 1 (got
         # 193)" under 16 concurrent requests): counts use a copy of it that nothing reconfigures.
@@ -249,7 +254,7 @@ def create_embedding_app(settings: Settings, embedder: SentenceEmbedder | None =
     state: dict[str, Any] = {}
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         model = embedder or SentenceEmbedder.from_settings(settings)
         wait_s = settings.embed_max_wait_ms / 1000
         bulk = MicroBatcher(model.encode, max_batch=settings.embed_max_batch, max_wait_s=wait_s, name="bulk")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
@@ -92,7 +92,7 @@ def event_stream(answer: Answer | NoSourcesAnswer, events: AsyncIterator[dict[st
     return EventSourceResponse(events, ping=PING_S, background=BackgroundTask(answer.close))
 
 
-STREAMED = {
+STREAMED: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "With `stream` (the default): server-sent events `sources` (the document's `sources` "
         "with its `search` fields beside them), `budget`, `token` (`{\"text\": ...}`)..., `citations` and `done` "

@@ -221,7 +221,7 @@ async def _whole(answer: Answer | NoSourcesAnswer, completion: _Completion) -> C
     return completion.response()
 
 
-STREAMED = {
+STREAMED: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "With `stream`: OpenAI's `chat.completion.chunk` server-sent events, the last chunk with "
         "choices carrying `rag`, then `[DONE]`. Without: one `chat.completion`.",
