@@ -33,6 +33,7 @@ class FileResult:
     reason: str | None = None
     chunks: int = 0
     error: RagError | None = field(default=None, repr=False, compare=False)
+    warnings: tuple[str, ...] = ()  # indexed, with something left out or in doubt (an OCR page, low scores)
 
     def to_api(self) -> dict[str, Any]:
         return {
@@ -41,6 +42,7 @@ class FileResult:
             "status": self.status,
             "reason": self.reason,
             "chunks": self.chunks,
+            "warnings": list(self.warnings),
         }
 
 
@@ -64,6 +66,7 @@ class Prepared:
 
     records: list[ChunkRecord]
     pages: int | None = None
+    warnings: tuple[str, ...] = ()
 
 
 class Embedder(Protocol):

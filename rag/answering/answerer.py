@@ -132,6 +132,7 @@ def source_entry(source_id: str, hit: Hit, text: str) -> SourceEntry:
     return SourceEntry(
         id=source_id, chunk_id=hit.chunk_id, doc_id=hit.doc_id, source=meta.get("source", ""), text=text,
         snippet=snippet(text), score=round(float(hit.score), 4), page=meta.get("page"), heading=meta.get("heading"),
+        ocr_low_confidence=meta.get("ocr_low_confidence"),
     )
 
 

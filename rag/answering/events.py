@@ -64,6 +64,8 @@ class SourceEntry(BaseModel):
     score: float
     page: Page
     heading: Heading
+    # OCR lines of the chunk read in doubt (a chunk of OCR text only)
+    ocr_low_confidence: Annotated[int | None, Field(default=None, exclude_if=_omitted_when_none)]
 
 
 class Search(BaseModel):
