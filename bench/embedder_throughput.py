@@ -79,7 +79,7 @@ def main() -> None:
         server = start_embedding_server(Path(tmp), server_env(Path(tmp)))
         try:
             rows = []
-            for round_ in range(2):  # alternate to spread machine noise over both sides
+            for _ in range(2):  # alternate to spread machine noise over both sides
                 model.encode(texts[: args.batch], batch_size=args.batch)
                 start = time.perf_counter()
                 model.encode(texts, batch_size=args.batch, normalize_embeddings=True)

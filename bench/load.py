@@ -226,7 +226,7 @@ async def upload_phase(api_url: str, api_pid: int, files: list[tuple[str, bytes,
         listing = (await client.get("/v1/documents", params={"collection": UPLOAD_COLLECTION, "limit": 1000})).json()
     seconds = time.perf_counter() - started
     statuses: dict[str, int] = {}
-    for (name, _, valid), (code, body) in zip(files, answers):
+    for (_name, _, valid), (code, body) in zip(files, answers):
         status = body["results"][0]["status"] if code == 200 else f"HTTP {code}"
         key = f"{'valid' if valid else 'invalid'}: {status}"
         statuses[key] = statuses.get(key, 0) + 1

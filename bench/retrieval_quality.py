@@ -223,7 +223,7 @@ def tune_weight(corpus: Corpus, runs: Runs, lexical: str, subset: Sequence[int])
     """The dense weight with the best R@1 + R@5 on `subset` (both are targets), ties to the smaller weight."""
     table = {}
     for w in WEIGHTS:
-        fused = ([c for c, _ in fuse(d, l, w)] for d, l in zip(runs.dense, runs.lexical[lexical]))
+        fused = ([c for c, _ in fuse(d, lex, w)] for d, lex in zip(runs.dense, runs.lexical[lexical]))
         table[w] = evaluate(corpus, fused, subset)
     best = max(WEIGHTS, key=lambda w: (round(table[w]["R@5"] + table[w]["R@1"], 4), -w))
     return best, table

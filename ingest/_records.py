@@ -4,12 +4,13 @@ of the embedder, the progress listener and the preparer that a pipeline is built
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from rag.core.errors import RagError
+from rag.store.record import Vectors
 
 Status = Literal["indexed", "unchanged", "failed"]
 
@@ -69,7 +70,7 @@ class Prepared:
 
 
 class Embedder(Protocol):
-    async def embed(self, texts: list[str]) -> Sequence[Sequence[float]]: ...  # one row per text, in order
+    async def embed(self, texts: list[str]) -> Vectors: ...  # one row per text, in order
 
 
 class Progress(Protocol):

@@ -3,14 +3,13 @@ catalog row that says what is searchable."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 
 from ingest._lexical_context import lexical_context
 from ingest._records import ChunkRecord
 from rag.store.catalog import DocumentCatalog
 from rag.store.chunks import ChunkStore, store_errors
 from rag.store.lexical import LexicalIndex
-from rag.store.record import EmbedderIdentity, rounded
+from rag.store.record import EmbedderIdentity, Vectors, rounded
 
 
 class DocumentStores:
@@ -22,7 +21,7 @@ class DocumentStores:
         self.catalog = catalog
         self.embed_model = embed_model
 
-    def write_chunks(self, collection: str, records: list[ChunkRecord], vectors: Sequence[Sequence[float]]) -> None:
+    def write_chunks(self, collection: str, records: list[ChunkRecord], vectors: Vectors) -> None:
         vectors = rounded(vectors)
         with store_errors():
             self.store.upsert(

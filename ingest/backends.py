@@ -121,7 +121,8 @@ class LocalBackend:
         await self._stack.aclose()
 
     async def ingest(self, files: Sequence[SourceFile], collection: str, progress: Progress) -> list[FileResult]:
-        return await self.pipeline.run(files, collection, progress)
+        results: list[FileResult] = await self.pipeline.run(files, collection, progress)
+        return results
 
     async def documents(self, collection: str) -> list[KnownDocument]:
         records = await asyncio.to_thread(self.catalog.list, collection, 0, 1 << 62)

@@ -126,7 +126,7 @@ class Chunker:
 
     def _prime(self, text: str, separators: list[str], size: int) -> None:
         """Counts, in batches, every piece the splitter's recursion will measure (same rules as langchain's)."""
-        for i, sep in enumerate(separators):
+        for i, sep in enumerate(separators):  # noqa: B007 (i and sep are read after the loop)
             if sep == "" or sep in text:
                 break
         pieces = _split_keeping_end(text, sep)

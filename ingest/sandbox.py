@@ -189,7 +189,8 @@ class ParserPool:
     def _unpack(self, reply: tuple[Any, ...], name: str) -> LoadedDocument:
         status = reply[0]
         if status == "ok":
-            return reply[1]
+            loaded: LoadedDocument = reply[1]
+            return loaded
         if status == "error":
             cls = getattr(errors, reply[1], None)
             if not (isinstance(cls, type) and issubclass(cls, errors.RagError)):

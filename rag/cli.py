@@ -91,7 +91,7 @@ def serve_api() -> None:
     settings = load_settings()
     uvicorn.run(
         create_app(settings), host=settings.api_host, port=settings.api_port, log_level="info",
-        timeout_graceful_shutdown=settings.shutdown_grace_s,
+        timeout_graceful_shutdown=settings.shutdown_grace_s,  # type: ignore[arg-type]  # uvicorn waits a float too
     )
 
 
@@ -127,7 +127,7 @@ def serve_embeddings(host: str | None, port: int | None) -> None:
         host=host or url.hostname or "127.0.0.1",
         port=port or settings.embed_port,
         log_level="warning",
-        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,  # type: ignore[arg-type]  # uvicorn waits a float too
     )
 
 

@@ -117,6 +117,15 @@ def chat_events(url: str, body: dict[str, Any], headers: dict[str, str] | None =
         return list(parse_sse(r.iter_lines()))
 
 
+def schema_errors(url: str, component: str, instance: Any) -> list[str]:
+    """Where `instance` breaks the schema that the API's own /v1/openapi.json gives for `component`."""
+    from jsonschema import Draft202012Validator
+
+    components = httpx.get(f"{url}/v1/openapi.json", timeout=30).json()["components"]
+    validator = Draft202012Validator({"$ref": f"#/components/schemas/{component}", "components": components})
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(instance)]
+
+
 def ask(text: str, **extra: Any) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": text}], "max_tokens": 12, "temperature": 0, **extra}
 

@@ -8,10 +8,12 @@ lexical index against the catalog).
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +28,7 @@ from rag.core.config import Settings
 from tests import hostile
 from tests.conftest import SHARED_DATA
 from tests.ingest_helpers import Census, census
-from tests.servers import free_port
+from tests.servers import Server, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -138,24 +140,42 @@ def test_several_files_answer_per_file(api: LiveApi) -> None:
     api.assert_healthy_and_unchanged(before, {results[0]["document_id"]: results[0]["chunks"]})
 
 
-def test_job_progress(api: LiveApi) -> None:
+def test_job_progress(api: LiveApi, embedding_server: Server) -> None:
     files = [(f"f{i}.txt", text_of(4, f"f{i}")) for i in range(6)]
-    response = api.upload(*files, job_id="my-upload-1", wait="false")
-    assert response.status_code == 202 and response.json()["job_id"] == "my-upload-1"
-    seen = []
-    while True:
-        job = api.client.get("/v1/jobs/my-upload-1").json()
-        seen.append(job)
-        if job["state"] != "running":
-            break
+    names = {name for name, _ in files}
+    os.kill(embedding_server.pid, signal.SIGSTOP)  # nothing gets embedded: the run cannot end meanwhile
+    try:
+        response = api.upload(*files, job_id="my-upload-1", wait="false")
+        assert response.status_code == 202 and response.json()["job_id"] == "my-upload-1"
+        mid = _job_when(api, "my-upload-1", lambda job: job["current_file"] is not None)
+    finally:
+        os.kill(embedding_server.pid, signal.SIGCONT)
+    # A snapshot taken mid-run: running, at a file of the upload, not all of them done, no results yet.
+    assert mid["state"] == "running" and mid["current_file"] in names and mid["results"] == []
+    assert mid["files_total"] == 6 and mid["files_done"] < 6
+    seen = [mid]
+    while seen[-1]["state"] == "running":
         time.sleep(0.05)
+        seen.append(api.client.get("/v1/jobs/my-upload-1").json())
+    job = seen[-1]
     assert job["state"] == "done" and job["files_total"] == 6 and job["files_done"] == 6
     assert job["chunks_done"] == sum(r["chunks"] for r in job["results"]) > 0
     assert job["current_file"] is None and [r["status"] for r in job["results"]] == ["indexed"] * 6
-    assert all(0 <= j["files_done"] <= 6 for j in seen)
+    for key in ("files_done", "chunks_done"):
+        counts = [j[key] for j in seen]
+        assert counts == sorted(counts), f"{key} only grows"
     assert api.upload(files[0], job_id="my-upload-1").status_code == 409  # ids are unique
     assert api.client.get("/v1/jobs/nope").status_code == 404
     assert api.census().consistent()
+
+
+def _job_when(api: LiveApi, job_id: str, ready: Callable[[dict], bool], within_s: float = 60) -> dict:
+    """The job's first snapshot for which `ready` holds (polled; fails after `within_s`)."""
+    deadline = time.monotonic() + within_s
+    while not ready(job := api.client.get(f"/v1/jobs/{job_id}").json()):
+        assert time.monotonic() < deadline, f"the job never got there: {job}"
+        time.sleep(0.02)
+    return job
 
 
 # Bad inputs: each gets a clear error, and nothing is lost.

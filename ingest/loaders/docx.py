@@ -121,7 +121,8 @@ def _inflate_member(data: bytes, member: zipfile.ZipInfo, name: str, budget: int
     inflater = zlib.decompressobj(-zlib.MAX_WBITS) if member.compress_type == zipfile.ZIP_DEFLATED else None
     parser = _XmlCheck(member.filename) if _maybe_xml(member.filename) else None
     total = 0
-    pending = raw
+    out: bytes | memoryview
+    pending: bytes | memoryview = raw
     while True:
         if inflater is None:
             out, pending = pending[:_STEP], pending[_STEP:]
@@ -139,7 +140,7 @@ def _inflate_member(data: bytes, member: zipfile.ZipInfo, name: str, budget: int
         if total > budget:
             raise DocumentRejected(f"{name} is a zip bomb: it inflates past the {budget:,}-byte limit")
         if parser is not None:
-            parser.feed(out, name)
+            parser.feed(bytes(out), name)  # a stored member's slices are views of the file
         if not out and not pending:
             break
     if total != member.file_size:
@@ -212,7 +213,7 @@ def _refusing_parser() -> Any:
     def entity(name: str, *args: Any) -> None:
         raise defusedxml.EntitiesForbidden(name, None, None, None, None, None)
 
-    def external(context: str, base: str | None, sysid: str | None, pubid: str | None) -> None:
+    def external(context: str, base: str | None, sysid: str | None, pubid: str | None) -> int:
         raise defusedxml.ExternalReferenceForbidden(context, base, sysid, pubid)
 
     parser = expat.ParserCreate()

@@ -101,7 +101,7 @@ class _PageRules:
 
     @classmethod
     def of(cls, tree: LexborHTMLParser) -> _PageRules:
-        classes, ids = set(_HIDDEN_CLASSES), set()
+        classes, ids = set(_HIDDEN_CLASSES), set[str]()
         for style in tree.css("style"):
             for selectors, declarations in _STYLE_RULE.findall(style.text(deep=True)):
                 if not _HIDDEN_STYLE.search(declarations):
@@ -233,7 +233,7 @@ class _Walker:
             furniture = tag in _BLOCKS and node is not root and self.rules.furniture(node)  # not inline: <b class=header>
             if not frame.in_content and (tag in _CHROME or furniture):
                 continue
-            if self._enter(node, tag):
+            if self._enter(node, tag or ""):  # an element node has a tag
                 frame.leaving = True
                 stack.append(frame)
                 children = []
@@ -268,7 +268,7 @@ class _Walker:
             self._flush()
         return True
 
-    def _leave(self, tag: str) -> None:
+    def _leave(self, tag: str | None) -> None:
         if tag in _BLOCKS and tag not in ("td", "th"):
             self._flush(tight=tag in _TIGHT)
             if tag not in _TIGHT:

@@ -99,9 +99,9 @@ def _extract(pdf: pdfium.PdfDocument, name: str, max_pages: int, plan: _OcrPlan)
             notes += add_ocr_page(builder, index + 1, _render(pdf, index, plan.dpi), plan.ocr, plan.min_confidence)
         else:
             builder.block(texts[index])
-    title = pdf.get_metadata_value("Title").strip() or None
+    doc_title = pdf.get_metadata_value("Title").strip() or None
     try:
-        return builder.build(name, DocKind.PDF, title=title, pages=n_pages, warnings=tuple(notes))
+        return builder.build(name, DocKind.PDF, title=doc_title, pages=n_pages, warnings=tuple(notes))
     except DocumentRejected:
         how = "nor text that OCR could read" if scanned else "and no scanned pages to read by OCR"
         raise DocumentRejected(f"{name} has no extractable text: no text layer on its {n_pages} page(s), {how}") from None

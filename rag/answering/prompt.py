@@ -281,13 +281,14 @@ def _gguf_has_chat_template(path: str, mtime_ns: int, size: int) -> bool | None:
 
 def _skip_gguf_value(data: Any, offset: int, kind: int) -> int:
     if kind == _GGUF_STRING:
-        return offset + 8 + struct.unpack_from("<Q", data, offset)[0]
+        (length,) = struct.unpack_from("<Q", data, offset)
+        return offset + 8 + int(length)
     if kind != _GGUF_ARRAY:
         return offset + _GGUF_SCALAR[kind]
     item, n = struct.unpack_from("<IQ", data, offset)
     offset += 12
     if item in _GGUF_SCALAR:
-        return offset + n * _GGUF_SCALAR[item]
+        return offset + int(n) * _GGUF_SCALAR[item]
     for _ in range(n):
         offset = _skip_gguf_value(data, offset, item)
     return offset

@@ -7,13 +7,13 @@ used here: importing it costs every `ingest` run about half a second of CPU befo
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 import httpx
 import numpy as np
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
+from rag.core.embeddings_api import EmbeddingsUsage, decode_vector
 from rag.core.errors import EmbedderUnavailable, UpstreamError
 
 RETRIED_STATUSES = frozenset({408, 429, 502, 503, 504})  # loading, overloaded or restarting: worth a retry
@@ -41,12 +41,7 @@ def _vectors(body: dict[str, Any], expected: int) -> np.ndarray:
     data = sorted(body["data"], key=lambda d: d["index"])
     if len(data) != expected:
         raise UpstreamError(f"embedding server returned {len(data)} vectors for {expected} inputs")
-    rows = [
-        np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4")
-        if isinstance(d["embedding"], str)
-        else np.asarray(d["embedding"], dtype=np.float32)
-        for d in data
-    ]
+    rows = [decode_vector(d["embedding"]) for d in data]
     return np.vstack(rows).astype(np.float32, copy=False)
 
 
@@ -81,7 +76,8 @@ class EmbeddingClient:
         return _vectors(await self._post_embeddings(texts), len(texts))
 
     async def embed_one(self, text: str) -> np.ndarray:
-        return (await self.embed([text]))[0]
+        vector: np.ndarray = (await self.embed([text]))[0]
+        return vector
 
     async def health(self) -> dict[str, Any]:
         try:
@@ -92,14 +88,15 @@ class EmbeddingClient:
             return {"state": "ok", **{k: v for k, v in response.json().items() if k != "status"}}  # dimensions: an int
         return {"state": "loading" if response.status_code == 503 else "down", "reason": f"HTTP {response.status_code}"}
 
-    async def embed_with_usage(self, texts: list[str]) -> tuple[np.ndarray, dict[str, int]]:
+    async def embed_with_usage(self, texts: list[str]) -> tuple[np.ndarray, EmbeddingsUsage]:
         """Like `embed` for a non-empty list, with the server's usage (`prompt_tokens`, `total_tokens`,
         and `truncated_inputs`: the inputs longer than the model reads, embedded from their start)."""
         body = await self._post_embeddings(texts)
         usage = body.get("usage") or {}
         prompt = int(usage.get("prompt_tokens") or 0)
         truncated = int(usage.get("truncated_inputs") or 0)
-        return _vectors(body, len(texts)), {"prompt_tokens": prompt, "total_tokens": prompt, "truncated_inputs": truncated}
+        return _vectors(body, len(texts)), EmbeddingsUsage(prompt_tokens=prompt, total_tokens=prompt,
+                                                           truncated_inputs=truncated)
 
     async def _post_embeddings(self, texts: list[str]) -> dict[str, Any]:
         """The server's JSON answer for `texts` (base64 vectors), retried as the class says; typed errors."""
@@ -124,4 +121,5 @@ class EmbeddingClient:
             raise UpstreamError(
                 f"embedding server answered {exc.response.status_code}", upstream=exc.response.text[:300]
             ) from exc
-        return response.json()
+        body: dict[str, Any] = response.json()
+        return body

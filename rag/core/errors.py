@@ -12,6 +12,7 @@
     ├── NotFound (404)
     │   └── ModelNotFound (404)            a model name this API does not serve (OpenAI's error shape)
     ├── Busy (429)                         the generation queue is full or waited too long
+    ├── ClientClosed (499)                 the client went away before its answer was ready
     ├── StoreLocked (409)                  another process holds the embedded Chroma store
     ├── Conflict (409)                     another request is indexing or deleting this document
     │   └── EmbedderMismatch (409)         the embedder is not the model that built the collection
@@ -96,6 +97,11 @@ class Busy(RagError):
     def __init__(self, message: str, retry_after: int = 1, **detail: Any) -> None:
         super().__init__(message, retry_after=retry_after, **detail)
         self.retry_after = retry_after
+
+
+class ClientClosed(RagError):
+    # nginx's code for a client that closed the connection: nobody is left to read the reply.
+    status, code = 499, "client_closed"
 
 
 class StoreLocked(RagError):

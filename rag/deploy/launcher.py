@@ -271,7 +271,7 @@ class RestartPolicy:
     stable_after_s: float = 60.0  # a part up this long has recovered: its count starts again
 
     def delay(self, restarts: int) -> float:
-        return min(self.max_delay_s, self.first_delay_s * 2 ** max(0, restarts - 1))
+        return min(self.max_delay_s, self.first_delay_s * 2.0 ** max(0, restarts - 1))
 
 
 class Stack:

@@ -20,12 +20,13 @@ one. Listings show every name; retiring or deleting one name keeps the content w
 
 from __future__ import annotations
 
+import builtins
 import os
 import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -38,6 +39,8 @@ from rag.core.config import COLLECTION_NAME
 from rag.core.errors import Conflict, InvalidRequest, NotFound
 from rag.store.schema import Step, migrate, run_script
 from rag.store.sqlite import write_transaction
+
+IsLive = Callable[[str | None], bool]  # whether the owner token of a row belongs to a running process
 
 State = Literal["pending", "indexed", "failed", "deleting"]
 Claim = Literal["claimed", "indexed", "busy"]
@@ -227,13 +230,13 @@ class DocumentCatalog:
         with self._lock:
             return int(self._db.execute(sql, params).fetchone()[0])
 
-    def by_source(self, collection: str, source: str) -> list[DocumentRecord]:
+    def by_source(self, collection: str, source: str) -> builtins.list[DocumentRecord]:
         return self._rows(
             f"SELECT {_COLUMNS} FROM {_NAMED} WHERE collection = ? AND source = ? ORDER BY created_at",
             (collection, source),
         )
 
-    def names(self, collection: str, doc_id: str) -> list[str]:
+    def names(self, collection: str, doc_id: str) -> builtins.list[str]:
         """The sources that name a document: its own first, then the others by age."""
         with self._lock:
             rows = self._db.execute(
@@ -244,7 +247,7 @@ class DocumentCatalog:
             ).fetchall()
         return [r[0] for r in rows]
 
-    def collections(self) -> list[tuple[str, int]]:
+    def collections(self) -> builtins.list[tuple[str, int]]:
         """Every collection with a row, and how many of its documents' names are indexed."""
         with self._lock:
             rows = self._db.execute(
@@ -275,7 +278,7 @@ class DocumentCatalog:
             found.update(r[0] for r in rows)
         return found
 
-    def leftovers(self, is_live: Any) -> list[DocumentRecord]:
+    def leftovers(self, is_live: IsLive) -> builtins.list[DocumentRecord]:
         """Pending and deleting rows whose owner is gone: their chunks may be half written or half deleted."""
         rows = self._rows(f"SELECT {_COLUMNS} FROM documents WHERE state IN ('pending', 'deleting')")
         return [r for r in rows if not is_live(r.owner)]
@@ -283,7 +286,7 @@ class DocumentCatalog:
     # Writes.
 
     def claim(
-        self, collection: str, doc_id: str, *, source: str, name: str, size: int, owner: str, is_live: Any
+        self, collection: str, doc_id: str, *, source: str, name: str, size: int, owner: str, is_live: IsLive
     ) -> tuple[Claim, DocumentRecord | None]:
         """Mark a document pending for `owner`, unless it is indexed already or another live owner has it.
 
@@ -305,7 +308,7 @@ class DocumentCatalog:
             )
         return "claimed", before
 
-    def mark_indexed(self, collection: str, doc_id: str, *, chunks: int, pages: int | None, owner: str) -> list[str]:
+    def mark_indexed(self, collection: str, doc_id: str, *, chunks: int, pages: int | None, owner: str) -> builtins.list[str]:
         """Make the document searchable and retire every other indexed version of its source, atomically.
 
         Returns the retired documents' ids (now `deleting`, owned by `owner`): delete their chunks, then
@@ -322,13 +325,13 @@ class DocumentCatalog:
             )
             return self._retire(db, collection, source, keep=doc_id, owner=owner)
 
-    def retire_source(self, collection: str, source: str, *, keep: str, owner: str) -> list[str]:
+    def retire_source(self, collection: str, source: str, *, keep: str, owner: str) -> builtins.list[str]:
         """Retire the indexed versions of `source` other than `keep` (whose content is indexed already)."""
         with self._write() as db:
             return self._retire(db, collection, source, keep=keep, owner=owner)
 
     @classmethod
-    def _retire(cls, db: sqlite3.Connection, collection: str, source: str, *, keep: str, owner: str) -> list[str]:
+    def _retire(cls, db: sqlite3.Connection, collection: str, source: str, *, keep: str, owner: str) -> builtins.list[str]:
         """Take the name `source` from every indexed document but `keep`; those left unnamed go."""
         named = db.execute(
             "SELECT doc_id FROM documents WHERE collection = ? AND source = ? AND doc_id != ? AND state = 'indexed' "
@@ -401,7 +404,7 @@ class DocumentCatalog:
                 (error[:2000], collection, doc_id),
             )
 
-    def mark_deleting(self, collection: str, doc_id: str, *, owner: str, is_live: Any) -> DocumentRecord | None:
+    def mark_deleting(self, collection: str, doc_id: str, *, owner: str, is_live: IsLive) -> DocumentRecord | None:
         """Take a document out of search before its chunks are deleted; None if it does not exist.
 
         Raises `DocumentBusy` when a live process is indexing or deleting it.

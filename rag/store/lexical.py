@@ -147,7 +147,7 @@ class LexicalIndex:
             self._bm25.delete_collection(writer, collection)
         return n
 
-    def set_vectors(self, collection: str, vectors: Iterable[tuple[str, Any, dict | None]]) -> None:
+    def set_vectors(self, collection: str, vectors: Iterable[tuple[str, Any, dict[str, Any] | None]]) -> None:
         """Store (chunk_id, vector, metadata) of existing chunks; a stored metadata is kept. The text,
         so the search index, is unchanged."""
         rows = [(record.encode_vector(v), record.encode_metadata(m), collection, cid) for cid, v, m in vectors]
@@ -199,7 +199,7 @@ class LexicalIndex:
             ).fetchall()
         return {doc_id: (int(n), int(v)) for doc_id, n, v in rows}
 
-    def records(self, collection: str, batch: int = 500) -> Iterator[list[tuple[str, str, str, dict, list[float] | None]]]:
+    def records(self, collection: str, batch: int = 500) -> Iterator[list[tuple[str, str, str, dict[str, Any], list[float] | None]]]:
         """The collection's chunks as (chunk_id, doc_id, text, metadata, vector or None), in batches."""
         reader = sqlite3.connect(str(self._path), check_same_thread=False)
         try:
@@ -345,8 +345,8 @@ class LexicalIndex:
                 return
         with self._writer() as writer:
             writer.delete_all_documents()
-            rows = self._db.execute("SELECT id, collection, doc_id, text, context FROM chunks")
-            for batch in _batches(rows, 2000):
+            cursor = self._db.execute("SELECT id, collection, doc_id, text, context FROM chunks")
+            for batch in _batches(cursor, 2000):
                 for rowid, collection, doc_id, text, context in batch:
                     self._bm25.add(writer, rowid, collection, doc_id, self._tokens(text, context))
             self._db.execute(
@@ -354,12 +354,12 @@ class LexicalIndex:
             )
 
 
-def _with_context(row: tuple[Any, ...]) -> tuple[str, str, str, str, dict | None, Any]:
+def _with_context(row: tuple[Any, ...]) -> tuple[str, str, str, str, dict[str, Any] | None, Any]:
     chunk_id, doc_id, text, *rest = row
     rest += [None] * (3 - len(rest))
     return chunk_id, doc_id, text, rest[0] or "", rest[1], rest[2]
 
 
-def _batches(cursor: sqlite3.Cursor, size: int) -> Iterator[list[tuple]]:
+def _batches(cursor: sqlite3.Cursor, size: int) -> Iterator[list[tuple[Any, ...]]]:
     while batch := cursor.fetchmany(size):
         yield batch

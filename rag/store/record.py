@@ -19,10 +19,12 @@ import hashlib
 import json
 import math
 import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from rag.store.schema import run_script
 
@@ -46,14 +48,18 @@ def encode_vector(vector: Any) -> bytes:
     return np.asarray(vector, dtype=np.float16).tobytes()
 
 
-def rounded(vectors: Any) -> np.ndarray:
+Vectors = npt.NDArray[np.float32]  # (n, d): one row per text
+
+
+def rounded(vectors: Vectors | Sequence[Sequence[float]]) -> Vectors:
     """Vectors as the record keeps them, as an (n, d) float32 array. Chroma gets these same values, so
     an index rebuilt from the record ranks exactly like the one written at ingestion."""
     return np.asarray(vectors, dtype=np.float16).astype(np.float32)
 
 
 def decode_vector(blob: bytes) -> list[float]:
-    return np.frombuffer(blob, dtype=np.float16).astype(np.float32).tolist()
+    values: list[float] = np.frombuffer(blob, dtype=np.float16).astype(np.float32).tolist()
+    return values
 
 
 def encode_metadata(metadata: dict[str, Any] | None) -> str | None:
@@ -84,7 +90,7 @@ class EmbedderIdentity:
     probe: tuple[float, ...]
 
     @classmethod
-    def of(cls, model: str, probe_text: str, probe: list[float]) -> EmbedderIdentity:
+    def of(cls, model: str, probe_text: str, probe: Sequence[float] | Vectors) -> EmbedderIdentity:
         norm = math.sqrt(sum(x * x for x in probe))
         return cls(model, len(probe), abs(norm - 1.0) < 1e-3, probe_text, tuple(float(x) for x in probe))
 

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from rag.answering.answerer import Event
+from rag.answering.events import Event
 from rag.api.limits import check_text
 from rag.api.mcp.payloads import (
     AskResult,
@@ -83,7 +83,7 @@ class LocalLibrary:
                 await progress(tokens, event.data["text"])
 
         try:
-            body = await collect(answer, on_event)
+            body = (await collect(answer, on_event)).model_dump(mode="json")
         finally:
             answer.close()
         return ask_result(body, query.collection)
