@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from rag.cli import load_settings, run_cli
+from rag.core.command_line import load_settings, run_cli
 from rag.core.config import Settings
 from rag.core.errors import InvalidRequest
 

@@ -107,6 +107,13 @@ def test_no_module_imports_itself_back():
     assert cycles == []
 
 
+def test_no_module_imports_an_entry_point():
+    # The entry points are run, never imported: what both share lives beneath them (rag.core.command_line).
+    importers = sorted(f"{module} -> {target}" for module, targets in import_graph().items()
+                       for target in targets & TOP)
+    assert importers == []
+
+
 def test_the_readme_names_every_folder():
     readme = (ROOT / "README.md").read_text()
     folders = {p.parent.relative_to(ROOT).as_posix() for top in ("rag", "ingest") for p in ROOT.glob(f"{top}/**/__init__.py")}
