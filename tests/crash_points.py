@@ -27,10 +27,10 @@ from rag.core.config import Settings
 from rag.store.catalog import DocumentCatalog
 from rag.store.chunks import ChunkStore
 from rag.store.lexical import LexicalIndex
+from tests.data import SQUAD
 from tests.ingest_helpers import expected_chunks
 from tests.servers import Server, free_port, start_api
 
-SQUAD = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "squad-v1.1-dev.json"
 COLLECTION = "default"
 PATHS = ("cli", "api")
 

@@ -24,7 +24,7 @@ from rag.api.app import create_app
 from rag.api.services import Services
 from rag.core.config import Settings
 from tests import hostile
-from tests.conftest import SHARED_DATA
+from tests.data import CMRC
 from tests.ingest_helpers import Census, census
 from tests.servers import free_port
 
@@ -162,7 +162,7 @@ def test_job_progress(api: LiveApi) -> None:
 
 
 def _cmrc_text() -> bytes:
-    data = json.loads((SHARED_DATA / "cmrc2018-trial.json").read_text())
+    data = json.loads(CMRC.read_text())
     return "\n\n".join(p["context"] for p in data["data"][1]["paragraphs"]).encode()
 
 
