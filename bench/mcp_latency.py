@@ -7,7 +7,7 @@ max_tokens 1) whose `retrieval_ms` is the answering core's retrieval, and one MC
 client, from the call to the parsed result (JSON-RPC, HTTP, SSE and the tool's payload included). The
 added time is the MCP round trip minus the chat retrieval, per question and at p50/p95 (target: <= 10 ms).
 
-    .venv/bin/python -m bench.mcp_latency ../shared/data/squad-v1.1-dev.json [--questions 100 --json FILE]
+    .venv/bin/python -m bench.mcp_latency [--squad PATH --questions 100 --json FILE]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from bench import _datasets as datasets
 from bench._provenance import header, write_json
 from bench._servers import server_env
 from bench.stream_fidelity import check_upload, squad_documents, start_backends
@@ -90,7 +91,7 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("squad", type=Path, help="a SQuAD-format JSON file")
+    datasets.add_options(parser, "squad")
     parser.add_argument("--questions", type=int, default=100)
     parser.add_argument("--articles", type=int, default=5, help="SQuAD articles indexed as documents")
     parser.add_argument("--top-k", type=int, default=8)
@@ -99,11 +100,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args(argv)
+    datasets.use(args)
     print(header(), flush=True)
     from tests.servers import start_api
 
     rng = random.Random(args.seed)
-    docs, questions = squad_documents(args.articles, rng, args.squad)
+    docs, questions = squad_documents(args.articles, rng)
     questions = rng.sample(questions, min(args.questions, len(questions)))
     load_start = [round(x, 2) for x in os.getloadavg()]
     with tempfile.TemporaryDirectory(prefix="rag-mcp-latency-") as tmp:

@@ -8,7 +8,7 @@ API's catalog lists it as indexed (retrieval returns only indexed documents), po
 holds the watch's debounce (ingest/watch.py DEBOUNCE_MS) and settle check (SETTLE_S) and the upload,
 chunking, embedding and indexing of the file.
 
-    .venv/bin/python -m bench.watch_latency ../shared/data/squad-v1.1-dev.json [--files 20 --json FILE]
+    .venv/bin/python -m bench.watch_latency [--squad PATH --files 20 --json FILE]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pathlib import Path
 
 import httpx
 
+from bench import _datasets as datasets
 from bench._provenance import header, write_json
 from bench._servers import server_env
 from ingest.watch import DEBOUNCE_MS, SETTLE_S
@@ -59,15 +60,16 @@ def stats(values: list[float]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("squad", type=Path, help="a SQuAD-format JSON file")
+    datasets.add_options(parser, "squad")
     parser.add_argument("--files", type=int, default=20)
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     parser.add_argument("--seed", type=int, default=5)
     args = parser.parse_args(argv)
+    datasets.use(args)
     print(header(), flush=True)
     from tests.servers import free_port, start_api, start_embedding_server
 
-    raw = json.loads(args.squad.read_text(encoding="utf-8"))
+    raw = datasets.read("squad")
     paragraphs = [p["context"] for a in raw["data"] for p in a["paragraphs"]]
     texts = random.Random(args.seed).sample(paragraphs, args.files)
     load_start = [round(x, 2) for x in os.getloadavg()]

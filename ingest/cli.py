@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from rag.cli import load_settings, run_cli
+from rag.core.command_line import load_settings, run_cli
 from rag.core.config import Settings
 
 from .backends import ApiBackend, Backend, KnownDocument, LocalBackend, choose_api, file_id

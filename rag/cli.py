@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from rag.core.config import Settings, get_settings, settings_error_line
-from rag.core.errors import RagError
+from rag.core.command_line import load_settings, run_cli
+from rag.core.config import Settings
 from rag.deploy.plan_cli import plan_command
 from rag.eval.cli import eval_command
-
-
-def load_settings() -> Settings:
-    from pydantic import ValidationError
-
-    try:
-        return get_settings()
-    except ValidationError as exc:
-        raise click.ClickException(settings_error_line(exc)) from None
 
 
 class _Group(click.Group):
@@ -374,25 +364,6 @@ cli.add_command(plan_command)
 
 def main() -> None:
     run_cli(cli)
-
-
-def run_cli(command: click.Command) -> None:
-    """Run a command of ours: expected failures are one line and exit 1; RAG_DEBUG=1 shows the traceback."""
-    try:
-        code = command.main(standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(130)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except RagError as exc:
-        if os.environ.get("RAG_DEBUG") == "1":
-            raise
-        click.echo(f"error: {exc.message}", err=True)
-        sys.exit(1)
-    if isinstance(code, int) and code:
-        sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from rag.api.app import create_app
 from rag.api.services import Services
 from rag.core.config import Settings
 from tests import hostile
-from tests.conftest import SHARED_DATA
+from tests.data import CMRC
 from tests.ingest_helpers import Census, census
 from tests.servers import Server, free_port
 
@@ -182,7 +182,7 @@ def _job_when(api: LiveApi, job_id: str, ready: Callable[[dict], bool], within_s
 
 
 def _cmrc_text() -> bytes:
-    data = json.loads((SHARED_DATA / "cmrc2018-trial.json").read_text())
+    data = json.loads(CMRC.read_text())
     return "\n\n".join(p["context"] for p in data["data"][1]["paragraphs"]).encode()
 
 

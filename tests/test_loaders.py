@@ -16,8 +16,7 @@ from ingest.sandbox import ParserPool
 from rag.core.config import Settings
 from rag.core.errors import DocumentRejected, UnsupportedFileType
 from tests import hostile
-
-CMRC = Path(__file__).resolve().parents[2] / "shared" / "data" / "cmrc2018-trial.json"
+from tests.data import CMRC
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from ingest.pipeline import IngestPipeline, SourceFile, document_id
 from rag.store.catalog import DocumentCatalog, OwnerLease
 from rag.core.config import Settings
 from rag.core.errors import Conflict, EmbedderUnavailable
-from tests.conftest import SHARED_DATA
+from tests.data import CMRC
 from tests.ingest_helpers import HashEmbedder, census, expected_chunks, open_pipeline, paragraph_chunks
 
 
@@ -268,7 +268,7 @@ def test_real_files_through_the_real_embedder(ingest_settings: Settings, tmp_pat
 
     folder = tmp_path / "docs"
     folder.mkdir()
-    cmrc = json.loads((SHARED_DATA / "cmrc2018-trial.json").read_text())
+    cmrc = json.loads(CMRC.read_text())
     chinese = "\n\n".join(p["context"] for p in cmrc["data"][0]["paragraphs"][:4])
     (folder / "zh.txt").write_text(chinese, encoding="utf-8")
     (folder / "utf16.txt").write_bytes("Zürich text in UTF-16 with a BOM.\n\nSecond paragraph.".encode("utf-16"))

@@ -18,7 +18,8 @@ from typing import Any
 
 import click
 
-from rag.core.config import Settings, get_settings, settings_error_line
+from rag.core.command_line import load_settings
+from rag.core.config import Settings
 from rag.core.errors import StoreLocked
 from rag.core.provenance import summary
 from rag.eval.harness import (
@@ -86,15 +87,6 @@ class RichProgress:
         self._line = (name, total, done + n)
         if self.plain and (done + n) * 10 // max(total, 1) > done * 10 // max(total, 1):
             click.echo(f"{name}: {done + n}/{total}", err=True)
-
-
-def _settings() -> Settings:
-    from pydantic import ValidationError
-
-    try:
-        return get_settings()
-    except ValidationError as exc:
-        raise click.ClickException(settings_error_line(exc)) from None
 
 
 def _open_parts(settings: Settings) -> Any:
@@ -204,7 +196,7 @@ def eval_command(dataset: Path, collection: str | None, keep: bool, modes: str, 
     DATASET is SQuAD JSON: data[].paragraphs[].{context, qas[].{question, answers[].text}}. Each
     paragraph is indexed as a document through the normal ingestion pipeline.
     """
-    settings = _settings()
+    settings = load_settings()
     chosen = tuple(m.strip() for m in modes.split(",") if m.strip())
     if not chosen or any(m not in MODES for m in chosen):
         raise click.BadParameter(f"choose among {', '.join(MODES)}", param_hint="--modes")
