@@ -11,7 +11,6 @@ runs inside the bounded worker of `ingest.sandbox`.
 
 from __future__ import annotations
 
-import re
 
 import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_c
@@ -20,8 +19,8 @@ from rag.core.errors import DocumentRejected
 
 from ..models import DocKind, LoadedDocument
 from ._builder import DocumentBuilder, clean
+from .pdf_layout import TableState, add_text_page
 
-_BLANK_LINES = re.compile(r"\n[ \t]*\n(?:[ \t]*\n)+")
 _MAX_OUTLINE_DEPTH = 8
 
 
@@ -38,13 +37,15 @@ def load_pdf(data: bytes, name: str, max_pages: int = 2_000) -> LoadedDocument:
         if exc.err_code == pdfium_c.FPDF_ERR_PASSWORD:
             raise DocumentRejected(f"{name} is not a readable PDF (damaged, or without pages)") from exc
         raise DocumentRejected(f"{name} is not a readable PDF ({exc})") from exc
+    tables = TableState(data=data)
     try:
-        return _extract(pdf, name, max_pages)
+        return _extract(pdf, name, max_pages, tables)
     finally:
+        tables.close()
         pdf.close()
 
 
-def _extract(pdf: pdfium.PdfDocument, name: str, max_pages: int) -> LoadedDocument:
+def _extract(pdf: pdfium.PdfDocument, name: str, max_pages: int, tables: TableState) -> LoadedDocument:
     n_pages = len(pdf)
     if n_pages == 0:
         raise DocumentRejected(f"{name} is a PDF without pages")
@@ -59,7 +60,7 @@ def _extract(pdf: pdfium.PdfDocument, name: str, max_pages: int) -> LoadedDocume
         builder.page(index + 1)
         for level, title in outline.get(index, ()):
             builder.heading(title, level, raw="", sep="")
-        builder.block(_page_text(pdf, index))
+        add_text_page(builder, pdf, index, tables)
     title = pdf.get_metadata_value("Title").strip() or None
     try:
         return builder.build(name, DocKind.PDF, title=title, pages=n_pages)
@@ -67,19 +68,6 @@ def _extract(pdf: pdfium.PdfDocument, name: str, max_pages: int) -> LoadedDocume
         raise DocumentRejected(
             f"{name} has no extractable text: its {n_pages} page(s) are images (a scan?) and we do not run OCR"
         ) from None
-
-
-def _page_text(pdf: pdfium.PdfDocument, index: int) -> str:
-    page = pdf[index]
-    try:
-        textpage = page.get_textpage()
-        try:
-            text = textpage.get_text_range()
-        finally:
-            textpage.close()
-    finally:
-        page.close()
-    return _BLANK_LINES.sub("\n\n", clean(text)).strip()
 
 
 def _outline_by_page(pdf: pdfium.PdfDocument) -> dict[int, list[tuple[int, str]]]:
