@@ -15,7 +15,7 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f-\x9f\ufeff\ufffe]")
 # OSC up to its terminator, and the two-character escapes; also their 8-bit CSI form.
 _ANSI = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]")
 # nroff's overstrike: bold "X\bX" and underline "_\bX" keep the last character.
-_OVERSTRIKE = re.compile(r".\x08(?=.)", re.S)
+_OVERSTRIKE = re.compile(r".\x08(?=.)", re.DOTALL)
 
 
 def clean(text: str) -> str:

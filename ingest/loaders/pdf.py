@@ -11,7 +11,6 @@ runs inside the bounded worker of `ingest.sandbox`.
 
 from __future__ import annotations
 
-
 import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_c
 

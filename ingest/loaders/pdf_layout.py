@@ -157,7 +157,7 @@ def _add_with_tables(
     height = float(found[0].page.height) or 1.0
     width = float(found[0].page.width) or 1.0
     regions = [(t.bbox[1] / height, t.bbox[3] / height, t) for t in found]
-    inside = lambda ln: any(top <= (ln.top + ln.bottom) / 2 <= bottom for top, bottom, _ in regions)  # noqa: E731
+    inside = lambda ln: any(top <= (ln.top + ln.bottom) / 2 <= bottom for top, bottom, _ in regions)
     lines = sorted((ln for ln in _lines(textpage, page) if not inside(ln)), key=lambda ln: ln.top)
     chars = 0
     for n, (top, _, table) in enumerate(regions):
