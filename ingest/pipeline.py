@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from ingest.detect import check_zip_file
+from ingest.originals import PAGED_KINDS, Originals
 from rag.store.catalog import DocumentCatalog, DocumentRecord, OwnerLease
 from rag.core.config import Settings
 from rag.core.errors import (
@@ -98,6 +99,7 @@ class Prepared:
 
     records: list[ChunkRecord]
     pages: int | None = None
+    keep_original: bool = False  # a document with pages to show: its bytes are kept (`ingest.originals`)
 
 
 class Embedder(Protocol):
@@ -250,6 +252,7 @@ class IngestPipeline:
         self.lexical = lexical
         self.catalog = catalog
         self.lease = lease
+        self.originals = Originals(settings.data_dir)
         self._prepare = prepare or LoaderPreparer(settings)
         self._inflight = inflight
         self._producers = producers
@@ -356,6 +359,7 @@ class IngestPipeline:
         with store_errors():
             self.store.delete_document(collection, doc_id)
         self.lexical.delete_document(collection, doc_id)
+        self.originals.delete(collection, doc_id)
 
     def recover(self) -> list[DocumentRecord]:
         """Clean up after processes that died mid-ingest: their pending and deleting documents go."""
@@ -486,6 +490,8 @@ class _Run:
         if not doc.prepared.records:
             await self._fail(doc, DocumentRejected(f"{file.name}: no text to index"))
             return None
+        if doc.prepared.keep_original:  # before it is searchable: a citation of it can open its page
+            await self._io(self.p.originals.save, self.collection, doc.doc_id, data)
         return doc
 
     def _key(self, doc: _Doc) -> tuple[str, str]:
@@ -683,7 +689,8 @@ class LoaderPreparer:
         from ingest.loading import load_document
 
         doc = load_document(data, file.name, self.settings)
-        return Prepared(chunk_records(chunk_document(doc, doc_id, self.chunker), file.name), doc.pages)
+        records = chunk_records(chunk_document(doc, doc_id, self.chunker), file.name)
+        return Prepared(records, doc.pages, keep_original=doc.kind in PAGED_KINDS)
 
     @property
     def chunker(self) -> Any:

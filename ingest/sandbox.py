@@ -41,6 +41,7 @@ MAX_TASKS_PER_WORKER = 200  # then a fresh worker, so heap fragmentation never a
 DEFAULT_WORKERS = 2
 _START_TIMEOUT_S = 60.0
 _ROOT = str(Path(__file__).resolve().parents[1])  # the directory holding the ingest and rag packages
+RENDER = "render-page"  # a request to render a page (`ingest.loaders.render`) rather than to parse
 _BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from ingest.sandbox import worker_main; worker_main()"
 
 
@@ -54,6 +55,7 @@ def worker_main() -> None:
     import ingest.loaders.html  # noqa: F401
     import ingest.loaders.pdf  # noqa: F401
     from ingest.loaders import parse
+    from ingest.loaders.render import render_page
 
     conn.send(("ready",))
     while True:
@@ -62,7 +64,8 @@ def worker_main() -> None:
         except EOFError:
             return
         try:
-            reply: tuple[Any, ...] = ("ok", parse(kind, data, name, **options))
+            result = render_page(data, **options) if kind == RENDER else parse(kind, data, name, **options)
+            reply: tuple[Any, ...] = ("ok", result)
         except errors.RagError as exc:
             reply = ("error", type(exc).__name__, exc.message, exc.detail)
         except MemoryError:
@@ -104,6 +107,13 @@ class ParserPool:
 
     def parse(self, kind: DocKind, data: bytes, name: str, timeout_s: float, **options: Any) -> LoadedDocument:
         """`ingest.loaders.parse(kind, data, name, **options)` in a worker, within `timeout_s` seconds."""
+        return self._call(kind, data, name, timeout_s, options)
+
+    def render(self, data: bytes, name: str, timeout_s: float, **options: Any) -> bytes:
+        """`ingest.loaders.render.render_page(data, **options)` (a PNG) in a worker, within `timeout_s` seconds."""
+        return self._call(RENDER, data, name, timeout_s, options)
+
+    def _call(self, kind: DocKind | str, data: bytes, name: str, timeout_s: float, options: dict[str, Any]) -> Any:
         worker = self._acquire()
         healthy = False
         try:
@@ -147,7 +157,7 @@ class ParserPool:
             limit="memory",
         )
 
-    def _unpack(self, reply: tuple[Any, ...], name: str) -> LoadedDocument:
+    def _unpack(self, reply: tuple[Any, ...], name: str) -> Any:
         status = reply[0]
         if status == "ok":
             return reply[1]

@@ -12,7 +12,7 @@ from rag.api.deps import require_api_key
 from rag.api.errors import install_error_handlers
 from rag.api.limits import ChatBodyLimit
 from rag.api.metrics import Metrics, MetricsMiddleware, instrument
-from rag.api.routes import chat, documents, embeddings, health, metrics, models, openai_compat, web
+from rag.api.routes import chat, documents, embeddings, health, metrics, models, openai_compat, pages, web
 from rag.api.services import Services, build_services
 from rag.core.config import Settings, get_settings
 
@@ -42,6 +42,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     protected = [Depends(require_api_key)]
     app.include_router(health.router)
     app.include_router(documents.router, prefix="/v1", dependencies=protected)
+    app.include_router(pages.router, prefix="/v1", dependencies=protected)
     app.include_router(chat.router, prefix="/v1", dependencies=protected)
     app.include_router(openai_compat.router, prefix="/v1", dependencies=protected)
     app.include_router(models.router, prefix="/v1", dependencies=protected)

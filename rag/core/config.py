@@ -97,6 +97,8 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(default=50 * 1024 * 1024, ge=1)
     parse_timeout_s: float = Field(default=60.0, gt=0)
     parse_memory_mb: int = Field(default=1024, ge=64)
+    # Cited pages shown as images: the widest a rendered page may be, in pixels (rendered in the parser worker).
+    page_image_max_width: int = Field(default=1600, ge=200, le=4000)
 
     # Backpressure.
     queue_max: int = Field(default=8, ge=0)
