@@ -9,7 +9,17 @@ from pathlib import Path
 import pytest
 
 from tests.table_docs import table_pdf
-from tests.test_web_page import api, ask, browser, context, expect, open_page, shot, upload, wait_finished  # noqa: F401
+from tests.test_web_page import (  # noqa: F401
+    api,
+    ask,
+    browser,
+    context,
+    expect,
+    open_page,
+    shot,
+    upload,
+    wait_finished,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -17,7 +27,7 @@ ROWS = [[f"Widget {i}", f"{i * 1.5:.2f} EUR", f"Depot {chr(65 + i % 5)}"] for i 
 TOPICS = ["herons", "lighthouses", "glaciers", "beekeeping", "tram lines", "sourdough", "comets", "tides"]
 
 
-def open_first_source(page, answer, label: str):  # noqa: ANN001, ANN201
+def open_first_source(page, answer, label: str):
     answer.locator(".sources summary").click()
     answer.locator("a.source-link", has_text=label).first.click()
     panel = page.locator("#source-panel")
