@@ -58,7 +58,12 @@ class Originals:
         _write_atomic(path, png)
 
     def delete(self, collection: str, doc_id: str) -> None:
-        shutil.rmtree(self.directory(collection, doc_id), ignore_errors=True)
+        """Removes what is kept of the document, if anything (an id that is no content hash has nothing)."""
+        try:
+            directory = self.directory(collection, doc_id)
+        except ValueError:
+            return
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from ingest.chunking import Chunker, chunk_document
 from ingest.loaders import parse
-from ingest.loaders.tables import LineBox, align_rows, markdown_table
+from ingest.loaders.tables import LineBox, align_rows, markdown_table, table_from_boxes
 from ingest.models import MAX_CHUNK_BOXES, DocKind, TextBox, decode_boxes, encode_boxes
 from tests import hostile
 from tests.table_docs import table_pdf
@@ -121,4 +121,6 @@ def test_ocr_boxes_that_line_up_become_rows_and_columns() -> None:
         LineBox("Al", 12, 50, 30, 60), LineBox("Lyon", 199, 50, 230, 60),
     ]  # fmt: skip
     assert align_rows(lines) == [["Name", "Age", "City"], ["Bob", "42", "Oslo"], ["Al", "", "Lyon"]]
+    table = table_from_boxes(lines, caption="Members")
+    assert table is not None and table.header == "Members\n| Name | Age | City |\n| --- | --- | --- |"
     assert align_rows([LineBox("Just a paragraph line", 10, 10, 300, 20), LineBox("and another", 10, 30, 200, 40)]) is None

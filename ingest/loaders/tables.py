@@ -7,7 +7,8 @@ The first row is the header. The text is the caption line (if any), the header r
 separator and one line per data row, so `md.text[:len(md.header)]` is what a chunk of later rows
 repeats (see `ingest.chunking`): a chunk of rows 40-60 still names its columns.
 
-`align_rows` turns OCR line boxes into table rows by their positions, for a scanned table.
+`align_rows` turns OCR line boxes into table rows by their positions, and `table_from_boxes` into a
+markdown table, for a scanned table.
 """
 
 from __future__ import annotations
@@ -110,6 +111,12 @@ def align_rows(lines: Sequence[LineBox], min_columns: int = 2) -> list[list[str]
             cells[col] = f"{cells[col]} {box.text}".strip()
         table.append(cells)
     return table
+
+
+def table_from_boxes(lines: Sequence[LineBox], caption: str | None = None, min_columns: int = 2) -> MarkdownTable | None:
+    """OCR lines that line up as a markdown table (the top row as header), or None (see `align_rows`)."""
+    rows = align_rows(lines, min_columns)
+    return markdown_table(rows, caption) if rows is not None else None
 
 
 def _same_row(row: list[LineBox], box: LineBox) -> bool:
