@@ -35,7 +35,7 @@ from bench.retrieval_quality import EmbeddingCache, sentence_encoder  # noqa: E4
 from ingest.loaders._builder import DocumentBuilder  # noqa: E402
 from ingest.loading import load_document  # noqa: E402
 from ingest.models import DocKind, LoadedDocument  # noqa: E402
-from ingest.pipeline import embedder_dir, make_chunker  # noqa: E402
+from ingest.pipeline import make_chunker  # noqa: E402
 from rag.answering.retrieval import Retriever  # noqa: E402
 from rag.core.config import Settings  # noqa: E402
 from rag.store.chunks import ChunkStore  # noqa: E402
@@ -181,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     set_ = tables(args.seed)
     asked = questions(set_, args.questions, args.seed)
     tabled, plain, stats = chunk_sets(set_, settings)
-    cache = EmbeddingCache(args.cache_dir / "tables-minilm.npz", sentence_encoder(str(embedder_dir(settings))))
+    cache = EmbeddingCache(args.cache_dir / "tables-minilm.npz", sentence_encoder(str(settings.embed_model_dir)))
     load_before = os.getloadavg()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
