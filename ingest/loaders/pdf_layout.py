@@ -10,13 +10,17 @@ objects (lines or rectangles) are handed to it; a page without drawn lines has n
 with tables the text is rebuilt from its lines outside the tables and the tables in between, in
 top-to-bottom order; a short line just above a table is its caption. A table that goes on from the
 previous page with no header of its own (same columns, first on its page) gets the previous header.
+pdfminer gets `TABLE_BUDGET_S` seconds per document in all: past that the remaining pages are read as
+text only, so a long PDF drawn with lines everywhere still loads within the parser's time limit.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import logging
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +37,7 @@ _BLANK_LINES = re.compile(r"\n[ \t]*\n(?:[ \t]*\n)+")
 _MIN_PATHS = 4
 _CAPTION_GAP = 0.05  # of the page's height: a caption sits this close above its table
 _CAPTION_CHARS = 160
+TABLE_BUDGET_S = 20.0
 
 
 @dataclass
@@ -57,6 +62,7 @@ class TableState:
     header: list[str] | None = None
     caption: str = ""
     broken: bool = False
+    spent_s: float = 0.0
 
     def page(self, index: int) -> Any:
         if self.plumber is None:
@@ -79,7 +85,10 @@ def add_text_page(builder: DocumentBuilder, pdf: pdfium.PdfDocument, index: int,
         try:
             found = _tables(page, index, tables)
             if found:
-                return _add_with_tables(builder, textpage, page, found, tables)
+                try:
+                    return _add_with_tables(builder, textpage, page, found, tables)
+                finally:
+                    found[0].page.close()  # pdfplumber keeps each page's layout objects until closed
             text = _BLANK_LINES.sub("\n\n", clean(textpage.get_text_range())).strip()
             builder.block(text, boxes=_locate(text, _lines(textpage, page)))
             return len(text)
@@ -139,15 +148,27 @@ def _clamp(*values: float) -> tuple[float, float, float, float]:
 
 def _tables(page: pdfium.PdfPage, index: int, state: TableState) -> list[Any]:
     """pdfplumber's tables of the page (top to bottom), for a page that draws enough lines for one."""
-    if state.broken or sum(1 for _ in page.get_objects(filter=[pdfium_c.FPDF_PAGEOBJ_PATH], max_depth=2)) < _MIN_PATHS:
+    paths = page.get_objects(filter=[pdfium_c.FPDF_PAGEOBJ_PATH], max_depth=2)
+    if state.broken or sum(1 for _ in itertools.islice(paths, _MIN_PATHS)) < _MIN_PATHS:
         return []
+    if state.spent_s > TABLE_BUDGET_S:
+        log.warning("table detection stopped at page %d: %.0f s spent on tables", index + 1, state.spent_s)
+        state.broken = True
+        return []
+    started = time.monotonic()
     try:
-        found = state.page(index).find_tables()
+        plumber_page = state.page(index)
+        found = plumber_page.find_tables()
     except Exception as exc:  # pdfminer on a file PDFium reads: lose the tables, keep the text
         log.warning("table detection failed on page %d: %s", index + 1, exc)
         state.broken = True
         return []
-    return sorted((t for t in found if len(t.rows) >= 2), key=lambda t: t.bbox[1])
+    finally:
+        state.spent_s += time.monotonic() - started
+    tables = sorted((t for t in found if len(t.rows) >= 2), key=lambda t: t.bbox[1])
+    if not tables:
+        plumber_page.close()
+    return tables
 
 
 def _add_with_tables(
