@@ -124,3 +124,12 @@ def test_ocr_boxes_that_line_up_become_rows_and_columns() -> None:
     table = table_from_boxes(lines, caption="Members")
     assert table is not None and table.header == "Members\n| Name | Age | City |\n| --- | --- | --- |"
     assert align_rows([LineBox("Just a paragraph line", 10, 10, 300, 20), LineBox("and another", 10, 30, 200, 40)]) is None
+
+
+def test_table_detection_has_a_time_budget_per_document(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ingest.loaders import pdf_layout
+
+    monkeypatch.setattr(pdf_layout, "TABLE_BUDGET_S", -1.0)  # spent before the first page
+    doc = parse(DocKind.PDF, table_pdf("Prices", ["Item", "Price"], [["Tea", "3"], ["Cake", "4"]]), "p.pdf")
+    assert not any(s.table_header for s in doc.sections)
+    assert "Tea" in doc.text and "Cake" in doc.text  # the cells are still read, as text
