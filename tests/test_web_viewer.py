@@ -47,7 +47,7 @@ def test_a_pdf_source_opens_its_page_with_the_passage_highlighted(context, api, 
     panel = open_first_source(page, answer, "page 2")
     image = panel.locator("#source-page-image")
     expect(panel.locator("#source-page")).to_be_visible()
-    page.wait_for_function("() => document.getElementById('source-page-image').naturalWidth === 1000")
+    page.wait_for_function("() => (document.getElementById('source-page-image') || {}).naturalWidth === 1000")
     expect(image).to_have_attribute("alt", "Page 2 of stock.pdf, the cited passage highlighted")
     assert image.get_attribute("src").startswith("blob:")
     # The chunk is marked inside the text of its section; its table header came with it.
@@ -56,6 +56,7 @@ def test_a_pdf_source_opens_its_page_with_the_passage_highlighted(context, api, 
     shot(page, "source-page-highlighted")
     page.keyboard.press("Escape")
     expect(panel).to_be_hidden()
+    assert panel.locator("img").count() == 0  # the page's image goes with it
     assert not errors
 
 

@@ -44,9 +44,8 @@ export async function showInPlace(source) {
 export function clearPlace() {
   if (pageUrl) URL.revokeObjectURL(pageUrl);
   pageUrl = null;
-  const figure = $("source-page");
-  figure.hidden = true;
-  $("source-page-image").removeAttribute("src");
+  $("source-page").hidden = true;
+  $("source-page-frame").replaceChildren(); // the image exists only while a page is shown
   $("source-place-status").hidden = true;
 }
 
@@ -86,7 +85,9 @@ async function showPage(ticket, base, chunk, source, query) {
   }
   if (ticket !== shown) return;
   pageUrl = URL.createObjectURL(blob);
-  const image = $("source-page-image");
+  const image = document.createElement("img");
+  image.id = "source-page-image";
+  $("source-page-frame").replaceChildren(image);
   image.alt = STRINGS.pageAlt(chunk.page, source.source || chunk.source);
   $("source-page-caption").textContent = STRINGS.pageCaption(chunk.page);
   image.addEventListener("load", () => scrollToPassage(image, chunk.boxes), { once: true });
