@@ -34,11 +34,14 @@ class LoaderPreparer:
 
     def __call__(self, data: bytes, file: SourceFile, doc_id: str) -> Prepared:
         from ingest.chunking import chunk_document
+        from ingest.loaders.ocr import ocr_flags
         from ingest.loading import load_document
 
         doc = load_document(data, file.name, self.settings)
         records = chunk_records(chunk_document(doc, doc_id, self.chunker), file.name)
-        return Prepared(records, doc.pages, keep_original=doc.kind in PAGED_KINDS)
+        for record in records:
+            record.metadata.update(ocr_flags(doc, record.metadata, self.settings.ocr_min_confidence))
+        return Prepared(records, doc.pages, doc.warnings, keep_original=doc.kind in PAGED_KINDS)
 
     @property
     def chunker(self) -> Any:

