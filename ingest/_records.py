@@ -67,6 +67,7 @@ class Prepared:
     records: list[ChunkRecord]
     pages: int | None = None
     warnings: tuple[str, ...] = ()
+    keep_original: bool = False  # a document with pages to show: its bytes are kept (`ingest.originals`)
 
 
 class Embedder(Protocol):

@@ -213,8 +213,9 @@ def test_html_structure_lists_tables_and_breaks(load) -> None:
         b"<h2>Sub</h2><p>x  \n  y</p></article></body></html>"
     )
     doc = load(page, "p.html")
-    assert doc.text == "Title\n\na\nb\n\none\ntwo\n\nk | v\n1 | 2\n\nSub\n\nx y"
-    assert [s.headings for s in doc.sections] == [("Title",), ("Title", "Sub")]
+    assert doc.text == "Title\n\na\nb\n\none\ntwo\n\n| k | v |\n| --- | --- |\n| 1 | 2 |\n\nSub\n\nx y"
+    assert [s.headings for s in doc.sections] == [("Title",), ("Title",), ("Title", "Sub")]
+    assert doc.sections[1].table_header == "| k | v |\n| --- | --- |"
 
 
 def test_deeply_nested_html_does_not_recurse(load) -> None:
@@ -365,7 +366,8 @@ def test_docx_headings_paragraphs_and_tables(load) -> None:
         ("Annual report", "Summary", "By region"),
         ("Annual report", "Outlook"),
     ]
-    assert "Region | Revenue\nNorth | 10\nSouth | 12" in doc.sections[1].text
+    assert doc.sections[1].text == "By region\n\n| Region | Revenue |\n| --- | --- |\n| North | 10 |\n| South | 12 |"
+    assert doc.sections[1].table_header == "By region\n\n| Region | Revenue |\n| --- | --- |"
     assert_offsets(doc)
 
 

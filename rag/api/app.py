@@ -15,7 +15,7 @@ from rag.api.limits import ChatBodyLimit
 from rag.api.mcp.http import PATH as MCP_PATH
 from rag.api.mcp.http import McpEndpoint
 from rag.api.metrics import Metrics, MetricsMiddleware, instrument
-from rag.api.routes import chat, documents, embeddings, health, metrics, models, openai_compat, web
+from rag.api.routes import chat, documents, embeddings, health, metrics, models, openai_compat, pages, web
 from rag.api.services import Services, build_services
 from rag.core.config import Settings, get_settings
 
@@ -46,6 +46,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     protected = [Depends(require_api_key)]
     app.include_router(health.router)
     app.include_router(documents.router, prefix="/v1", dependencies=protected)
+    app.include_router(pages.router, prefix="/v1", dependencies=protected)
     app.include_router(chat.router, prefix="/v1", dependencies=protected)
     app.include_router(openai_compat.router, prefix="/v1", dependencies=protected)
     app.include_router(models.router, prefix="/v1", dependencies=protected)

@@ -230,6 +230,18 @@ class LexicalIndex:
 
     # Reads.
 
+    def chunks(self, collection: str, chunk_ids: Iterable[str]) -> dict[str, tuple[str, dict[str, Any]]]:
+        """The record's text and metadata of the chunks that exist among `chunk_ids`, by id."""
+        ids = list(chunk_ids)[:1000]
+        if not ids:
+            return {}
+        with self._read_lock:
+            rows = self._reader.execute(
+                f"SELECT chunk_id, text, metadata FROM chunks WHERE collection = ? AND chunk_id IN ({','.join('?' * len(ids))})",
+                (collection, *ids),
+            ).fetchall()
+        return {cid: (text, record.decode_metadata(meta) or {}) for cid, text, meta in rows}
+
     def count_document(self, collection: str, doc_id: str) -> int:
         return self._count("SELECT count(*) FROM chunks WHERE collection = ? AND doc_id = ?", (collection, doc_id))
 

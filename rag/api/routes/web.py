@@ -31,7 +31,7 @@ CONTENT_SECURITY_POLICY = "; ".join([
     "default-src 'self'",
     "script-src 'self'",
     "style-src 'self'",
-    "img-src 'self' data:",
+    "img-src 'self' data: blob:",  # blob: the cited page, fetched with the key and shown by the page itself
     "connect-src 'self'",
     "object-src 'none'",
     "base-uri 'none'",

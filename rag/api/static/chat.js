@@ -6,6 +6,7 @@ import { t } from "./i18n.js";
 import { announce, library } from "./library.js";
 import { renderMarkdown } from "./markdown.js";
 import { readEvents } from "./sse.js";
+import { clearPlace, showInPlace } from "./viewer.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -88,7 +89,7 @@ async function ask() {
   view.item.scrollIntoView({ block: "nearest" });
   const answer = {
     controller: new AbortController(), view, user, text: "", sources: new Map(), citations: null,
-    state: "streaming", frame: 0,
+    state: "streaming", frame: 0, collection: library.collection,
   };
   current = answer;
   sourceMaps.set(view.item, answer.sources);
@@ -192,7 +193,7 @@ function replaceBox(answer, selector, box) {
 
 function showSources(answer, sources, event = {}) {
   answer.sources.clear();
-  for (const s of sources) answer.sources.set(s.id, s);
+  for (const s of sources) answer.sources.set(s.id, { ...s, collection: answer.collection });
   const box = el("details", "sources");
   const summary = el("summary", "", sources.length
     ? t("chat.sources", { count: sources.length })
@@ -344,11 +345,13 @@ function openSource(source, link) {
   $("source-panel").hidden = false;
   document.body.classList.add("panel-open");
   $("source-panel").focus();
+  showInPlace(source);
 }
 
 function closeSource() {
   if ($("source-panel").hidden) return;
   $("source-panel").hidden = true;
+  clearPlace();
   document.body.classList.remove("panel-open");
   if (opener && opener.isConnected) opener.focus();
   opener = null;
