@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -32,6 +32,7 @@ import anyio
 from rag.answering.budget import Candidate, PackedPrompt, PromptBudget
 from rag.answering.citations import attribute, check_citations, citation_entries
 from rag.answering.followup import SearchQuery, search_query
+from rag.answering.no_answer import ANSWER_LINE_GRAMMAR, no_answer_text, usable
 from rag.answering.retrieval import relevance, relevance_floor
 from rag.core.config import Settings
 from rag.core.errors import BackendUnavailable, ContextOverflow, InvalidRequest, LLMUnavailable, RagError, UpstreamError
@@ -307,6 +308,8 @@ class Answer:
         self.clock = clock
         self.searched = searched or SearchQuery(question)  # the query retrieval ran, shown with the sources
         self.text_parts: list[str] = []
+        self.no_answer = False
+        self.retried = False
 
     def close(self) -> None:
         """Give the generation slot back (idempotent; events() does it too)."""
@@ -361,18 +364,56 @@ class Answer:
             self.close()
 
     def _generate(self, llm: LlamaServerClient) -> AsyncIterator[StreamDelta | StreamEnd]:
+        """The answer's stream, never blank (rag.answering.no_answer); a completion is retried once."""
         assert self.query.max_tokens is not None and self.query.temperature is not None
-        if isinstance(self.packed.messages, str):
-            return _lstripped(self._complete(llm, self.packed.messages))
-        return llm.stream_chat(self.packed.messages, max_tokens=self.query.max_tokens,
-                               temperature=self.query.temperature)
+        prompt = self.packed.messages
+        if isinstance(prompt, str):
+            return self._never_blank([
+                lambda: _lstripped(self._complete(llm, prompt)),
+                lambda: _lstripped(self._complete(llm, prompt, grammar=ANSWER_LINE_GRAMMAR)),
+            ])
+        return self._never_blank([lambda: llm.stream_chat(
+            prompt, max_tokens=self.query.max_tokens, temperature=self.query.temperature)])  # type: ignore[arg-type]
 
-    async def _complete(self, llm: LlamaServerClient, prompt: str) -> AsyncIterator[StreamDelta | StreamEnd]:
+    async def _never_blank(
+        self, attempts: list[Callable[[], AsyncIterator[StreamDelta | StreamEnd]]]
+    ) -> AsyncIterator[StreamDelta | StreamEnd]:
+        """The first attempt whose text is usable, its unusable start held back until it is; if none is,
+        the fixed no-answer line naming the sources."""
+        end = StreamEnd(None)
+        for number, attempt in enumerate(attempts):
+            self.retried = number > 0
+            held: list[str] | None = []
+            stream = attempt()
+            try:
+                async for item in stream:
+                    if isinstance(item, StreamEnd):
+                        end = item
+                    elif held is None:
+                        yield item
+                    elif usable(text := "".join([*held, item.text])):
+                        held = None
+                        yield StreamDelta(text)
+                    else:
+                        held.append(item.text)
+            finally:
+                await _close(stream)
+            if held is None:
+                yield end
+                return
+        self.no_answer = True
+        yield StreamDelta(no_answer_text(c.candidate.metadata.get("source", "") for c in self.packed.chunks))
+        yield end
+
+    async def _complete(
+        self, llm: LlamaServerClient, prompt: str, grammar: str | None = None
+    ) -> AsyncIterator[StreamDelta | StreamEnd]:
         assert self.answerer is not None and self.query.max_tokens is not None and self.query.temperature is not None
         ban = await self.answerer.example_ban(prompt)
+        extra = ({"logit_bias": ban} if ban else {}) | ({"grammar": grammar} if grammar else {})
         stream = llm.stream_completion(
             prompt, max_tokens=self.query.max_tokens, temperature=self.query.temperature, stop=list(COMPLETION_STOP),
-            extra={"logit_bias": ban} if ban else None,
+            extra=extra or None,
         )
         try:
             async for item in stream:
@@ -381,7 +422,7 @@ class Answer:
             await _close(stream)
 
     def _closing_events(self, end: StreamEnd) -> list[Event]:
-        text = "".join(self.text_parts)
+        text = "" if self.no_answer else "".join(self.text_parts)  # our own line cites and claims nothing
         chunks = {c.source_id: c.text for c in self.packed.chunks}
         fixed_text = (CompletionStyle if self.packed.style == "completion" else ChatStyle).fixed_text
         check = check_citations(text, chunks, fixed_text=fixed_text)
@@ -403,6 +444,8 @@ class Answer:
         }
         done["style"] = self.packed.style
         done["unsupported_sentences"] = attribution.unsupported
+        done["no_answer"] = self.no_answer  # the model gave nothing usable: the text is our fixed line
+        done["retried"] = self.retried  # its first attempt gave nothing usable
         return [Event("citations", citations), Event("done", done)]
 
 
