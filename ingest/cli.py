@@ -17,6 +17,7 @@ import click
 from rag.cli import load_settings, run_cli
 from rag.core.config import Settings
 from rag.core.errors import InvalidRequest
+from rag.store.catalog import DocumentCounts
 
 from .backends import ApiBackend, Backend, KnownDocument, LocalBackend, file_id, find_api
 from .pipeline import FileResult, SourceFile
@@ -95,6 +96,9 @@ async def _main(
     backend = ApiBackend(url, settings) if url else LocalBackend(settings, read_only=dry_run, own_embedder=report.line)
     async with backend:
         report.mode = backend.name
+        report.where = f"the API at {url}" if url else f"data dir {settings.data_dir}"
+        if url is None:  # said once the store is ours: a held store is one line of error alone
+            report.line(f"ingest: via local, the store at {settings.data_dir} (no API answers at {settings.api_url})")
         if dry_run:
             await _dry_run(backend, files, collection, report)
         else:
@@ -107,6 +111,7 @@ async def _main(
                     await backend.delete(collection, doc.id, doc.source)
                 report.deleted.append(doc)
                 report.line(f"{'would delete' if dry_run else 'deleted':<13} {doc.source}")
+        report.holds = await backend.counts(collection)
 
 
 async def _api_url(settings: Settings, server: str | None, say: Callable[[str], None]) -> str | None:
@@ -189,8 +194,10 @@ class Report:
     total: int
     dry_run: bool = False
     mode: str = ""
+    where: str = ""  # the API's URL or the data dir, said with the mode
     results: list[FileResult] = field(default_factory=list)
     deleted: list[KnownDocument] = field(default_factory=list)
+    holds: DocumentCounts = field(default_factory=DocumentCounts)  # the collection after the run
     chunks: int = 0
     started: float = field(default_factory=time.monotonic)
     _bar: Any = None
@@ -266,20 +273,24 @@ class Report:
                 "chunks_per_s": round(indexed_chunks / seconds, 2) if seconds > 0 else 0.0,
                 "results": [r.to_api() | {"source": r.source} for r in self.results],
                 "deleted": [{"document_id": d.id, "source": d.source} for d in self.deleted],
+                # What the collection holds now, as the API, `rag store check` and the page count it.
+                "collection_documents": self.holds.documents,
+                "collection_failed": self.holds.failed,
             }
             click.echo(json.dumps(body, ensure_ascii=False, indent=2))
             return
         if self.dry_run:
             click.echo(
                 f"dry run: {self.count('indexed')} to index, {self.count('unchanged')} unchanged, "
-                f"{len(self.deleted)} to delete in '{collection}' via {self.mode}; nothing changed"
+                f"{len(self.deleted)} to delete in '{collection}' via {self.mode} ({self.where}); nothing changed"
             )
             return
         deleted = f", {len(self.deleted)} deleted" if self.deleted else ""
         click.echo(
             f"files: {self.count('indexed')} indexed, {self.count('unchanged')} unchanged, {self.count('failed')} failed"
             f"{deleted}; {indexed_chunks} chunks in {seconds:.1f} s ({indexed_chunks / max(seconds, 1e-9):.1f} chunks/s)"
-            f" into '{collection}' via {self.mode}"
+            f" into '{collection}' via {self.mode} ({self.where}); '{collection}' holds {self.holds.documents} documents"
+            + (f" and {self.holds.failed} failed files" if self.holds.failed else "")
         )
 
 

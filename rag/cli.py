@@ -201,17 +201,18 @@ def store_check(as_json: bool) -> None:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
         click.echo(f"store {settings.data_dir}")
-        click.echo(f"{'collection':<24} {'documents':>9} {'catalog':>9} {'record':>9} {'vectors':>9} {'chroma':>9}  state")
+        click.echo(f"{'collection':<24} {'documents':>9} {'failed':>6} {'catalog':>9} {'record':>9} {'vectors':>9} {'chroma':>9}  state")
         for c in report.collections:
             chroma = "-" if c.chroma is None else f"{c.chroma:,}"
             state = "; ".join(c.problems) or "ok"
             click.echo(
-                f"{c.name:<24} {c.documents:>9,} {c.catalog_chunks:>9,} {c.record_chunks:>9,} {c.record_vectors:>9,} {chroma:>9}  {state}"
+                f"{c.name:<24} {c.documents:>9,} {c.failed:>6,} {c.catalog_chunks:>9,} {c.record_chunks:>9,} {c.record_vectors:>9,} {chroma:>9}  {state}"
             )
         if report.probe.unreadable:
             click.echo(f"Chroma store: {report.probe.unreadable}")
         click.echo(f"BM25 index: {report.lexical_index:,} of the record's {report.lexical_record:,} chunks")
-        click.echo("consistent" if report.consistent else "fix: stop the API, then run `rag store repair`")
+        # This check holds the store's lock, so no API runs on it: the repair can start at once.
+        click.echo("consistent" if report.consistent else "fix: run `rag store repair` (no API holds this store now)")
     if not report.consistent:
         sys.exit(1)
 

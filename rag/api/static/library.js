@@ -37,6 +37,7 @@ export function initLibrary(onChange) {
   });
   $("more-documents").addEventListener("click", () => loadDocuments(true));
   $("documents").addEventListener("click", deleteClicked);
+  $("failures").addEventListener("click", deleteClicked);
   $("clear-uploads").addEventListener("click", () => {
     $("uploads").querySelectorAll(FINISHED).forEach((row) => row.remove());
     $("clear-uploads").hidden = true;
@@ -75,8 +76,8 @@ function addOption(name, documents) {
     option = new Option(name, name);
     select.add(option);
   }
-  // The count is of indexed documents (failed uploads are listed, but not counted as searchable).
-  option.textContent = documents === null ? name : `${name} (${documents} indexed)`;
+  // A document is one indexed content, however many names it has; failed files are not documents.
+  option.textContent = documents === null ? name : `${name} (${plural(documents, "document")})`;
 }
 
 async function loadCollections() {
@@ -113,11 +114,32 @@ async function loadDocuments(more = false) {
   if (!more) list.replaceChildren();
   for (const doc of page.documents) list.append(documentItem(doc));
   shown = offset + page.documents.length;
-  $("documents-count").textContent = `${page.total} document${page.total === 1 ? "" : "s"} in “${collection}”`;
+  $("documents-count").textContent = `${plural(page.total, "document")} in “${collection}”`;
+  if (!more) await loadFailures(collection, page.failed);
   $("documents-empty").hidden = page.total > 0;
   $("documents-empty").textContent = `No documents in “${collection}” yet: upload some files to ask about them.`;
   $("more-documents").hidden = shown >= page.total;
   showLibraryError("");
+}
+
+// Failed files, apart from the documents: each with its reason, and a delete button to clear it.
+async function loadFailures(collection, count) {
+  const list = $("failures");
+  list.replaceChildren();
+  $("failures-count").hidden = count === 0;
+  if (count === 0) return;
+  $("failures-count").textContent = `${plural(count, "failed file")} in “${collection}”`;
+  const query = new URLSearchParams({ collection, state: "failed", limit: PAGE });
+  try {
+    const page = await apiJson(`/v1/documents?${query}`);
+    if (collection === library.collection) for (const doc of page.documents) list.append(documentItem(doc));
+  } catch (error) {
+    showLibraryError(`Could not list the failed files. ${describeError(error)}`);
+  }
+}
+
+function plural(n, noun) {
+  return `${n} ${noun}${n === 1 ? "" : "s"}`;
 }
 
 function documentItem(doc) {
@@ -136,12 +158,17 @@ function documentItem(doc) {
   if (doc.size != null) parts.push(formatBytes(doc.size));
   if (doc.state !== "indexed") parts.push(doc.error ? `${doc.state}: ${doc.error}` : doc.state);
   meta.textContent = parts.join(" · ");
+  // The same content under other names is one document: its names are shown beneath it.
+  const others = (doc.names || []).slice(1).map((n) => n.source);
+  const also = document.createElement("span");
+  also.className = "document-names";
+  also.textContent = others.length ? `also named ${others.join(", ")}` : "";
   const remove = document.createElement("button");
   remove.type = "button";
   remove.className = "delete";
   remove.textContent = "Delete";
   remove.setAttribute("aria-label", `Delete ${doc.source}`);
-  item.append(name, meta, remove);
+  item.append(name, meta, ...(others.length ? [also] : []), remove);
   return item;
 }
 
