@@ -61,8 +61,9 @@ def cli(
     """Index files into a collection: load, chunk, embed, store.
 
     A PATH is a file or a folder. Text, Markdown, HTML, PDF and DOCX are read (the type comes from the
-    bytes). Unchanged files cost nothing; a changed file replaces its previous version. A file that
-    fails is reported with its reason and the run goes on; the exit status is 1 if any file failed.
+    bytes), gzipped too (README.Debian.gz). Unchanged files cost nothing; a changed file replaces its
+    previous version. A file that fails is reported with its reason and the run goes on; the exit
+    status is 1 if any file failed.
     """
     if not any(p.is_dir() for p in paths) and (pattern or recursive):
         raise click.UsageError("--glob and --recursive apply to folders, and no PATH is a folder")
@@ -289,9 +290,13 @@ class Report:
         click.echo(
             f"files: {self.count('indexed')} indexed, {self.count('unchanged')} unchanged, {self.count('failed')} failed"
             f"{deleted}; {indexed_chunks} chunks in {seconds:.1f} s ({indexed_chunks / max(seconds, 1e-9):.1f} chunks/s)"
-            f" into '{collection}' via {self.mode} ({self.where}); '{collection}' holds {self.holds.documents} documents"
-            + (f" and {self.holds.failed} failed files" if self.holds.failed else "")
+            f" into '{collection}' via {self.mode} ({self.where}); '{collection}' holds {_count(self.holds.documents, 'document')}"
+            + (f" and {_count(self.holds.failed, 'failed file')}" if self.holds.failed else "")
         )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _shorten(name: str, width: int = 30) -> str:
