@@ -58,12 +58,12 @@ def main() -> None:
     from sentence_transformers import SentenceTransformer
 
     from rag.core.config import Settings
-    from rag.servers.embedding import SentenceEmbedder, resolve_embedder_path
+    from rag.servers.embedding import SentenceEmbedder
 
     with tempfile.TemporaryDirectory() as tmp:
         write_corpus(Path(tmp) / "corpus", args.paragraphs, 0, 0)
         texts = chunk_texts(Path(tmp) / "corpus")
-    path = resolve_embedder_path(Settings())
+    path = str(Settings().embed_model_dir)
     cores = os.cpu_count() or 1
     model = SentenceTransformer(path, device="cpu")
     served = SentenceEmbedder.from_settings(Settings(), device="cpu")

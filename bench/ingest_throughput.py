@@ -286,9 +286,8 @@ def main() -> None:
     print(header(), flush=True)
 
     from rag.core.config import Settings
-    from rag.servers.embedding import resolve_embedder_path
 
-    refs = references(resolve_embedder_path(Settings()))
+    refs = references(str(Settings().embed_model_dir))
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         corpus = work / "corpus"

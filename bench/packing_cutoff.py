@@ -63,9 +63,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from transformers import AutoTokenizer
 
-    from ingest.pipeline import embedder_dir
-
-    model_path = str(embedder_dir(Settings()))
+    model_path = str(Settings().embed_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     corpus = load_corpus("squad", make_splitter(model_path, 200, 32), args.limit)
     cache = EmbeddingCache(args.cache_dir / "all-MiniLM-L6-v2.npz", sentence_encoder(model_path))

@@ -15,7 +15,7 @@ would take well over an hour):
    lists grow as with more documents of that vocabulary; identical texts tie), and that chunk's real
    vector plus Gaussian noise, renormalized, at a cosine of about --cosine to it (so HNSW sees clusters
    of near-duplicates around real points, not uniform random vectors). Derived chunks are written in
-   documents of 10 through the pipeline's own write path (`IngestPipeline.write_chunks`, batches of
+   documents of 10 through the pipeline's own write path (`DocumentStores.write_chunks`, batches of
    RAG_EMBED_BATCH) and the catalog's claim/mark_indexed, without the embedder.
    Build time = measured write time + (chunks / the measured real embedding rate), reported apart.
 3. Each size is built in a store of its own, in a child process (Chroma allows one process per store
@@ -193,7 +193,7 @@ def _catalog_indexed(parts: Parts, records: list[Any]) -> None:
             continue
         doc_id = str(record.metadata["doc_id"])
         parts.catalog.claim(COLLECTION, doc_id, source=f"{doc_id}.txt", name=f"{doc_id}.txt", size=1,
-                            owner=parts.lease.token, is_live=parts.pipeline.held_elsewhere)
+                            owner=parts.lease.token, is_live=parts.lease.held_elsewhere)
         parts.catalog.mark_indexed(COLLECTION, doc_id, chunks=CHUNKS_PER_DOC, pages=None, owner=parts.lease.token)
 
 
@@ -210,7 +210,7 @@ def build(parts: Parts, size: int, real: dict[str, np.ndarray], cosine: float) -
         vectors = base[index] if start + n <= len(base) else derived_vectors(base[index], n, cosine, rng)
         records = _records(start, [texts[i] for i in index], [tokens[i] for i in index])
         t0 = time.perf_counter()
-        parts.pipeline.write_chunks(COLLECTION, records, vectors.tolist())
+        parts.pipeline.stores.write_chunks(COLLECTION, records, vectors.tolist())
         _catalog_indexed(parts, records)
         total += time.perf_counter() - t0
         window += n

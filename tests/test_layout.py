@@ -87,6 +87,18 @@ def test_parts_import_only_the_parts_beneath_them():
     assert upward == []
 
 
+def test_loaders_import_only_the_settings_errors_data_and_format_checks():
+    allowed = ("rag.core", "ingest.models", "ingest.detect", "ingest.loaders")
+    wider = [
+        f"{module} -> {target}"
+        for module, targets in import_graph().items()
+        if module.startswith("ingest.loaders")
+        for target in targets
+        if not any(target == a or target.startswith(a + ".") for a in allowed)
+    ]
+    assert wider == []
+
+
 def test_no_module_imports_itself_back():
     graph = import_graph()
     cycles: list[list[str]] = []

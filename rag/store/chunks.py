@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,7 @@ from urllib.parse import urlparse
 from filelock import FileLock, Timeout
 
 from rag.core.config import Settings
-from rag.core.errors import NotFound, StoreLocked, StoreUnavailable
+from rag.core.errors import BackendUnavailable, NotFound, StoreLocked, StoreUnavailable
 
 HNSW = {"space": "cosine", "ef_construction": 200, "ef_search": 200}
 REPAIR_HINT = "stop the API and run `rag store repair`"
@@ -52,6 +54,20 @@ class StoreLock:
             self._lock.release()
 
 
+def _chroma_settings() -> Any:
+    from chromadb.config import Settings as ChromaSettings
+
+    return ChromaSettings(anonymized_telemetry=False, allow_reset=False)
+
+
+def persistent_client(path: Path | str) -> Any:
+    """An embedded Chroma client on `path`: the store's, the repair's and the probe's, with one set of
+    settings (Chroma refuses a second client of a path with other settings in one process)."""
+    import chromadb
+
+    return chromadb.PersistentClient(path=str(path), settings=_chroma_settings())
+
+
 class ChunkStore:
     """Collections of chunk vectors with their text and metadata."""
 
@@ -68,21 +84,19 @@ class ChunkStore:
 
     @classmethod
     def open(cls, settings: Settings) -> "ChunkStore":
-        import chromadb
-        from chromadb.config import Settings as ChromaSettings
-
-        chroma_settings = ChromaSettings(anonymized_telemetry=False, allow_reset=False)
         if settings.chroma_mode == "server":
+            import chromadb
+
             url = urlparse(settings.chroma_url or "")
             client = chromadb.HttpClient(
                 host=url.hostname or "127.0.0.1",
                 port=url.port or 8000,
                 ssl=url.scheme == "https",
-                settings=chroma_settings,
+                settings=_chroma_settings(),
             )
         else:
             settings.chroma_path.mkdir(parents=True, exist_ok=True)
-            client = chromadb.PersistentClient(path=str(settings.chroma_path), settings=chroma_settings)
+            client = persistent_client(settings.chroma_path)
         return cls(client, settings.collection)
 
     def collection(self, name: str, *, create: bool = False) -> Any:
@@ -232,3 +246,17 @@ def _hits(coll: Any, embedding: list[float], k: int, where: dict[str, Any] | Non
         StoredChunk(i, (doc or "") if texts else None, dict(meta or {}), 1.0 - float(dist))
         for i, doc, meta, dist in zip(ids, documents, metadatas, distances)
     ]
+
+
+@contextmanager
+def store_errors() -> Iterator[None]:
+    """Chroma's failures (its server away, its disk full) become StoreUnavailable."""
+    import httpx
+    from chromadb.errors import ChromaError
+
+    try:
+        yield
+    except BackendUnavailable:
+        raise
+    except (ChromaError, httpx.HTTPError, ConnectionError, OSError) as exc:
+        raise StoreUnavailable(f"Chroma is unavailable: {exc.__class__.__name__}: {exc}") from exc

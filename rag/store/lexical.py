@@ -15,13 +15,13 @@ Two parts on disk, side by side:
 A write changes SQLite (marking the index dirty in the same transaction), then commits tantivy, then
 clears the mark, all under tantivy's writer lock, which is exclusive across processes. An index found
 dirty or out of step on opening, or written with another tokenizer, is rebuilt from SQLite.
+
+This module holds the record and that order of writes; the tokenizer (`_tokenizer`) and the tantivy
+index (`_bm25`) have modules of their own, the tokenizer's names re-exported here.
 """
 
 from __future__ import annotations
 
-import math
-import re
-import shutil
 import sqlite3
 import threading
 import time
@@ -31,69 +31,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import Stemmer
 import tantivy
 
-from rag.core.errors import StoreLocked
-from rag.store.sqlite import write_transaction
 from rag.store import record
+from rag.store._bm25 import FORMAT, Bm25Index
+from rag.store._tokenizer import STOPWORDS_EN, Tokenizer, cjk_fraction, lexical_tokens
 from rag.store.record import EmbedderIdentity
+from rag.store.sqlite import write_transaction
 
-_CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af"
-_TOKEN = re.compile(rf"[{_CJK}]+|[^\W_{_CJK}]+", re.UNICODE)
-_IS_CJK = re.compile(rf"[{_CJK}]")
+__all__ = ["STOPWORDS_EN", "LexicalHit", "LexicalIndex", "Tokenizer", "cjk_fraction", "lexical_tokens"]
 
-# Lucene's English stop words, question words and the one-letter leftovers of contractions ("don't").
-# BM25 weighs them near zero anyway; dropping them keeps OR queries off the longest posting lists.
-STOPWORDS_EN = frozenset(
-    "a an and are as at be but by for if in into is it no not of on or such that the their then there these "
-    "they this to was will with what which who whom whose when where why how do does did has have had were "
-    "been being s t".split()
-)
-
-_local = threading.local()
-
-
-def _stemmer() -> Stemmer.Stemmer:
-    # A Snowball stemmer keeps state: one per thread.
-    stemmer = getattr(_local, "stemmer", None)
-    if stemmer is None:
-        stemmer = _local.stemmer = Stemmer.Stemmer("english")
-    return stemmer
-
-
-def cjk_fraction(text: str) -> float:
-    """The share of CJK characters among the letters and digits of `text`."""
-    letters = sum(len(m.group()) for m in _TOKEN.finditer(text))
-    return len(_IS_CJK.findall(text)) / letters if letters else 0.0
-
-
-@dataclass(frozen=True)
-class Tokenizer:
-    """Words for alphabetic scripts (optionally stop-worded and stemmed), character bigrams for CJK."""
-
-    stem: bool = True
-    stopwords: bool = True
-
-    @property
-    def name(self) -> str:
-        return "cjk2+words" + ("+stop" if self.stopwords else "") + ("+stem" if self.stem else "")
-
-    def __call__(self, text: str) -> list[str]:
-        tokens: list[str] = []
-        words: list[str] = []
-        for match in _TOKEN.finditer(text.lower()):
-            run = match.group()
-            if _IS_CJK.match(run):
-                tokens.extend([run] if len(run) == 1 else [run[i : i + 2] for i in range(len(run) - 1)])
-            elif not (self.stopwords and run in STOPWORDS_EN):
-                (words if self.stem and run.isascii() else tokens).append(run)
-        if words:
-            tokens.extend(_stemmer().stemWords(words))
-        return tokens
-
-
-lexical_tokens = Tokenizer()
+_WRITER_WAIT_S = 30.0  # how long a write waits for another process's writer
 
 
 @dataclass
@@ -118,20 +66,6 @@ CREATE INDEX IF NOT EXISTS chunks_by_doc ON chunks (collection, doc_id);
 DROP TABLE IF EXISTS chunks_fts;
 """
 
-_FORMAT = "tantivy-1"  # bump when the search index's schema changes: it is rebuilt from SQLite
-_WRITER_HEAP = 32_000_000
-_WRITER_WAIT_S = 30.0
-_SEP = "\x1f"
-
-
-def _search_schema() -> tantivy.Schema:
-    builder = tantivy.SchemaBuilder()
-    builder.add_text_field("tokens", tokenizer_name="whitespace", index_option="freq")
-    builder.add_unsigned_field("rowid", indexed=True, fast=True)
-    builder.add_text_field("collection", tokenizer_name="raw", index_option="basic")
-    builder.add_text_field("doc_key", tokenizer_name="raw", index_option="basic")
-    return builder.build()
-
 
 class LexicalIndex:
     """BM25 search over chunks of every collection. `path` is the SQLite file; the index lies beside it."""
@@ -139,8 +73,6 @@ class LexicalIndex:
     def __init__(self, path: Path, tokenizer: Tokenizer = lexical_tokens) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.tokenizer = tokenizer
-        self._schema = _search_schema()
-        self._dir = path.with_suffix(".tantivy")
         self._path = path
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30.0)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -154,7 +86,7 @@ class LexicalIndex:
         self._lock = threading.Lock()
         self._read_lock = threading.Lock()
         self._seen_version = -1
-        self._index = self._open_index(rebuild=self._meta("format") != f"{_FORMAT}/{tokenizer.name}")
+        self._bm25 = Bm25Index(path.with_suffix(".tantivy"), rebuild=self._meta("format") != f"{FORMAT}/{tokenizer.name}")
         self._repair_if_needed()
 
     def close(self) -> None:
@@ -189,22 +121,22 @@ class LexicalIndex:
                     for cid, did, text, ctx, _, meta, vec in prepared
                 ]
             if old:
-                writer.delete_documents_by_query(tantivy.Query.term_set_query(self._schema, "rowid", old))
+                self._bm25.delete_rows(writer, old)
             for rowid, (_, doc_id, _, _, tokens, _, _) in zip(new, prepared):
-                writer.add_document(self._document(int(rowid or 0), collection, doc_id, tokens))
+                self._bm25.add(writer, int(rowid or 0), collection, doc_id, tokens)
 
     def delete_document(self, collection: str, doc_id: str) -> int:
         with self._writer() as writer:
             with self._sqlite() as db:
                 n = db.execute("DELETE FROM chunks WHERE collection = ? AND doc_id = ?", (collection, doc_id)).rowcount
-            writer.delete_documents_by_term("doc_key", collection + _SEP + doc_id)
+            self._bm25.delete_document(writer, collection, doc_id)
         return n
 
     def delete_collection(self, collection: str) -> int:
         with self._writer() as writer:
             with self._sqlite() as db:
                 n = db.execute("DELETE FROM chunks WHERE collection = ?", (collection,)).rowcount
-            writer.delete_documents_by_term("collection", collection)
+            self._bm25.delete_collection(writer, collection)
         return n
 
     def set_vectors(self, collection: str, vectors: Iterable[tuple[str, Any, dict | None]]) -> None:
@@ -278,16 +210,12 @@ class LexicalIndex:
     def search_count(self) -> int:
         """Chunks in the search index (all collections); compare with the record's."""
         self._follow_other_writers()
-        return int(self._index.searcher().num_docs)
+        return self._bm25.num_docs()
 
     def search_counts(self, collection: str, doc_ids: Iterable[str]) -> dict[str, int]:
         """Chunks per document in the search index; compare with the record's `document_counts`."""
         self._follow_other_writers()
-        searcher = self._index.searcher()
-        return {
-            d: searcher.search(tantivy.Query.term_query(self._schema, "doc_key", collection + _SEP + d), 1).count
-            for d in doc_ids
-        }
+        return self._bm25.document_counts(collection, doc_ids)
 
     def total(self) -> int:
         return self._count("SELECT count(*) FROM chunks", ())
@@ -305,17 +233,11 @@ class LexicalIndex:
         terms = sorted(set(self.tokenizer(query)))
         if not terms or k <= 0:
             return []
-        Q, Occur = tantivy.Query, tantivy.Occur
-        any_term = Q.boolean_query([(Occur.Should, Q.term_query(self._schema, "tokens", t, "freq")) for t in terms])
-        clauses = [(Occur.Must, any_term), (Occur.Must, self._filter("collection", [collection]))]
-        if doc_ids:
-            clauses.append((Occur.Must, self._filter("doc_key", [collection + _SEP + d for d in doc_ids])))
         self._follow_other_writers()
-        searcher = self._index.searcher()
-        hits = searcher.search(Q.boolean_query(clauses), k, count=False).hits
+        hits = self._bm25.search(collection, terms, k, doc_ids)
         if not hits:
             return []
-        rowids = searcher.fast_field_values("rowid", [address for _, address in hits])
+        rowids = [rowid for _, rowid in hits]
         with self._read_lock:
             found = {
                 rowid: (chunk_id, doc_id)
@@ -323,7 +245,7 @@ class LexicalIndex:
                     f"SELECT id, chunk_id, doc_id FROM chunks WHERE id IN ({','.join('?' * len(rowids))})", rowids
                 )
             }
-        return [LexicalHit(*found[rowid], score) for (score, _), rowid in zip(hits, rowids) if rowid in found]
+        return [LexicalHit(*found[rowid], score) for score, rowid in hits if rowid in found]
 
     def idf(self, terms: Iterable[str], prior_docs: int = 1000) -> dict[str, float]:
         """BM25's inverse document frequency of each term over the whole index (all collections).
@@ -334,9 +256,7 @@ class LexicalIndex:
         about towers and rivers), every term then weighs about the same.
         """
         self._follow_other_writers()
-        searcher = self._index.searcher()
-        n = searcher.num_docs + prior_docs
-        return {t: math.log(1 + (n - (df := searcher.doc_freq("tokens", t)) + 0.5) / (df + 0.5)) for t in set(terms)}
+        return self._bm25.idf(terms, prior_docs)
 
     # Internals.
 
@@ -352,20 +272,8 @@ class LexicalIndex:
         with self._read_lock:
             version = self._reader.execute("PRAGMA data_version").fetchone()[0]
             if version != self._seen_version:
-                self._index.reload()
+                self._bm25.reload()
                 self._seen_version = version
-
-    def _filter(self, field: str, values: list[str]) -> tantivy.Query:
-        """Matches documents with one of the values, adding nothing to the BM25 score."""
-        return tantivy.Query.const_score_query(tantivy.Query.term_set_query(self._schema, field, values), 0.0)
-
-    def _document(self, rowid: int, collection: str, doc_id: str, tokens: str) -> tantivy.Document:
-        doc = tantivy.Document()
-        doc.add_text("tokens", tokens)
-        doc.add_unsigned("rowid", rowid)
-        doc.add_text("collection", collection)
-        doc.add_text("doc_key", collection + _SEP + doc_id)
-        return doc
 
     @staticmethod
     def _rowids(db: sqlite3.Connection, collection: str, chunk_ids: list[str]) -> list[int]:
@@ -400,7 +308,7 @@ class LexicalIndex:
     def _writer(self) -> Iterator[tantivy.IndexWriter]:
         """The index's writer (exclusive across processes); commits, then clears the dirty mark."""
         with self._lock:
-            writer = self._acquire_writer()
+            writer = self._bm25.writer(_WRITER_WAIT_S)
             try:
                 yield writer
             except BaseException:
@@ -410,39 +318,23 @@ class LexicalIndex:
             writer.commit()
             writer.wait_merging_threads()  # finish merges now: abandoned ones would leave many segments
             self._db.execute("DELETE FROM meta WHERE key = 'dirty'")
-            self._index.reload()
-
-    def _acquire_writer(self) -> tantivy.IndexWriter:
-        deadline = time.monotonic() + _WRITER_WAIT_S
-        while True:
-            try:
-                return self._index.writer(heap_size=_WRITER_HEAP, num_threads=1)
-            except ValueError as exc:
-                if "LockBusy" not in str(exc) or time.monotonic() > deadline:
-                    raise StoreLocked(f"the lexical index at {self._dir} is being written by another process") from exc
-                time.sleep(0.05)
-
-    def _open_index(self, rebuild: bool) -> tantivy.Index:
-        if rebuild and self._dir.exists():
-            shutil.rmtree(self._dir)
-        self._dir.mkdir(parents=True, exist_ok=True)
-        return tantivy.Index(self._schema, path=str(self._dir), reuse=True)
+            self._bm25.reload()
 
     def _repair_if_needed(self) -> None:
         """Rebuild the search index from SQLite when it is new, dirty, out of step or of another tokenizer."""
         with self._lock:
             rows = int(self._db.execute("SELECT count(*) FROM chunks").fetchone()[0])
-            fresh = self._meta("format") == f"{_FORMAT}/{self.tokenizer.name}" and self._meta("dirty") is None
-            if fresh and self._index.searcher().num_docs == rows:
+            fresh = self._meta("format") == f"{FORMAT}/{self.tokenizer.name}" and self._meta("dirty") is None
+            if fresh and self._bm25.num_docs() == rows:
                 return
         with self._writer() as writer:
             writer.delete_all_documents()
             rows = self._db.execute("SELECT id, collection, doc_id, text, context FROM chunks")
             for batch in _batches(rows, 2000):
                 for rowid, collection, doc_id, text, context in batch:
-                    writer.add_document(self._document(rowid, collection, doc_id, self._tokens(text, context)))
+                    self._bm25.add(writer, rowid, collection, doc_id, self._tokens(text, context))
             self._db.execute(
-                "INSERT OR REPLACE INTO meta (key, value) VALUES ('format', ?)", (f"{_FORMAT}/{self.tokenizer.name}",)
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('format', ?)", (f"{FORMAT}/{self.tokenizer.name}",)
             )
 
 

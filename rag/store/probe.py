@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rag.store.chunks import persistent_client
+
 PROBE_TIMEOUT_S = 120.0
 SAMPLES = 20  # stored vectors per collection that the index must find
 
@@ -120,15 +122,8 @@ def _say(**fields: Any) -> None:
     print(json.dumps(fields), flush=True)
 
 
-def _client(path: str) -> Any:
-    import chromadb
-    from chromadb.config import Settings as ChromaSettings
-
-    return chromadb.PersistentClient(path=path, settings=ChromaSettings(anonymized_telemetry=False))
-
-
 def _probe(path: str, skip: set[str]) -> None:
-    client = _client(path)
+    client = persistent_client(path)
     names = sorted(c.name for c in client.list_collections())
     _say(collections=names)
     for name in names:
@@ -165,7 +160,7 @@ def _lost_vectors(coll: Any, count: int, samples: int = SAMPLES) -> str | None:
 def _export(path: str, name: str, out: str) -> None:
     import numpy as np
 
-    coll = _client(path).get_collection(name, embedding_function=None)
+    coll = persistent_client(path).get_collection(name, embedding_function=None)
     ids: list[str] = []
     vectors: list[Any] = []
     metadatas: list[Any] = []

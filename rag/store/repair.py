@@ -16,7 +16,6 @@ found out of step on opening (`LexicalIndex`).
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from typing import Any
 
 from rag.core.errors import StoreUnavailable
 from rag.store.catalog import DocumentCatalog, DocumentCounts
-from rag.store.chunks import HNSW
+from rag.store.chunks import HNSW, persistent_client
 from rag.store.lexical import LexicalIndex
 from rag.store.probe import ChromaProbe, export_vectors, probe_chroma
 
@@ -248,11 +247,8 @@ def _rebuild(name: str, catalog: DocumentCatalog, lexical: LexicalIndex, target:
 
 
 def _client(path: Path) -> Any:
-    import chromadb
-    from chromadb.config import Settings as ChromaSettings
-
     path.mkdir(parents=True, exist_ok=True)
-    return chromadb.PersistentClient(path=str(path), settings=ChromaSettings(anonymized_telemetry=False))
+    return persistent_client(path)
 
 
 def _swap(chroma_path: Path, rebuilt: Path) -> None:
@@ -264,10 +260,3 @@ def _swap(chroma_path: Path, rebuilt: Path) -> None:
         chroma_path.rename(chroma_path.with_name(f"{chroma_path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"))
     rebuilt.rename(chroma_path)
 
-
-def remove_old_stores(chroma_path: Path) -> list[Path]:
-    """Delete the `chroma.damaged-*` folders that earlier repairs kept."""
-    old = sorted(chroma_path.parent.glob(f"{chroma_path.name}.damaged-*"))
-    for folder in old:
-        shutil.rmtree(folder)
-    return old

@@ -1,0 +1,62 @@
+"""Loading and chunking, over the loaders and the chunker: the pipeline's default preparer."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from ingest._records import ChunkRecord, Prepared, SourceFile
+from rag.core.config import Settings
+
+# The chunk metadata keys of the contract with retrieval, from the names `Chunk.metadata()` uses.
+_CONTRACT_KEYS = {"index": "chunk_index", "n_tokens": "tokens", "headings": "heading"}
+
+
+def chunk_records(chunks: Iterable[Any], source: str) -> list[ChunkRecord]:
+    """Chunks as the stores take them, with the metadata keys that retrieval reads."""
+    return [
+        ChunkRecord(chunk.id, chunk.text, {_CONTRACT_KEYS.get(k, k): v for k, v in chunk.metadata().items()} | {"source": source})
+        for chunk in chunks
+        if chunk.text.strip()
+    ]
+
+
+class LoaderPreparer:
+    """Loads a file with the loaders (which bound PDF, DOCX and big HTML parsing in a worker process) and
+    cuts it with the chunker, counting tokens with the embedding model's tokenizer."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._chunker: Any = None
+        self._chunker_lock = threading.Lock()
+
+    def __call__(self, data: bytes, file: SourceFile, doc_id: str) -> Prepared:
+        from ingest.chunking import chunk_document
+        from ingest.loading import load_document
+
+        doc = load_document(data, file.name, self.settings)
+        return Prepared(chunk_records(chunk_document(doc, doc_id, self.chunker), file.name), doc.pages)
+
+    @property
+    def chunker(self) -> Any:
+        with self._chunker_lock:
+            if self._chunker is None:
+                self._chunker = make_chunker(self.settings)
+            return self._chunker
+
+
+def make_chunker(settings: Settings) -> Any:
+    """A chunker with the embedding model's own tokenizer (read from its files: no torch needed)."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    from ingest.chunking import Chunker
+
+    model_dir = settings.embed_model_dir
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    config = model_dir / "sentence_bert_config.json"
+    max_sequence = json.loads(config.read_text()).get("max_seq_length") if config.exists() else None
+    return Chunker.from_settings(settings, tokenizer, max_sequence)
+

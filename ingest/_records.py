@@ -1,0 +1,93 @@
+"""What a run takes and gives: the files, the chunk records the stores take, the results; the protocols
+of the embedder, the progress listener and the preparer that a pipeline is built with."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from rag.core.errors import RagError
+
+Status = Literal["indexed", "unchanged", "failed"]
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """A file to ingest: where its bytes are, what identifies it across versions, what to show."""
+
+    path: Path
+    source: str  # a new file with the same source replaces the old one's chunks
+    name: str  # display name: the chunks' `source` metadata and the loaders' hint for text kinds
+
+
+@dataclass
+class FileResult:
+    filename: str
+    source: str
+    document_id: str | None
+    status: Status
+    reason: str | None = None
+    chunks: int = 0
+    error: RagError | None = field(default=None, repr=False, compare=False)
+
+    def to_api(self) -> dict[str, Any]:
+        return {
+            "filename": self.filename,
+            "document_id": self.document_id,
+            "status": self.status,
+            "reason": self.reason,
+            "chunks": self.chunks,
+        }
+
+
+@dataclass(frozen=True)
+class ChunkRecord:
+    """A chunk as the stores take it: id, text and contract metadata."""
+
+    id: str
+    text: str
+    metadata: dict[str, str | int]
+
+    @property
+    def tokens(self) -> int:
+        """The chunker's token count, or an estimate."""
+        return int(self.metadata.get("tokens") or len(self.text) // 4)
+
+
+@dataclass
+class Prepared:
+    """A loaded and chunked document."""
+
+    records: list[ChunkRecord]
+    pages: int | None = None
+
+
+class Embedder(Protocol):
+    async def embed(self, texts: list[str]) -> Sequence[Sequence[float]]: ...  # one row per text, in order
+
+
+class Progress(Protocol):
+    def file_started(self, file: SourceFile) -> None: ...
+    def chunks_stored(self, n: int) -> None: ...
+    def file_done(self, result: FileResult) -> None: ...
+
+
+class NoProgress:
+    def file_started(self, file: SourceFile) -> None:
+        pass
+
+    def chunks_stored(self, n: int) -> None:
+        pass
+
+    def file_done(self, result: FileResult) -> None:
+        pass
+
+
+Preparer = Callable[[bytes, SourceFile, str], Prepared]
+
+
+def document_id(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,66 @@
+"""The lexical tokenizer: character bigrams for CJK runs, lower-cased words for the rest, English stop
+words dropped and ASCII words Snowball-stemmed."""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+
+import Stemmer
+
+_CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af"
+_TOKEN = re.compile(rf"[{_CJK}]+|[^\W_{_CJK}]+", re.UNICODE)
+_IS_CJK = re.compile(rf"[{_CJK}]")
+
+# Lucene's English stop words, question words and the one-letter leftovers of contractions ("don't").
+# BM25 weighs them near zero anyway; dropping them keeps OR queries off the longest posting lists.
+STOPWORDS_EN = frozenset(
+    "a an and are as at be but by for if in into is it no not of on or such that the their then there these "
+    "they this to was will with what which who whom whose when where why how do does did has have had were "
+    "been being s t".split()
+)
+
+_local = threading.local()
+
+
+def _stemmer() -> Stemmer.Stemmer:
+    # A Snowball stemmer keeps state: one per thread.
+    stemmer = getattr(_local, "stemmer", None)
+    if stemmer is None:
+        stemmer = _local.stemmer = Stemmer.Stemmer("english")
+    return stemmer
+
+
+def cjk_fraction(text: str) -> float:
+    """The share of CJK characters among the letters and digits of `text`."""
+    letters = sum(len(m.group()) for m in _TOKEN.finditer(text))
+    return len(_IS_CJK.findall(text)) / letters if letters else 0.0
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """Words for alphabetic scripts (optionally stop-worded and stemmed), character bigrams for CJK."""
+
+    stem: bool = True
+    stopwords: bool = True
+
+    @property
+    def name(self) -> str:
+        return "cjk2+words" + ("+stop" if self.stopwords else "") + ("+stem" if self.stem else "")
+
+    def __call__(self, text: str) -> list[str]:
+        tokens: list[str] = []
+        words: list[str] = []
+        for match in _TOKEN.finditer(text.lower()):
+            run = match.group()
+            if _IS_CJK.match(run):
+                tokens.extend([run] if len(run) == 1 else [run[i : i + 2] for i in range(len(run) - 1)])
+            elif not (self.stopwords and run in STOPWORDS_EN):
+                (words if self.stem and run.isascii() else tokens).append(run)
+        if words:
+            tokens.extend(_stemmer().stemWords(words))
+        return tokens
+
+
+lexical_tokens = Tokenizer()
