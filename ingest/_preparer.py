@@ -33,10 +33,14 @@ class LoaderPreparer:
 
     def __call__(self, data: bytes, file: SourceFile, doc_id: str) -> Prepared:
         from ingest.chunking import chunk_document
+        from ingest.loaders.ocr import ocr_flags
         from ingest.loading import load_document
 
         doc = load_document(data, file.name, self.settings)
-        return Prepared(chunk_records(chunk_document(doc, doc_id, self.chunker), file.name), doc.pages)
+        records = chunk_records(chunk_document(doc, doc_id, self.chunker), file.name)
+        for record in records:
+            record.metadata.update(ocr_flags(doc, record.metadata, self.settings.ocr_min_confidence))
+        return Prepared(records, doc.pages, doc.warnings)
 
     @property
     def chunker(self) -> Any:

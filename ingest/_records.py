@@ -32,6 +32,7 @@ class FileResult:
     reason: str | None = None
     chunks: int = 0
     error: RagError | None = field(default=None, repr=False, compare=False)
+    warnings: tuple[str, ...] = ()  # indexed, with something left out or in doubt (an OCR page, low scores)
 
     def to_api(self) -> dict[str, Any]:
         return {
@@ -40,6 +41,7 @@ class FileResult:
             "status": self.status,
             "reason": self.reason,
             "chunks": self.chunks,
+            "warnings": list(self.warnings),
         }
 
 
@@ -63,6 +65,7 @@ class Prepared:
 
     records: list[ChunkRecord]
     pages: int | None = None
+    warnings: tuple[str, ...] = ()
 
 
 class Embedder(Protocol):

@@ -256,12 +256,12 @@ class _Run:
 
     async def _searchable(self, doc: _Doc) -> None:
         assert doc.prepared is not None
-        chunks, pages = len(doc.prepared.records), doc.prepared.pages
+        chunks, pages, warnings = len(doc.prepared.records), doc.prepared.pages, doc.prepared.warnings
         retired = await self._io(
             self.c.stores.catalog.mark_indexed, self.collection, doc.doc_id, chunks=chunks, pages=pages, owner=self.c.lease.token
         )
         doc.prepared = None
-        self._release(doc, FileResult(doc.file.name, doc.file.source, doc.doc_id, "indexed", chunks=chunks))
+        self._release(doc, FileResult(doc.file.name, doc.file.source, doc.doc_id, "indexed", chunks=chunks, warnings=warnings))
         for old in retired:
             await self._io(self.c.stores.purge, self.collection, old)
 

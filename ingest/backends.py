@@ -213,7 +213,8 @@ class ApiBackend:
         if response.status_code == 200:
             by_order = response.json()["results"]
             return [
-                FileResult(f.name, f.source, r["document_id"], r["status"], r.get("reason"), int(r.get("chunks") or 0))
+                FileResult(f.name, f.source, r["document_id"], r["status"], r.get("reason"), int(r.get("chunks") or 0),
+                           warnings=tuple(r.get("warnings") or ()))
                 for f, r in zip(group, by_order)
             ]
         error = _error_of(response)

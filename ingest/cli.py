@@ -244,6 +244,8 @@ class Report:
             self.line(f"{'failed':<13} {result.source}: {result.reason}")
         elif self._bar is None:
             self.line(f"{result.status:<13} {result.source} ({result.chunks} chunks)")
+        for warning in result.warnings:
+            self.line(f"{'warning':<13} {result.source}: {warning}")
 
     # Output.
 

@@ -1,7 +1,8 @@
 """File type from the file's bytes.
 
 `detect(data, name)` returns the `DocKind` to load, or raises `UnsupportedFileType` naming what it saw
-("ELF executable", "PNG image", "ZIP archive (not a DOCX)"). Binary formats are recognised by their
+("ELF executable", "GIF image", "ZIP archive (not a DOCX)"). PNG, JPEG, TIFF, WebP and BMP images are
+`DocKind.IMAGE` (read by OCR). Binary formats are recognised by their
 signature alone; the name and any Content-Type are never trusted. Only among text-like content does
 the name's extension break a tie: a `.md` name makes plain text markdown, a `.txt` name keeps a page
 with stray tags plain text unless it is unmistakably an HTML document.
@@ -33,13 +34,8 @@ _SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"\xcf\xfa\xed\xfe", "Mach-O executable"),
     (b"\xca\xfe\xba\xbe", "Mach-O universal binary or Java class"),
     (b"\x00asm", "WebAssembly module"),
-    (b"\x89PNG\r\n\x1a\n", "PNG image"),
-    (b"\xff\xd8\xff", "JPEG image"),
     (b"GIF87a", "GIF image"),
     (b"GIF89a", "GIF image"),
-    (b"BM", "BMP image"),
-    (b"II*\x00", "TIFF image"),
-    (b"MM\x00*", "TIFF image"),
     (b"\x00\x00\x01\x00", "ICO image"),
     (b"8BPS", "Photoshop image"),
     (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "OLE2 compound file (legacy .doc/.xls/.ppt or an encrypted Office file)"),
@@ -63,6 +59,8 @@ _SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"\x80\x04\x95", "Python pickle"),
     (b"GGUF", "GGUF model file"),
 )
+# Images we read by OCR (PNG, JPEG, TIFF, WebP, BMP); GIF, ICO and the rest stay refused.
+_IMAGE_MAGICS = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"II*\x00", b"MM\x00*")
 _ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06", b"PK\x07\x08")
 _BOMS: tuple[tuple[bytes, str], ...] = (
     (b"\x00\x00\xfe\xff", "utf-32-be"),
@@ -118,6 +116,8 @@ def classify(data: bytes, name: str = "") -> Detection:
         return Detection(DocKind.PDF)
     if data.startswith(_ZIP_MAGICS):
         return Detection(_zip_kind(data))
+    if _is_image(data):
+        return Detection(DocKind.IMAGE)
     if (binary := _binary_kind(data)) is not None:
         raise UnsupportedFileType(f"unsupported file type: {binary}", detected=binary)
     text, encoding = decode_text(data)
@@ -131,6 +131,13 @@ def _is_pdf(data: bytes) -> bool:
     return at == 0 or at > 0 and b"%%EOF" in data[-2048:]
 
 
+def _is_image(data: bytes) -> bool:
+    if data.startswith(_IMAGE_MAGICS) or data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return True
+    # "BM" also starts ordinary sentences: a BMP has its pixel offset and header size where text has letters.
+    return data[:2] == b"BM" and len(data) > 26 and int.from_bytes(data[14:18], "little") in (12, 40, 52, 56, 64, 108, 124)
+
+
 def _binary_kind(data: bytes) -> str | None:
     for magic, kind in _SIGNATURES:
         if data.startswith(magic):
@@ -139,8 +146,8 @@ def _binary_kind(data: bytes) -> str | None:
             return kind
     if data[4:8] == b"ftyp":
         return "ISO media (MP4/MOV/HEIC)"
-    if data[:4] == b"RIFF" and data[8:12] in (b"WEBP", b"WAVE", b"AVI "):
-        return {b"WEBP": "WebP image", b"WAVE": "WAV audio", b"AVI ": "AVI video"}[data[8:12]]
+    if data[:4] == b"RIFF" and data[8:12] in (b"WAVE", b"AVI "):
+        return {b"WAVE": "WAV audio", b"AVI ": "AVI video"}[data[8:12]]
     if len(data) > 262 and data[257:262] == b"ustar":
         return "tar archive"
     if _looks_binary(data):

@@ -5,9 +5,11 @@ The entry point for the pipeline, the upload endpoint and the CLI:
     doc = load_document(data, name, settings)
 
 It detects the type from the bytes (`ingest.detect`), then parses. Plain text, Markdown and small HTML
-are parsed in this process (linear-time work on already-decoded text). PDF, DOCX and large HTML are
-parsed in a bounded worker process (`ingest.sandbox`): `settings.parse_timeout_s` of wall-clock time
+are parsed in this process (linear-time work on already-decoded text). PDF, DOCX, images and large HTML
+are parsed in a bounded worker process (`ingest.sandbox`): `settings.parse_timeout_s` of wall-clock time
 and `settings.parse_memory_mb` of address space, so a hostile file costs a worker, never the service.
+Images and scanned PDF pages are read by OCR in workers of their own (`ingest.ocr_pool`), a page at a
+time under `settings.ocr_page_timeout_s` and `settings.ocr_memory_mb`.
 
 Errors, all from `rag.core.errors`: `UnsupportedFileType` (415) names the type the bytes showed;
 `DocumentRejected` (422) says why a readable file has nothing to index (empty, whitespace only,
@@ -24,6 +26,7 @@ from .compressed import gunzip, inner_name, is_gzip
 from .detect import classify
 from .loaders import parse
 from .models import DocKind, LoadedDocument
+from .ocr_pool import get_ocr_pool
 from .sandbox import ParserPool, get_pool
 
 if TYPE_CHECKING:
@@ -49,11 +52,20 @@ def _load(data: bytes, name: str, type_name: str, settings: Settings, pool: Pars
     """`data` parsed by its type (`type_name`'s extension breaks ties among text kinds)."""
     detection = classify(data, type_name)
     kind = detection.kind
-    if kind in (DocKind.PDF, DocKind.DOCX) or (kind is DocKind.HTML and len(data) > INPROCESS_HTML_BYTES):
+    if kind in (DocKind.PDF, DocKind.IMAGE):
+        pool = pool or get_pool(settings.parse_memory_mb)
+        return pool.parse(kind, data, name, timeout_s=settings.parse_timeout_s, ocr=get_ocr_pool(settings).reader(name),
+                          max_pages=settings.max_document_pages, **ocr_options(settings))
+    if kind is DocKind.DOCX or (kind is DocKind.HTML and len(data) > INPROCESS_HTML_BYTES):
         pool = pool or get_pool(settings.parse_memory_mb)
         return pool.parse(kind, data, name, timeout_s=settings.parse_timeout_s, max_inflated=inflate_limit(settings),
                           max_pages=settings.max_document_pages)
     return parse(kind, data, name, text=detection.text, encoding=detection.encoding)
+
+
+def ocr_options(settings: Settings) -> dict[str, int | float]:
+    """The OCR settings the loaders take (the page cap, the rendering DPI, the confidence floor)."""
+    return {"max_ocr_pages": settings.max_ocr_pages, "ocr_dpi": settings.ocr_dpi, "min_confidence": settings.ocr_min_confidence}
 
 
 def inflate_limit(settings: Settings) -> int:

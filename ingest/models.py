@@ -19,6 +19,7 @@ class DocKind(str, Enum):
     HTML = "html"
     PDF = "pdf"
     DOCX = "docx"
+    IMAGE = "image"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,7 @@ class LoadedDocument:
     title: str | None = None
     pages: int | None = None
     encoding: str | None = None
+    warnings: tuple[str, ...] = ()  # what was left out and why (an OCR page that ran past its time)
 
 
 @dataclass(frozen=True, slots=True)

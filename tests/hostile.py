@@ -35,6 +35,32 @@ def png_image() -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00\x80")) + chunk(b"IEND", b"")
 
 
+def png_bomb(side: int = 60_000) -> bytes:
+    """A `side` x `side` 1-bit PNG (3.6 GP: 3.6 GB as the grayscale a loader decodes to) in a few KB: its
+    first rows compressed, the rest left out, which a decoder only finds after allocating the image."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    ihdr = struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0)
+    rows = zlib.compress(bytes(1 + side // 8) * 64, 9)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", rows) + chunk(b"IEND", b"")
+
+
+def tiff_of_pages(pages: int) -> bytes:
+    """A little-endian TIFF of `pages` 1x1 white pages sharing one strip byte (90 bytes a page)."""
+    tags = ((256, 3, 1), (257, 3, 1), (258, 3, 1), (259, 3, 1), (262, 3, 1), (273, 4, 8), (277, 3, 1), (279, 4, 1))
+    out = bytearray(b"II*\x00" + struct.pack("<I", 10) + b"\xff\x00")  # header, then the strip byte at 8
+    for page in range(pages):
+        start = len(out)
+        nxt = start + 2 + 12 * len(tags) + 4 if page + 1 < pages else 0
+        out += struct.pack("<H", len(tags))
+        for tag, kind, value in tags:
+            out += struct.pack("<HHII", tag, kind, 1, value)
+        out += struct.pack("<I", nxt)
+    return bytes(out)
+
+
 # --- PDF ------------------------------------------------------------------------------------------
 
 _PAD = bytes.fromhex("28BF4E5E4E758A4164004E56FFFA01082E2E00B6D0683E802F0CA9FE6453697A")
@@ -209,6 +235,25 @@ def image_only_pdf() -> bytes:
         stream=True,
     )
     writer.add_page(b"q 400 0 0 400 100 200 cm /Im1 Do Q", resources=b"/XObject << /Im1 " + str(image).encode() + b" 0 R >>")
+    return writer.build()
+
+
+def mixed_scan_pdf(pages: Sequence[str | None], running_head: str = "") -> bytes:
+    """A PDF of text pages (a str) and scanned pages (None: a page-sized grey image, and `running_head`
+    as its only text, as a scanner's software stamps a page number)."""
+    writer = PdfWriter()
+    pixels = bytes((x * 16 + y) & 0xFF for y in range(16) for x in range(16))
+    image = writer.add_object(
+        _stream(b"/Type /XObject /Subtype /Image /Width 16 /Height 16 /ColorSpace /DeviceGray /BitsPerComponent 8", pixels),
+        stream=True,
+    )
+    resources = b"/Font << /F1 3 0 R >> /XObject << /Im1 " + str(image).encode() + b" 0 R >>"
+    for text in pages:
+        if text is not None:
+            writer.add_page(_text_content([text]))
+        else:
+            head = b"\n" + _text_content([running_head]) if running_head else b""
+            writer.add_page(b"q 612 0 0 792 0 0 cm /Im1 Do Q" + head, resources=resources)
     return writer.build()
 
 

@@ -58,7 +58,7 @@ def cmrc_context(index: int = 0) -> str:
     ("data", "name", "seen"),
     [
         (hostile.elf_executable(), "report.pdf", "ELF executable"),
-        (hostile.png_image(), "notes.txt", "PNG image"),
+        (b"GIF89a" + bytes(100), "notes.txt", "GIF image"),
         (b"PK\x05\x06" + bytes(18), "file.docx", "ZIP archive (not a DOCX)"),
         (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + bytes(504), "old.doc", "OLE2 compound file"),
         (b"BZh91AY&SY" + bytes(100), "a.md", "bzip2 archive"),

@@ -7,12 +7,18 @@ directly only on trusted input. The bounded entry point, which detects the type 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rag.core.errors import DocumentRejected
 
 from ..models import DocKind, LoadedDocument
 
+if TYPE_CHECKING:
+    from .ocr import OcrFn
+
 DEFAULT_MAX_INFLATED = 256 << 20
 DEFAULT_MAX_PAGES = 2_000
+DEFAULT_MAX_OCR_PAGES = 200
 
 
 def parse(
@@ -24,12 +30,22 @@ def parse(
     encoding: str | None = None,
     max_inflated: int = DEFAULT_MAX_INFLATED,
     max_pages: int = DEFAULT_MAX_PAGES,
+    ocr: OcrFn | None = None,
+    max_ocr_pages: int = DEFAULT_MAX_OCR_PAGES,
+    ocr_dpi: int = 200,
+    min_confidence: float = 0.8,
 ) -> LoadedDocument:
-    """Parses `data` as `kind` in this process, without time or memory bounds."""
+    """Parses `data` as `kind` in this process, without time or memory bounds (but those of `ocr`).
+
+    Without `ocr`, images are refused and scanned PDF pages give no text."""
     if kind is DocKind.PDF:
         from .pdf import load_pdf
 
-        return load_pdf(data, name, max_pages)
+        return load_pdf(data, name, max_pages, ocr, max_ocr_pages, ocr_dpi, min_confidence)
+    if kind is DocKind.IMAGE:
+        from .image import load_image
+
+        return load_image(data, name, ocr, max_ocr_pages, min_confidence)
     if kind is DocKind.DOCX:
         from .docx import load_docx
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from dataclasses import replace
 
 from rag.core.errors import DocumentRejected
 
-from ..models import DocKind, LoadedDocument, Section
+from ..models import DocKind, LoadedDocument, Section, TextBox
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f-\x9f\ufeff\ufffe]")
 # ANSI/VT escape sequences (terminal colours as in "\x1b[1mGNU\x1b[22m ROFF"): CSI with its parameters,
@@ -42,7 +44,8 @@ class DocumentBuilder:
         self._page: int | None = None
         self._start: int | None = None
         self._has_body = False
-        self._spans: list[tuple[int, int, int | None, tuple[str, ...]]] = []
+        self._boxes: list[TextBox] = []
+        self._spans: list[tuple[int, int, int | None, tuple[str, ...], tuple[TextBox, ...]]] = []
 
     def heading(self, title: str, level: int, raw: str | None = None, sep: str = "\n\n") -> None:
         """A heading of `level` (smaller is higher); `raw` is the text to append if not the title itself."""
@@ -55,15 +58,19 @@ class DocumentBuilder:
             self._path.append((level, title))
         self._mark(self._append(title if raw is None else raw, sep))
 
-    def block(self, text: str, sep: str = "\n\n") -> None:
-        """A run of body text; `sep` joins it to what came before."""
-        text = clean(text)
-        if not text:
+    def block(self, text: str, sep: str = "\n\n", boxes: Sequence[TextBox] = ()) -> None:
+        """A run of body text; `sep` joins it to what came before. `boxes` place parts of it on the page,
+        their offsets relative to `text` (which must then be clean already, so that they stay true)."""
+        cleaned = clean(text)
+        if boxes and cleaned != text:
+            raise ValueError("a block with boxes must be clean text")
+        if not cleaned:
             return
-        start = self._append(text, sep)
-        if text.strip():
+        start = self._append(cleaned, sep)
+        if cleaned.strip():
             self._mark(start)
             self._has_body = True
+        self._boxes += [replace(box, start=box.start + start, end=box.end + start) for box in boxes]
 
     def page(self, number: int) -> None:
         """Start page `number` (1-based): no section crosses a page boundary."""
@@ -95,14 +102,17 @@ class DocumentBuilder:
     def _close(self) -> None:
         if self._start is not None:
             headings = tuple(title for _, title in self._path)
-            self._spans.append((self._start, self._length, self._page, headings))
+            self._spans.append((self._start, self._length, self._page, headings, tuple(self._boxes)))
+        self._boxes = []
         self._start = None
         self._has_body = False
 
     @staticmethod
-    def _section(text: str, start: int, end: int, page: int | None, headings: tuple[str, ...]) -> Section:
+    def _section(
+        text: str, start: int, end: int, page: int | None, headings: tuple[str, ...], boxes: tuple[TextBox, ...]
+    ) -> Section:
         span = text[start:end]
         stripped = span.lstrip()
         start += len(span) - len(stripped)
         stripped = stripped.rstrip()
-        return Section(text=stripped, start=start, end=start + len(stripped), page=page, headings=headings)
+        return Section(text=stripped, start=start, end=start + len(stripped), page=page, headings=headings, boxes=boxes)

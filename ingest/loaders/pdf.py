@@ -12,6 +12,7 @@ runs inside the bounded worker of `ingest.sandbox`.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_c
@@ -20,13 +21,31 @@ from rag.core.errors import DocumentRejected
 
 from ..models import DocKind, LoadedDocument
 from ._builder import DocumentBuilder, clean
+from .ocr import MAX_SIDE, OcrFn, add_ocr_page
 
 _BLANK_LINES = re.compile(r"\n[ \t]*\n(?:[ \t]*\n)+")
 _MAX_OUTLINE_DEPTH = 8
+# A page is read by OCR when its text layer holds fewer characters than this per square inch of page
+# (31 on an A4 page: a running head and a page number, never a body: an A4 page holding one short SQuAD
+# or CMRC paragraph has 3.9 or more, a full page ~30; bench/scanned.py) and images cover at least
+# _SCAN_IMAGE_SHARE of it.
+_MIN_CHARS_PER_SQUARE_INCH = 1 / 3
+_SCAN_IMAGE_SHARE = 0.3
 
 
-def load_pdf(data: bytes, name: str, max_pages: int = 2_000) -> LoadedDocument:
-    """One section per page with text; DocumentRejected for encrypted, broken or text-less PDFs."""
+def load_pdf(
+    data: bytes,
+    name: str,
+    max_pages: int = 2_000,
+    ocr: OcrFn | None = None,
+    max_ocr_pages: int = 200,
+    ocr_dpi: int = 200,
+    min_confidence: float = 0.8,
+) -> LoadedDocument:
+    """One section per page with text; DocumentRejected for encrypted, broken or text-less PDFs.
+
+    With `ocr`, scanned pages (images, next to no text layer) are rendered at `ocr_dpi` and read by it;
+    the other pages keep their text layer."""
     try:
         pdf = pdfium.PdfDocument(data)
     except pdfium.PdfiumError as exc:
@@ -39,12 +58,20 @@ def load_pdf(data: bytes, name: str, max_pages: int = 2_000) -> LoadedDocument:
             raise DocumentRejected(f"{name} is not a readable PDF (damaged, or without pages)") from exc
         raise DocumentRejected(f"{name} is not a readable PDF ({exc})") from exc
     try:
-        return _extract(pdf, name, max_pages)
+        return _extract(pdf, name, max_pages, _OcrPlan(ocr, max_ocr_pages, ocr_dpi, min_confidence))
     finally:
         pdf.close()
 
 
-def _extract(pdf: pdfium.PdfDocument, name: str, max_pages: int) -> LoadedDocument:
+@dataclass(frozen=True, slots=True)
+class _OcrPlan:
+    ocr: OcrFn | None
+    max_pages: int
+    dpi: int
+    min_confidence: float
+
+
+def _extract(pdf: pdfium.PdfDocument, name: str, max_pages: int, plan: _OcrPlan) -> LoadedDocument:
     n_pages = len(pdf)
     if n_pages == 0:
         raise DocumentRejected(f"{name} is a PDF without pages")
@@ -54,19 +81,67 @@ def _extract(pdf: pdfium.PdfDocument, name: str, max_pages: int) -> LoadedDocume
             f"{name} has {n_pages:,} pages; at most {max_pages:,} per document (RAG_MAX_DOCUMENT_PAGES)", limit=max_pages
         )
     outline = _outline_by_page(pdf)
+    texts = [_page_text(pdf, index) for index in range(n_pages)]
+    scanned = _scanned_pages(pdf, texts) if plan.ocr is not None else set()
+    if len(scanned) > plan.max_pages:
+        raise DocumentRejected(
+            f"{name} has {len(scanned):,} scanned pages (of {n_pages:,}) to read by OCR; at most {plan.max_pages:,} "
+            "per document (RAG_MAX_OCR_PAGES)",
+            limit=plan.max_pages,
+        )
     builder = DocumentBuilder()
+    notes: list[str] = []
     for index in range(n_pages):
         builder.page(index + 1)
         for level, title in outline.get(index, ()):
             builder.heading(title, level, raw="", sep="")
-        builder.block(_page_text(pdf, index))
+        if index in scanned and plan.ocr is not None:
+            notes += add_ocr_page(builder, index + 1, _render(pdf, index, plan.dpi), plan.ocr, plan.min_confidence)
+        else:
+            builder.block(texts[index])
     title = pdf.get_metadata_value("Title").strip() or None
     try:
-        return builder.build(name, DocKind.PDF, title=title, pages=n_pages)
+        return builder.build(name, DocKind.PDF, title=title, pages=n_pages, warnings=tuple(notes))
     except DocumentRejected:
-        raise DocumentRejected(
-            f"{name} has no extractable text: its {n_pages} page(s) are images (a scan?) and we do not run OCR"
-        ) from None
+        how = "nor text that OCR could read" if scanned else "and no scanned pages to read by OCR"
+        raise DocumentRejected(f"{name} has no extractable text: no text layer on its {n_pages} page(s), {how}") from None
+
+
+def _scanned_pages(pdf: pdfium.PdfDocument, texts: list[str]) -> set[int]:
+    """The pages to read by OCR: next to no text for their area, and mostly covered by images."""
+    scanned = set()
+    for index, text in enumerate(texts):
+        page = pdf[index]
+        try:
+            width, height = page.get_size()
+            area = max(width * height, 1.0)
+            if len(text.replace(" ", "").replace("\n", "")) >= _MIN_CHARS_PER_SQUARE_INCH * area / 72**2:
+                continue
+            covered = 0.0
+            for obj in page.get_objects(filter=(pdfium_c.FPDF_PAGEOBJ_IMAGE,), max_depth=4):
+                left, bottom, right, top = obj.get_bounds()
+                covered += max(0.0, min(right, width) - max(left, 0.0)) * max(0.0, min(top, height) - max(bottom, 0.0))
+                if covered >= _SCAN_IMAGE_SHARE * area:
+                    scanned.add(index)
+                    break
+        finally:
+            page.close()
+    return scanned
+
+
+def _render(pdf: pdfium.PdfDocument, index: int, dpi: int) -> object:
+    """Page `index` as a grayscale numpy array at `dpi`, at most MAX_SIDE pixels on its long side."""
+    page = pdf[index]
+    try:
+        scale = min(dpi / 72, MAX_SIDE / max(*page.get_size(), 1.0))
+        bitmap = page.render(scale=scale, grayscale=True)
+        try:
+            array = bitmap.to_numpy()
+            return (array[:, :, 0] if array.ndim == 3 else array).copy()
+        finally:
+            bitmap.close()
+    finally:
+        page.close()
 
 
 def _page_text(pdf: pdfium.PdfDocument, index: int) -> str:

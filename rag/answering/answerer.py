@@ -133,7 +133,7 @@ def source_entry(source_id: str, hit: Hit, text: str) -> dict[str, Any]:
         "snippet": snippet(text),
         "score": round(float(hit.score), 4),
     }
-    for key in ("page", "heading"):
+    for key in ("page", "heading", "ocr_low_confidence"):  # the last: OCR lines of the chunk read in doubt
         if key in meta:
             entry[key] = meta[key]
     return entry

@@ -102,6 +102,14 @@ class Settings(BaseSettings):
     parse_timeout_s: float = Field(default=60.0, gt=0)
     parse_memory_mb: int = Field(default=1024, ge=64)
 
+    # OCR of scanned PDF pages and images (ingest/ocr_pool.py): one niced worker, one thread.
+    max_ocr_pages: int = Field(default=200, ge=1)
+    ocr_page_timeout_s: float = Field(default=180.0, gt=0)  # wall clock at nice 19: a busy machine slows it
+    ocr_memory_mb: int = Field(default=2048, ge=256)
+    ocr_workers: int = Field(default=1, ge=1)
+    ocr_dpi: int = Field(default=200, ge=72, le=600)
+    ocr_min_confidence: float = Field(default=0.8, ge=0, le=1)
+
     # Backpressure.
     queue_max: int = Field(default=8, ge=0)
     queue_timeout_s: float = Field(default=30.0, ge=0)

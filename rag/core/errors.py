@@ -138,3 +138,15 @@ class StoreUnavailable(BackendUnavailable):
 
 class EmbedderMismatch(Conflict):
     code = "embedder_mismatch"
+
+
+class BackupInvalid(InvalidRequest):
+    """A backup folder that cannot be restored: a file missing or changed, another embedder, a newer schema."""
+
+    code = "backup_invalid"
+
+
+class StoreTooNew(Conflict):
+    """A SQLite file of the store written by a newer version of this code."""
+
+    code = "store_too_new"

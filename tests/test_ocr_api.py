@@ -1,0 +1,49 @@
+"""Scans and photos through the real API: a scanned PDF (an English page, a Chinese page) and a phone
+photo of a page are uploaded, read by the real OCR worker, and a question about each is answered from
+the right file and page by the real llama-server, embedding server and Chroma."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from rag.core.config import Settings
+from tests import scans
+from tests.chat_helpers import ask, serve, upload
+
+pytestmark = pytest.mark.integration
+
+ENGLISH = (
+    "The Harbour Bridge of Velmora was opened in 1932 by Mayor Ilse Varnhagen. It carries six lanes of traffic "
+    "and two railway tracks across the Sund estuary, and its main span is 503 metres long."
+)
+CHINESE = "青岚湖水库位于云岭县北部，于1958年建成。水库的总库容为三点二亿立方米，灌溉农田四万亩。"
+PHOTO = (
+    "The Model K7 kettle comes with a warranty of 26 months. Descale it every four weeks with citric acid; "
+    "never use vinegar, which damages the heating plate."
+)
+
+
+def test_a_scanned_pdf_and_a_photo_are_read_and_answer_questions_with_their_source(backend_settings: Settings) -> None:
+    pdf = scans.image_pdf([scans.scanned(scans.render_page([ENGLISH]), seed=1), scans.scanned(scans.render_page([CHINESE]), seed=2)])
+    photo = scans.image_bytes(scans.photographed(scans.render_page([PHOTO]), seed=3), "PNG")
+    with serve(backend_settings) as url:
+        upload(url)  # other documents, for the scans to be found among
+        files = [("files", ("velmora-scan.pdf", pdf, "application/pdf")), ("files", ("kettle-photo.png", photo, "image/png"))]
+        response = httpx.post(f"{url}/v1/documents", files=files, timeout=600)
+        assert response.status_code == 200, response.text
+        results = {r["filename"]: r for r in response.json()["results"]}
+        assert {name: r["status"] for name, r in results.items()} == {"velmora-scan.pdf": "indexed", "kettle-photo.png": "indexed"}
+        assert all(isinstance(r["warnings"], list) for r in results.values())
+
+        for question, source, page, fact in [
+            ("Who opened the Harbour Bridge of Velmora?", "velmora-scan.pdf", 1, "Mayor Ilse Varnhagen"),
+            ("青岚湖水库的总库容是多少？", "velmora-scan.pdf", 2, "总库容为三点二亿立方米"),
+            ("How long is the warranty of the Model K7 kettle?", "kettle-photo.png", 1, "warranty of 26 months"),
+        ]:
+            answer = httpx.post(f"{url}/v1/chat", json=ask(question, stream=False), timeout=300)
+            assert answer.status_code == 200, answer.text
+            top = answer.json()["sources"][0]
+            assert (top["source"], top.get("page")) == (source, page), (question, top)
+            assert fact in top["text"], "the OCR read the fact the answer needs"
+            assert top["ocr_low_confidence"] == 0, "a chunk of OCR text says how many of its lines are in doubt"
