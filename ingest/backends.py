@@ -21,6 +21,7 @@ import httpx
 
 from rag.core.config import Settings
 from rag.core.errors import BackendUnavailable, Conflict, InvalidRequest, NotFound, RagError, Unauthorized, UpstreamError
+from rag.store.catalog import DocumentCounts
 
 from .embedder import embedder_for
 from .pipeline import FileResult, Progress, SourceFile, document_id
@@ -42,6 +43,7 @@ class Backend(Protocol):
     async def documents(self, collection: str) -> list[KnownDocument]: ...
     async def state_of(self, collection: str, doc_id: str) -> str | None: ...
     async def delete(self, collection: str, doc_id: str, source: str | None = None) -> None: ...
+    async def counts(self, collection: str) -> DocumentCounts: ...
 
 
 def file_id(path: Path) -> str:
@@ -135,6 +137,10 @@ class LocalBackend:
     async def delete(self, collection: str, doc_id: str, source: str | None = None) -> None:
         await self.pipeline.delete(collection, doc_id, source)
 
+    async def counts(self, collection: str) -> DocumentCounts:
+        """The collection's documents and failures, counted as the API counts them."""
+        return (await asyncio.to_thread(self.catalog.counts)).get(collection, DocumentCounts())
+
 
 class ApiBackend:
     """The documents API of a running `rag` server, over HTTP."""
@@ -220,13 +226,23 @@ class ApiBackend:
         raise error
 
     async def documents(self, collection: str) -> list[KnownDocument]:
+        """Every name of the indexed and the failed documents."""
         found: list[KnownDocument] = []
-        while True:
-            params: dict[str, Any] = {"collection": collection, "offset": len(found), "limit": 1000}
-            page = (await self._checked("GET", "/v1/documents", params=params)).json()
-            found += [KnownDocument(d["id"], d["source_key"], d["state"]) for d in page["documents"]]
-            if not page["documents"] or len(found) >= page["total"]:
-                return found
+        for state in ("indexed", "failed"):
+            seen = 0
+            while True:
+                params: dict[str, Any] = {"collection": collection, "offset": seen, "limit": 1000, "state": state}
+                page = (await self._checked("GET", "/v1/documents", params=params)).json()
+                seen += len(page["documents"])
+                found += [KnownDocument(d["id"], n["source_key"], d["state"]) for d in page["documents"] for n in d["names"]]
+                if not page["documents"] or seen >= page["total"]:
+                    break
+        return found
+
+    async def counts(self, collection: str) -> DocumentCounts:
+        listed = (await self._checked("GET", "/v1/collections")).json()["collections"]
+        found = next((c for c in listed if c["name"] == collection), None)
+        return DocumentCounts(found["documents"], found["failed"]) if found else DocumentCounts()
 
     async def state_of(self, collection: str, doc_id: str) -> str | None:
         response = await self._request("GET", f"/v1/documents/{doc_id}", params={"collection": collection})

@@ -15,6 +15,8 @@ import click
 
 from rag.core.command_line import load_settings, run_cli
 from rag.core.config import Settings
+from rag.core.errors import InvalidRequest
+from rag.store.catalog import DocumentCounts
 
 from .backends import ApiBackend, Backend, KnownDocument, LocalBackend, choose_api, file_id
 from .folders import collect_files, stale_documents
@@ -64,8 +66,9 @@ def cli(
     """Index files into a collection: load, chunk, embed, store.
 
     A PATH is a file or a folder. Text, Markdown, HTML, PDF and DOCX are read (the type comes from the
-    bytes). Unchanged files cost nothing; a changed file replaces its previous version. A file that
-    fails is reported with its reason and the run goes on; the exit status is 1 if any file failed.
+    bytes), gzipped too (README.Debian.gz). Unchanged files cost nothing; a changed file replaces its
+    previous version. A file that fails is reported with its reason and the run goes on; the exit
+    status is 1 if any file failed.
     """
     if not any(p.is_dir() for p in paths) and (pattern or recursive):
         raise click.UsageError("--glob and --recursive apply to folders, and no PATH is a folder")
@@ -108,6 +111,9 @@ async def _main(
     backend = ApiBackend(url, settings) if url else LocalBackend(settings, read_only=dry_run, own_embedder=report.line)
     async with backend:
         report.mode = backend.name
+        report.where = f"the API at {url}" if url else f"data dir {settings.data_dir}"
+        if url is None:  # said once the store is ours: a held store is one line of error alone
+            report.line(f"ingest: via local, the store at {settings.data_dir} (no API answers at {settings.api_url})")
         if dry_run:
             await _dry_run(backend, files, collection, report)
         else:
@@ -120,6 +126,7 @@ async def _main(
                     await backend.delete(collection, doc.id, doc.source)
                 report.deleted.append(doc)
                 report.line(f"{'would delete' if dry_run else 'deleted':<13} {doc.source}")
+        report.holds = await backend.counts(collection)
 
 
 async def _watch(
@@ -151,8 +158,10 @@ class Report:
     total: int
     dry_run: bool = False
     mode: str = ""
+    where: str = ""  # the API's URL or the data dir, said with the mode
     results: list[FileResult] = field(default_factory=list)
     deleted: list[KnownDocument] = field(default_factory=list)
+    holds: DocumentCounts = field(default_factory=DocumentCounts)  # the collection after the run
     chunks: int = 0
     started: float = field(default_factory=time.monotonic)
     _bar: Any = None
@@ -230,21 +239,29 @@ class Report:
                 "chunks_per_s": round(indexed_chunks / seconds, 2) if seconds > 0 else 0.0,
                 "results": [r.to_api() | {"source": r.source} for r in self.results],
                 "deleted": [{"document_id": d.id, "source": d.source} for d in self.deleted],
+                # What the collection holds now, as the API, `rag store check` and the page count it.
+                "collection_documents": self.holds.documents,
+                "collection_failed": self.holds.failed,
             }
             click.echo(json.dumps(body, ensure_ascii=False, indent=2))
             return
         if self.dry_run:
             click.echo(
                 f"dry run: {self.count('indexed')} to index, {self.count('unchanged')} unchanged, "
-                f"{len(self.deleted)} to delete in '{collection}' via {self.mode}; nothing changed"
+                f"{len(self.deleted)} to delete in '{collection}' via {self.mode} ({self.where}); nothing changed"
             )
             return
         deleted = f", {len(self.deleted)} deleted" if self.deleted else ""
         click.echo(
             f"files: {self.count('indexed')} indexed, {self.count('unchanged')} unchanged, {self.count('failed')} failed"
             f"{deleted}; {indexed_chunks} chunks in {seconds:.1f} s ({indexed_chunks / max(seconds, 1e-9):.1f} chunks/s)"
-            f" into '{collection}' via {self.mode}"
+            f" into '{collection}' via {self.mode} ({self.where}); '{collection}' holds {_count(self.holds.documents, 'document')}"
+            + (f" and {_count(self.holds.failed, 'failed file')}" if self.holds.failed else "")
         )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _shorten(name: str, width: int = 30) -> str:

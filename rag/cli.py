@@ -178,7 +178,7 @@ def store() -> None:
     \b
     Examples:
       rag store check             per collection: catalog, record, Chroma and BM25 counts
-      rag store repair            rebuild Chroma from the record (stop the API first)
+      rag store repair            rebuild Chroma from the record (with the API stopped)
       rag store reindex --collection default   embed it again after a model change
       rag store backup ~/backups/rag           the record and catalog at one moment, with a manifest
       rag store restore ~/backups/rag          into an empty data dir; Chroma and BM25 rebuilt
@@ -211,17 +211,18 @@ def store_check(as_json: bool) -> None:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
         click.echo(f"store {settings.data_dir}")
-        click.echo(f"{'collection':<24} {'documents':>9} {'catalog':>9} {'record':>9} {'vectors':>9} {'chroma':>9}  state")
+        click.echo(f"{'collection':<24} {'documents':>9} {'failed':>6} {'catalog':>9} {'record':>9} {'vectors':>9} {'chroma':>9}  state")
         for c in report.collections:
             chroma = "-" if c.chroma is None else f"{c.chroma:,}"
             state = "; ".join(c.problems) or "ok"
             click.echo(
-                f"{c.name:<24} {c.documents:>9,} {c.catalog_chunks:>9,} {c.record_chunks:>9,} {c.record_vectors:>9,} {chroma:>9}  {state}"
+                f"{c.name:<24} {c.documents:>9,} {c.failed:>6,} {c.catalog_chunks:>9,} {c.record_chunks:>9,} {c.record_vectors:>9,} {chroma:>9}  {state}"
             )
         if report.probe.unreadable:
             click.echo(f"Chroma store: {report.probe.unreadable}")
         click.echo(f"BM25 index: {report.lexical_index:,} of the record's {report.lexical_record:,} chunks")
-        click.echo("consistent" if report.consistent else "fix: stop the API, then run `rag store repair`")
+        # This check holds the store's lock, so no API runs on it: the repair can start at once.
+        click.echo("consistent" if report.consistent else "fix: run `rag store repair` (no API holds this store now)")
     if not report.consistent:
         sys.exit(1)
 
@@ -229,7 +230,8 @@ def store_check(as_json: bool) -> None:
 @store.command("repair")
 def store_repair() -> None:
     """Rebuild Chroma from the record; resumable. Chunks without a stored vector take theirs from the
-    old Chroma where it still opens, else from the embedding server (RAG_EMBED_URL)."""
+    old Chroma where it still opens, else from the embedding server (RAG_EMBED_URL; started for the run
+    when none answers there)."""
     from rag.store.repair import repair_store
 
     settings = load_settings()
@@ -316,12 +318,16 @@ def store_restore(src: Path, force: bool) -> None:
 
 
 def _with_embedder(settings: Settings, owner: str, work: Any) -> Any:
-    """Run `work(embed, progress)` in a thread under the store's lock, with the embedding server and a
-    progress bar; embedding requests go one at a time so as not to crowd out other work."""
+    """Run `work(embed, progress)` in a thread under the store's lock, with a progress bar; embedding
+    requests go one at a time so as not to crowd out other work. The embedding server is reached only
+    when a chunk needs embedding; if none answers at RAG_EMBED_URL, one is started for the run with the
+    same settings, as `ingest` does (ingest.embedder)."""
     import asyncio
+    import contextlib
 
     from rich.progress import Progress
 
+    from ingest.embedder import embedder_for
     from rag.clients.embedding import EmbeddingClient
     from rag.store.chunks import StoreLock
 
@@ -329,27 +335,32 @@ def _with_embedder(settings: Settings, owner: str, work: Any) -> Any:
     lock.acquire(owner)
 
     async def run(bar: Progress) -> Any:
-        client = EmbeddingClient(settings.embed_url, model=settings.embed_model)
         loop = asyncio.get_running_loop()
         tasks: dict[str, Any] = {}
+        async with contextlib.AsyncExitStack() as stack:
+            clients: list[EmbeddingClient] = []
 
-        def embed(texts: list[str]) -> list[Any]:
-            step = settings.embed_batch
-            return [
-                vector
-                for i in range(0, len(texts), step)
-                for vector in asyncio.run_coroutine_threadsafe(client.embed(texts[i : i + step]), loop).result()
-            ]
+            async def embed_batch(texts: list[str]) -> list[Any]:
+                if not clients:  # most repairs take every vector from the record: no server needed
+                    served = await stack.enter_async_context(embedder_for(settings, click.echo, owner))
+                    clients.append(EmbeddingClient(served.embed_url, model=settings.embed_model))
+                    stack.push_async_callback(clients[0].aclose)
+                return await clients[0].embed(texts)
 
-        def progress(stage: str, done: int, total: int) -> None:
-            if stage not in tasks:
-                tasks[stage] = bar.add_task(stage, total=total)
-            bar.update(tasks[stage], completed=done, total=total)
+            def embed(texts: list[str]) -> list[Any]:
+                step = settings.embed_batch
+                return [
+                    vector
+                    for i in range(0, len(texts), step)
+                    for vector in asyncio.run_coroutine_threadsafe(embed_batch(texts[i : i + step]), loop).result()
+                ]
 
-        try:
+            def progress(stage: str, done: int, total: int) -> None:
+                if stage not in tasks:
+                    tasks[stage] = bar.add_task(stage, total=total)
+                bar.update(tasks[stage], completed=done, total=total)
+
             return await asyncio.to_thread(work, embed, progress)
-        finally:
-            await client.aclose()
 
     try:
         with Progress(disable=not sys.stderr.isatty()) as bar:

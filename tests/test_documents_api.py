@@ -110,7 +110,7 @@ def test_upload_list_get_delete(api: LiveApi) -> None:
     assert doc["id"] == doc_id and doc["source"] == "notes.txt" and doc["size"] == len(text_of(3))
     assert doc["chunks"] == result["chunks"] and doc["state"] == "indexed" and doc["indexed_at"]
     assert api.client.get(f"/v1/documents/{doc_id}").json() == doc
-    assert api.client.get("/v1/collections").json() == {"collections": [{"name": "default", "documents": 1}]}
+    assert api.client.get("/v1/collections").json() == {"collections": [{"name": "default", "documents": 1, "failed": 0}]}
 
     assert api.client.delete(f"/v1/documents/{doc_id}").status_code == 204
     assert api.census().chroma == {} and api.census().lexical == {}
@@ -125,7 +125,7 @@ def test_paging_and_collections(api: LiveApi) -> None:
     assert page["total"] == 5 and len(page["documents"]) == 2
     assert [d["source"] for d in page["documents"]] == ["n2.txt", "n3.txt"]
     assert api.client.get("/v1/documents").json()["total"] == 0
-    assert api.client.get("/v1/collections").json()["collections"] == [{"name": "notes", "documents": 5}]
+    assert api.client.get("/v1/collections").json()["collections"] == [{"name": "notes", "documents": 5, "failed": 0}]
     bad = api.client.get("/v1/documents", params={"collection": "a/b"})
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_request"
 
@@ -402,7 +402,9 @@ def test_the_embedder_down_is_503_and_leaves_nothing(isolated_env: Path) -> None
             response = client.post("/v1/documents", files={"files": ("a.txt", text_of(2))})
             assert response.status_code == 503
             assert response.json()["error"]["code"] == "embedder_unavailable"
-            assert client.get("/v1/documents").json()["documents"][0]["state"] == "failed"
+            listing = client.get("/v1/documents").json()
+            assert listing["total"] == 0 and listing["failed"] == 1  # a failure is not a document
+            assert client.get("/v1/documents", params={"state": "failed"}).json()["documents"][0]["state"] == "failed"
             seen = census(isolated_env, "default", app.state.services.store)  # type: ignore[attr-defined]
             assert seen.consistent() and seen.chroma == {}
             assert list((isolated_env / "uploads").iterdir()) == []
@@ -447,7 +449,8 @@ def test_chroma_server_down_is_503_never_500(ingest_settings: Settings, tmp_path
             doc_id = first.json()["results"][0]["document_id"]
             deleted = client.delete(f"/v1/documents/{doc_id}")
             assert deleted.status_code == 503 and deleted.json()["error"]["code"] == "store_unavailable"
-            states = {d["source"]: d["state"] for d in client.get("/v1/documents").json()["documents"]}
+            states = {d["source"]: d["state"] for state in ("pending", "deleting")
+                      for d in client.get("/v1/documents", params={"state": state}).json()["documents"]}
             # Neither is searchable now; their chunks could not be deleted while the store was away.
             assert states == {"a.txt": "deleting", "b.txt": "pending"}
 
@@ -469,17 +472,17 @@ def test_chroma_server_down_is_503_never_500(ingest_settings: Settings, tmp_path
 
 def _listed(api: LiveApi, collection: str = "default") -> list[tuple[str, str]]:
     docs = api.client.get("/v1/documents", params={"collection": collection, "limit": 1000}).json()["documents"]
-    return sorted((d["source_key"], d["id"]) for d in docs)
+    return sorted((n["source_key"], d["id"]) for d in docs for n in d["names"])
 
 
-def test_the_same_bytes_under_two_names_are_two_listed_documents_that_never_delete_each_other(api: LiveApi) -> None:
+def test_the_same_bytes_under_two_names_are_one_document_whose_names_never_delete_each_other(api: LiveApi) -> None:
     data = text_of(3, "shared")
     a = api.upload(("a.txt", data)).json()["results"][0]
     b = api.upload(("b.txt", data)).json()["results"][0]
     assert (a["status"], b["status"]) == ("indexed", "unchanged") and a["document_id"] == b["document_id"]
     doc = a["document_id"]
     assert _listed(api) == [("a.txt", doc), ("b.txt", doc)]
-    assert api.client.get("/v1/documents").json()["total"] == 2
+    assert api.client.get("/v1/documents").json()["total"] == 1
     # Deleting one name keeps the content for the other.
     assert api.client.delete(f"/v1/documents/{doc}", params={"source": "a.txt"}).status_code == 204
     assert _listed(api) == [("b.txt", doc)]
@@ -489,7 +492,7 @@ def test_the_same_bytes_under_two_names_are_two_listed_documents_that_never_dele
     newer = api.upload(("b.txt", text_of(2, "newer"))).json()["results"][0]
     assert _listed(api) == [("b.txt", newer["document_id"])]
     assert api.census().indexed() == {newer["document_id"]: newer["chunks"]} and api.census().consistent()
-    assert api.client.get("/v1/collections").json()["collections"] == [{"name": "default", "documents": 1}]
+    assert api.client.get("/v1/collections").json()["collections"] == [{"name": "default", "documents": 1, "failed": 0}]
 
 
 def test_deleting_by_id_alone_removes_the_content_under_every_name(api: LiveApi) -> None:

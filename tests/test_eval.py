@@ -244,7 +244,9 @@ def test_answers_are_scored(eval_env: dict[str, str | None], baseline: dict[str,
     assert answers["prompt_style"] == "completion"  # the bundled base model, read from its GGUF
     assert answers["attribution_precision"] is None or 0 <= answers["attribution_precision"] <= 1
     assert 0 <= answers["supported_source"] <= 1 and 0 <= answers["at_token_limit"] <= 1
+    assert answers["no_answer"] == 0 and 0 <= answers["empty_first_attempt"] <= 1  # never a blank answer
     assert "## Answers" in (tmp_path / "answers" / "report.md").read_text()
+    assert "Empty answers:" in (tmp_path / "answers" / "report.md").read_text()
 
 
 @pytest.mark.integration

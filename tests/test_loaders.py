@@ -60,7 +60,7 @@ def cmrc_context(index: int = 0) -> str:
         (b"GIF89a" + bytes(100), "notes.txt", "GIF image"),
         (b"PK\x05\x06" + bytes(18), "file.docx", "ZIP archive (not a DOCX)"),
         (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + bytes(504), "old.doc", "OLE2 compound file"),
-        (b"\x1f\x8b\x08\x00" + bytes(100), "a.md", "gzip archive"),
+        (b"BZh91AY&SY" + bytes(100), "a.md", "bzip2 archive"),
         (bytes(range(256)) * 4, "data.txt", "binary data of an unknown type"),
     ],
 )

@@ -324,3 +324,44 @@ def test_rag_store_repair_restores_every_indexed_document(
     finally:
         lexical.close()
         catalog.close()
+
+
+@pytest.mark.integration
+def test_repair_starts_its_own_embedding_server_when_none_answers(
+    ingest_settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks that lost their vectors with Chroma gone: nothing running, the repair embeds them itself."""
+    from click.testing import CliRunner
+
+    from rag.cli import cli
+    from rag.clients.embedding import EmbeddingClient
+    from rag.core.config import get_settings
+    from tests.servers import free_port
+
+    pipeline = open_pipeline(ingest_settings, EmbeddingClient(ingest_settings.embed_url, model=ingest_settings.embed_model))
+    path = tmp_path / "keeper.txt"
+    path.write_text("The lighthouse keeper lives on Skerry Island. She lights the lamp at dusk.\n\nSupplies come on Tuesdays.")
+    assert asyncio.run(pipeline.run([SourceFile(path, str(path), path.name)], "default"))[0].status == "indexed"
+    pipeline.lexical.close()
+    pipeline.catalog.close()
+    pipeline.lease.release()
+    _forget_chroma()
+    with sqlite3.connect(ingest_settings.data_dir / "lexical.sqlite") as db:
+        db.execute("UPDATE chunks SET vector = NULL")  # as in a record written before it kept vectors
+    shutil.rmtree(ingest_settings.chroma_path)
+
+    monkeypatch.setenv("RAG_DATA_DIR", str(ingest_settings.data_dir))
+    monkeypatch.setenv("RAG_EMBED_URL", f"http://127.0.0.1:{free_port()}")  # nothing answers there
+    get_settings.cache_clear()
+    try:
+        check = CliRunner().invoke(cli, ["store", "check"])
+        assert check.exit_code == 1 and "fix: run `rag store repair`" in check.output
+        assert "stop the API" not in check.output  # the check holds the store: no API runs on it
+        result = CliRunner().invoke(cli, ["store", "repair"])
+        assert result.exit_code == 0, result.output
+        assert "starting one for this run" in result.output and "vectors in Chroma" in result.output
+        assert (ingest_settings.data_dir / "logs" / "store-repair-embedder.log").exists()
+        after = CliRunner().invoke(cli, ["store", "check"])
+        assert after.exit_code == 0 and "consistent" in after.output, after.output
+    finally:
+        get_settings.cache_clear()

@@ -341,8 +341,9 @@ def test_dropped_files_upload_one_by_one_with_reasons_empty_collection_and_delet
         expect(row).to_have_attribute("data-status", "failed", timeout=UPLOAD_TIMEOUT_MS)
         expect(row.locator(".upload-status")).to_contain_text(reason)
         expect(row.locator(".upload-status")).to_contain_text(f"HTTP {status}")
-        # A failed file stays listed with its reason, and can be deleted.
-        expect(page.locator("#documents li", has_text=name)).to_contain_text(reason)
+        # A failed file is listed apart from the documents, with its reason, and can be deleted.
+        expect(page.locator("#failures li", has_text=name)).to_contain_text(reason)
+        expect(page.locator("#documents li", has_text=name)).to_have_count(0)
     notes_row = rows.filter(has_text="shelf-notes.txt")
     expect(notes_row).to_have_attribute("data-status", "indexed", timeout=UPLOAD_TIMEOUT_MS)
     expect(notes_row.locator(".upload-status")).to_contain_text("Indexed")
@@ -785,3 +786,58 @@ def test_an_english_browser_gets_english_and_the_switch_turns_the_page_chinese(b
         assert not errors
     finally:
         context.close()
+
+
+@integration
+def test_every_count_of_a_store_agrees_failures_apart_and_one_content_under_two_names(
+    context: Any, backend_env: dict[str, str], tmp_path: Path,
+):
+    """`ingest --json`, `/v1/documents`, `/v1/collections`, the page and `rag store check` count alike."""
+    import subprocess
+    import sys
+
+    from tests.servers import free_port
+
+    backend_env = {**backend_env, "RAG_API_PORT": str(free_port())}  # no API found there: ingest opens the store
+    folder = tmp_path / "shelf"
+    folder.mkdir()
+    (folder / "notes.txt").write_text(LIGHTHOUSE)
+    (folder / "other.md").write_text("# Tides\n\nThe tide turns twice a day at Skerry Island.\n")
+    (folder / "random.bin").write_bytes(bytes(range(256)) * 64)
+    (folder / "blank.txt").write_text("   \n")
+    ingest = [sys.executable, "-m", "ingest.cli", str(folder), "--json"]
+    local = subprocess.run(ingest, env=backend_env, capture_output=True, text=True, timeout=300)  # no API: local
+    assert local.returncode == 1 and json.loads(local.stdout)["files"]["failed"] == 2, local.stderr
+    expected = {"documents": 2, "failed": 2}
+    assert {k: json.loads(local.stdout)[f"collection_{k}"] for k in expected} == expected
+
+    server = start_api(tmp_path, backend_env)
+    try:
+        # The same bytes under the upload's own name: one more name, not one more document.
+        sent = httpx.post(f"{server.url}/v1/documents", files={"files": ("notes-copy.txt", LIGHTHOUSE.encode())}, timeout=120)
+        assert sent.json()["results"][0]["status"] == "unchanged"
+        via_api = subprocess.run(ingest, env={**backend_env, "RAG_INGEST_SERVER": server.url}, capture_output=True,
+                                 text=True, timeout=300)
+        assert {k: json.loads(via_api.stdout)[f"collection_{k}"] for k in expected} == expected, via_api.stderr
+        listing = httpx.get(f"{server.url}/v1/documents", timeout=30).json()
+        assert {"documents": listing["total"], "failed": listing["failed"]} == expected
+        (collection,) = httpx.get(f"{server.url}/v1/collections", timeout=30).json()["collections"]
+        assert collection == {"name": "default", **expected}
+        notes = next(d for d in listing["documents"] if d["source"] == "notes.txt")
+        assert [n["source"] for n in notes["names"]] == ["notes.txt", "notes-copy.txt"]
+
+        page, errors = open_page(context, server)
+        expect(page.locator("#collection option", has_text="default")).to_have_text("default (2 documents)")
+        expect(page.locator("#documents-count")).to_have_text("2 documents in “default”")
+        expect(page.locator("#documents li")).to_have_count(2)
+        expect(page.locator("#documents li", has_text="notes.txt")).to_contain_text("also named notes-copy.txt")
+        expect(page.locator("#failures-count")).to_have_text("2 failed files in “default”")
+        expect(page.locator("#failures li")).to_have_count(2)
+        assert not errors
+    finally:
+        server.stop()
+
+    check = subprocess.run([sys.executable, "-m", "rag.cli", "store", "check", "--json"], env=backend_env,
+                           capture_output=True, text=True, timeout=300)
+    (checked,) = json.loads(check.stdout)["collections"]
+    assert {"documents": checked["documents"], "failed": checked["failed"]} == expected, check.stderr

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -48,6 +48,7 @@ from rag.answering.prompt import (
     choose_style,
     no_sources_answer,
 )
+from rag.answering.no_answer import ANSWER_LINE_GRAMMAR, no_answer_text, usable
 from rag.answering.retrieval import relevance, relevance_floor
 from rag.clients.llm import LlamaServerClient, ServerProps, StreamDelta, StreamEnd
 from rag.core.config import Settings
@@ -293,6 +294,8 @@ class Answer:
         self.clock = clock
         self.searched = searched or SearchQuery(question)  # the query retrieval ran, shown with the sources
         self.text_parts: list[str] = []
+        self.no_answer = False
+        self.retried = False
 
     def close(self) -> None:
         """Give the generation slot back (idempotent; events() does it too)."""
@@ -358,18 +361,56 @@ class Answer:
             raise overflow
 
     def _generate(self, llm: LlamaServerClient) -> AsyncIterator[StreamDelta | StreamEnd]:
+        """The answer's stream, never blank (rag.answering.no_answer); a completion is retried once."""
         assert self.query.max_tokens is not None and self.query.temperature is not None
-        if isinstance(self.packed.messages, str):
-            return _lstripped(self._complete(llm, self.packed.messages))
-        return llm.stream_chat(self.packed.messages, max_tokens=self.query.max_tokens,
-                               temperature=self.query.temperature)
+        prompt = self.packed.messages
+        if isinstance(prompt, str):
+            return self._never_blank([
+                lambda: _lstripped(self._complete(llm, prompt)),
+                lambda: _lstripped(self._complete(llm, prompt, grammar=ANSWER_LINE_GRAMMAR)),
+            ])
+        return self._never_blank([lambda: llm.stream_chat(
+            prompt, max_tokens=self.query.max_tokens, temperature=self.query.temperature)])  # type: ignore[arg-type]
 
-    async def _complete(self, llm: LlamaServerClient, prompt: str) -> AsyncIterator[StreamDelta | StreamEnd]:
+    async def _never_blank(
+        self, attempts: list[Callable[[], AsyncIterator[StreamDelta | StreamEnd]]]
+    ) -> AsyncIterator[StreamDelta | StreamEnd]:
+        """The first attempt whose text is usable, its unusable start held back until it is; if none is,
+        the fixed no-answer line naming the sources."""
+        end = StreamEnd(None)
+        for number, attempt in enumerate(attempts):
+            self.retried = number > 0
+            held: list[str] | None = []
+            stream = attempt()
+            try:
+                async for item in stream:
+                    if isinstance(item, StreamEnd):
+                        end = item
+                    elif held is None:
+                        yield item
+                    elif usable(text := "".join([*held, item.text])):
+                        held = None
+                        yield StreamDelta(text)
+                    else:
+                        held.append(item.text)
+            finally:
+                await _close(stream)
+            if held is None:
+                yield end
+                return
+        self.no_answer = True
+        yield StreamDelta(no_answer_text(c.candidate.metadata.get("source", "") for c in self.packed.chunks))
+        yield end
+
+    async def _complete(
+        self, llm: LlamaServerClient, prompt: str, grammar: str | None = None
+    ) -> AsyncIterator[StreamDelta | StreamEnd]:
         assert self.query.max_tokens is not None and self.query.temperature is not None
         ban = await self.answerer.example_ban(prompt)
+        extra = ({"logit_bias": ban} if ban else {}) | ({"grammar": grammar} if grammar else {})
         stream = llm.stream_completion(
             prompt, max_tokens=self.query.max_tokens, temperature=self.query.temperature, stop=list(COMPLETION_STOP),
-            extra={"logit_bias": ban} if ban else None,
+            extra=extra or None,
         )
         try:
             async for item in stream:
@@ -378,9 +419,10 @@ class Answer:
             await _close(stream)
 
     def _closing_events(self, end: StreamEnd) -> tuple[Citations, Done]:
+        text = "" if self.no_answer else "".join(self.text_parts)  # our own line cites and claims nothing
         chunks = {c.source_id: c.text for c in self.packed.chunks}
         fixed_text = (CompletionStyle if self.packed.style == "completion" else ChatStyle).fixed_text
-        citations, check, attribution = citations_event("".join(self.text_parts), chunks, self.hits,
+        citations, check, attribution = citations_event(text, chunks, self.hits,
                                                         fixed_text=fixed_text)
         timings = end.timings or {}
         done = Done(
@@ -396,6 +438,8 @@ class Answer:
             upstream_ttft_ms=round(end.ttft_s * 1000, 1) if end.ttft_s is not None else None,
             style=self.packed.style,
             unsupported_sentences=attribution.unsupported,
+            no_answer=self.no_answer,  # the model gave nothing usable: the text is our fixed line
+            retried=self.retried,  # its first attempt gave nothing usable
         )
         return citations, done
 

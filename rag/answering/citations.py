@@ -9,7 +9,8 @@ Two kinds of citation, reported apart (the `citations` event):
                 best, with a support score; a sentence no chunk supports is flagged `supported: false`.
                 A base model that never writes [Sn] still gets its sources this way.
 
-Support is lexical: the share of the sentence's words (CJK text: characters) found in the chunk;
+Support is lexical: the share of the sentence's words (CJK text: characters) found in the chunk, numbers
+compared as numbers (十八 and 18, 8,800 and 8800);
 ties go to the chunk holding the sentence verbatim, then to the better ranked. An extractive answer is copied
 from its chunk, so word overlap finds it exactly and costs microseconds; an embedding comparison
 would need the embedder on the answer path and rates paraphrases of the wrong chunk too highly.
@@ -30,6 +31,9 @@ from rag.answering.events import CitationEntry, Citations, SentenceEntry
 _GROUP = re.compile(r"[\[【［]\s*(S\d+(?:\s*[,，;；]\s*S\d+)*)\s*[\]】］]", re.IGNORECASE)
 _ID = re.compile(r"S(\d+)", re.IGNORECASE)
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
+_CJK_PIECE = re.compile(r"\d+|\D")
+_CHINESE_NUMERAL = re.compile(r"[零〇一二两三四五六七八九十百千万亿]")
+_THOUSANDS = re.compile(r"(?<=\d)[,，\u00a0\u202f'](?=\d{3}(?!\d))")
 
 SUPPORTED = 0.5  # a sentence is supported when a chunk holds at least this share of its words
 ECHO_CHARS = 24  # a sentence this long (normalized) found verbatim in our fixed prompt text is an echo
@@ -196,14 +200,28 @@ def _entry(source_id: str, hit: CitedChunk, kind: Literal["model", "attributed"]
 
 
 def words_of(text: str) -> list[str]:
-    """Case-folded words; CJK text one character per word (it has no spaces)."""
+    """Case-folded words with numerals as Arabic digits; CJK text one character per word (it has no
+    spaces), a number among it one word."""
     out: list[str] = []
-    for word in _WORD.findall(unicodedata.normalize("NFKC", text).casefold()):
+    for word in _WORD.findall(numerals(unicodedata.normalize("NFKC", text).casefold())):
         if any(_is_cjk(ch) for ch in word):
-            out += [ch for ch in word]
+            out += _CJK_PIECE.findall(word)
         else:
             out.append(word)
     return out
+
+
+def numerals(text: str) -> str:
+    """Numbers written one way: Chinese numerals as Arabic digits (十八 -> 18, 八千八百 -> 8800, with
+    cn2an), no thousands separators (8,800 -> 8800). Full-width digits are NFKC's already.
+
+    Applied to answer and chunk alike, so a word cn2an also turns into digits (一样 -> 1样) still matches.
+    """
+    if _CHINESE_NUMERAL.search(text):
+        import cn2an
+
+        text = cn2an.transform(text, "cn2an")
+    return _THOUSANDS.sub("", text)
 
 
 def content_words(text: str) -> list[str]:

@@ -170,6 +170,8 @@ class Done(Event):
     upstream_ttft_ms: float | None
     style: str
     unsupported_sentences: int
+    no_answer: bool = False  # the model gave nothing usable: the answer is our fixed line naming the sources
+    retried: bool = False  # the first attempt gave nothing usable, so it was asked once more
 
 
 class NoSourcesDone(Event):

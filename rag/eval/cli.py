@@ -146,6 +146,8 @@ def render_table(result: dict[str, Any]) -> None:
             f"{answers['at_token_limit']:.3f}  whole answer p50 {answers['total_ms'].get('p50')} ms  "
             f"style {answers['prompt_style']}"
         )
+        console.print(f"empty answers: {answers['empty_first_attempt']:.3f} at the first attempt, "
+                      f"{answers['no_answer']:.3f} after the retry")
 
 
 def _gate(result: dict[str, Any], baseline_path: Path, max_drop: float) -> bool:

@@ -27,7 +27,9 @@ per answer sentence after generation); `attributed_holds_answer` the share of at
 hold the answer as the model wrote it (was the right chunk found for what was said);
 `supported_source` the share of answers with a model-cited or attributed chunk that is answer-bearing;
 `unsupported_sentences` the share of answer sentences no chunk supports; `at_token_limit` the share of
-answers cut by max_tokens.
+answers cut by max_tokens; `empty_first_attempt` the share whose first generation held no letter or digit
+(the answer before its retry: rag.answering.no_answer), `no_answer` the share still empty after it (their
+text is the fixed "the model gave no answer" line).
 
 `scores` is the flat dict of gated metrics; all are better higher except those in LOWER_IS_BETTER.
 `provenance` (the commit or version, the date, the machine and its load average as the run started) and
@@ -377,6 +379,7 @@ async def _one_answer(answer: Answer | NoSourcesAnswer, run: _QuestionRun, start
         unsupported=sum(not s.supported for s in citations.sentences), ttft_ms=done.ttft_ms,
         queue_ms=done.queue_ms if isinstance(done, Done) else None, no_sources=done.finish_reason == "no_sources",
         at_token_limit=done.finish_reason == "length",
+        no_answer=isinstance(done, Done) and done.no_answer, retried=isinstance(done, Done) and done.retried,
     )
     text = strip_citations(document.answer)
     golds = run.question.answers

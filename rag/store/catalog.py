@@ -15,7 +15,11 @@ transaction (`mark_indexed`); the old version's chunks are deleted after. A proc
 
 The same bytes under two sources are one document (its id is the content's hash, its chunks stored
 once) with two names: the row's own source and name, and a row of `document_names` for each other
-one. Listings show every name; retiring or deleting one name keeps the content while another names it.
+one. Retiring or deleting one name keeps the content while another names it.
+
+What a user counts as a document is one content of a collection, indexed, with its names beneath it
+(`documents`, `counts`); a failed file is a failure, counted and listed apart (`state="failed"`), never
+as a document. The API, `rag store check`, `ingest --json` and the web page all take these numbers.
 """
 
 from __future__ import annotations
@@ -94,6 +98,14 @@ _NAMED = f"""(
 )"""
 
 
+@dataclass(frozen=True)
+class DocumentCounts:
+    """A collection's documents (indexed contents, however many names each has) and its failures."""
+
+    documents: int = 0
+    failed: int = 0
+
+
 def _iso(ts: float | None) -> str | None:
     return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
 
@@ -113,9 +125,11 @@ class DocumentRecord:
     created_at: float
     indexed_at: float | None
 
-    def to_api(self) -> dict[str, Any]:
+    def to_api(self, names: list[tuple[str, str]] | None = None) -> dict[str, Any]:
         """The API's view: `source` is the display name (as in the chunks' metadata), `source_key` what
-        identifies the file across versions (the CLI's path, an upload's name or server id)."""
+        identifies the file across versions (the CLI's path, an upload's name or server id); `names`
+        every name of the content, its own first."""
+        names = names or [(self.source, self.name)]
         return {
             "id": self.doc_id,
             "source": self.name,
@@ -128,6 +142,7 @@ class DocumentRecord:
             "error": self.error,
             "created_at": _iso(self.created_at),
             "indexed_at": _iso(self.indexed_at),
+            "names": [{"source": name, "source_key": source} for source, name in names],
         }
 
 
@@ -213,7 +228,7 @@ class DocumentCatalog:
     def list(
         self, collection: str, offset: int = 0, limit: int = 50, state: State | None = None
     ) -> list[DocumentRecord]:
-        """Every name of the collection's documents (content under two names is listed twice)."""
+        """Every name of the collection's rows, one row per name (what `ingest --sync` compares with files)."""
         sql = f"SELECT {_COLUMNS} FROM {_NAMED} WHERE collection = ?"
         params: list[Any] = [collection]
         if state:
@@ -222,13 +237,46 @@ class DocumentCatalog:
         sql += " ORDER BY created_at, doc_id LIMIT ? OFFSET ?"
         return self._rows(sql, [*params, limit, offset])
 
-    def count(self, collection: str, state: State | None = None) -> int:
-        sql, params = f"SELECT count(*) FROM {_NAMED} WHERE collection = ?", [collection]
-        if state:
-            sql += " AND state = ?"
-            params.append(state)
+    def documents(self, collection: str, offset: int = 0, limit: int = 50, state: State = "indexed") -> list[DocumentRecord]:
+        """The collection's contents in `state`, oldest first, one row each (its own name; `names` has all)."""
+        return self._rows(
+            f"SELECT {_COLUMNS} FROM documents WHERE collection = ? AND state = ? "
+            "ORDER BY created_at, doc_id LIMIT ? OFFSET ?",
+            (collection, state, limit, offset),
+        )
+
+    def counts(self) -> dict[str, DocumentCounts]:
+        """Every collection with a row: its documents (indexed contents) and its failures."""
         with self._lock:
-            return int(self._db.execute(sql, params).fetchone()[0])
+            rows = self._db.execute(
+                "SELECT collection, sum(state = 'indexed'), sum(state = 'failed') FROM documents GROUP BY collection"
+            ).fetchall()
+        return {name: DocumentCounts(int(n or 0), int(f or 0)) for name, n, f in sorted(rows)}
+
+    def count_in(self, collection: str, state: State = "indexed") -> int:
+        """How many contents of the collection are in `state` (indexed: its documents)."""
+        with self._lock:
+            return int(self._db.execute(
+                "SELECT count(*) FROM documents WHERE collection = ? AND state = ?", (collection, state)
+            ).fetchone()[0])
+
+    def names_of(self, collection: str, doc_ids: Iterable[str]) -> dict[str, list[tuple[str, str]]]:
+        """(source, display name) of every name of each document: its own first, then the others by age."""
+        found: dict[str, list[tuple[str, str]]] = {}
+        wanted = list(dict.fromkeys(doc_ids))
+        for start in range(0, len(wanted), 500):
+            part = wanted[start : start + 500]
+            marks = ",".join("?" * len(part))
+            with self._lock:
+                rows = self._db.execute(
+                    f"SELECT doc_id, source, name, 0, created_at FROM documents WHERE collection = ? AND doc_id IN ({marks}) "
+                    f"UNION ALL SELECT doc_id, source, name, 1, created_at FROM document_names "
+                    f"WHERE collection = ? AND doc_id IN ({marks}) ORDER BY 1, 4, 5",
+                    (collection, *part, collection, *part),
+                ).fetchall()
+            for doc_id, source, name, _, _ in rows:
+                found.setdefault(doc_id, []).append((source, name))
+        return found
 
     def by_source(self, collection: str, source: str) -> builtins.list[DocumentRecord]:
         return self._rows(
@@ -248,12 +296,8 @@ class DocumentCatalog:
         return [r[0] for r in rows]
 
     def collections(self) -> builtins.list[tuple[str, int]]:
-        """Every collection with a row, and how many of its documents' names are indexed."""
-        with self._lock:
-            rows = self._db.execute(
-                f"SELECT collection, sum(state = 'indexed') FROM {_NAMED} GROUP BY collection ORDER BY collection"
-            ).fetchall()
-        return [(name, int(n or 0)) for name, n in rows]
+        """Every collection with a row, and how many documents (indexed contents) it holds."""
+        return [(name, c.documents) for name, c in self.counts().items()]
 
     def indexed_chunks(self, collection: str) -> dict[str, int]:
         """Every indexed document of the collection with its number of chunks."""

@@ -38,6 +38,7 @@ export function initLibrary(onChange) {
   });
   $("more-documents").addEventListener("click", () => loadDocuments(true));
   $("documents").addEventListener("click", deleteClicked);
+  $("failures").addEventListener("click", deleteClicked);
   $("clear-uploads").addEventListener("click", () => {
     $("uploads").querySelectorAll(FINISHED).forEach((row) => row.remove());
     $("clear-uploads").hidden = true;
@@ -76,7 +77,7 @@ function addOption(name, documents) {
     option = new Option(name, name);
     select.add(option);
   }
-  // The count is of indexed documents (failed uploads are listed, but not counted as searchable).
+  // A document is one indexed content, however many names it has; failed files are not documents.
   option.textContent = documents === null ? name : t("library.collectionOption", { name, count: documents });
 }
 
@@ -115,10 +116,27 @@ async function loadDocuments(more = false) {
   for (const doc of page.documents) list.append(documentItem(doc));
   shown = offset + page.documents.length;
   $("documents-count").textContent = t("library.count", { count: page.total, collection });
+  if (!more) await loadFailures(collection, page.failed);
   $("documents-empty").hidden = page.total > 0;
   $("documents-empty").textContent = t("library.empty", { collection });
   $("more-documents").hidden = shown >= page.total;
   showLibraryError("");
+}
+
+// Failed files, apart from the documents: each with its reason, and a delete button to clear it.
+async function loadFailures(collection, count) {
+  const list = $("failures");
+  list.replaceChildren();
+  $("failures-count").hidden = count === 0;
+  if (count === 0) return;
+  $("failures-count").textContent = t("library.failuresCount", { count, collection });
+  const query = new URLSearchParams({ collection, state: "failed", limit: PAGE });
+  try {
+    const page = await apiJson(`/v1/documents?${query}`);
+    if (collection === library.collection) for (const doc of page.documents) list.append(documentItem(doc));
+  } catch (error) {
+    showLibraryError(t("library.failuresFailed", { error: describeError(error) }));
+  }
 }
 
 function documentItem(doc) {
@@ -145,7 +163,12 @@ function documentItem(doc) {
   remove.className = "delete";
   remove.textContent = t("library.delete");
   remove.setAttribute("aria-label", t("library.deleteLabel", { name: doc.source }));
-  item.append(name, meta, remove);
+  // The same content under other names is one document: its names are shown beneath it.
+  const others = (doc.names || []).slice(1).map((n) => n.source);
+  const also = document.createElement("span");
+  also.className = "document-names";
+  also.textContent = others.length ? t("library.alsoNamed", { names: others.join(t("list.comma")) }) : "";
+  item.append(name, meta, ...(others.length ? [also] : []), remove);
   return item;
 }
 
