@@ -21,6 +21,7 @@ from rag.clients.embedding import EmbeddingClient
 from rag.core.config import Settings
 from rag.core.errors import Unauthorized
 from rag.store.catalog import DocumentCatalog
+from rag.store.lexical import LexicalIndex
 
 
 async def get_services(request: Request) -> Services:
@@ -51,6 +52,10 @@ async def get_jobs(services: ServicesDep) -> JobRegistry:
     return services.jobs
 
 
+async def get_lexical(services: ServicesDep) -> LexicalIndex:
+    return services.lexical
+
+
 async def get_answerer(services: ServicesDep) -> Answerer:
     return services.answerer()
 
@@ -61,6 +66,7 @@ CatalogDep = Annotated[DocumentCatalog, Depends(get_catalog)]
 PipelineDep = Annotated[IngestPipeline, Depends(get_pipeline)]
 JobsDep = Annotated[JobRegistry, Depends(get_jobs)]
 AnswererDep = Annotated[Answerer, Depends(get_answerer)]
+LexicalDep = Annotated[LexicalIndex, Depends(get_lexical)]
 
 
 async def require_api_key(request: Request, settings: SettingsDep) -> None:
