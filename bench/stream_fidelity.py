@@ -41,11 +41,11 @@ from typing import Any
 import httpx
 
 from bench._provenance import header, write_json
+from bench import _datasets as datasets
 from bench._servers import server_env, start_generator
 from rag.clients.llm import LlamaServerClient
 from rag.answering.prompt import COMPLETION_STOP, ChatStyle, CompletionStyle
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 @dataclass
@@ -71,9 +71,10 @@ def cpu_ms(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
 
 
-def squad_documents(n_articles: int, rng: random.Random) -> tuple[dict[str, str], list[str]]:
-    """Some SQuAD articles as text files, and questions about them."""
-    raw = json.loads((DATA / "squad-v1.1-dev.json").read_text(encoding="utf-8"))
+def squad_documents(n_articles: int, rng: random.Random, path: Path | None = None,
+                    ) -> tuple[dict[str, str], list[str]]:
+    """Some SQuAD articles (of the file at `path`, else the run's `--squad` set) as text files, and questions."""
+    raw = json.loads(path.read_text(encoding="utf-8")) if path else datasets.read("squad")
     articles = rng.sample(raw["data"], n_articles)
     docs = {f"{a['title']}.txt": "\n\n".join(p["context"] for p in a["paragraphs"]) for a in articles}
     questions = [qa["question"] for a in articles for p in a["paragraphs"] for qa in p["qas"]]
@@ -289,7 +290,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--embed-url", default=None, help="a running embedding server (default: start one)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--seed", type=int, default=11)
+    datasets.add_options(parser, "squad")
     args = parser.parse_args(argv)
+    datasets.use(args)
     print(header(), flush=True)
 
     from tests.servers import start_api

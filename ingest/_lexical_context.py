@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 
-def lexical_context(metadata: dict) -> str:
+def lexical_context(metadata: Mapping[str, Any]) -> str:
     """What BM25 searches beside a chunk's text: its heading path and its file's name, unless that is an id.
 
     A chunk often never names its subject (the heading or the title does): indexed with the title,

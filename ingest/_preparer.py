@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ingest._records import ChunkRecord, Prepared, SourceFile
+from ingest.originals import PAGED_KINDS
 from rag.core.config import Settings
 
 # The chunk metadata keys of the contract with retrieval, from the names `Chunk.metadata()` uses.
@@ -40,7 +41,7 @@ class LoaderPreparer:
         records = chunk_records(chunk_document(doc, doc_id, self.chunker), file.name)
         for record in records:
             record.metadata.update(ocr_flags(doc, record.metadata, self.settings.ocr_min_confidence))
-        return Prepared(records, doc.pages, doc.warnings)
+        return Prepared(records, doc.pages, doc.warnings, keep_original=doc.kind in PAGED_KINDS)
 
     @property
     def chunker(self) -> Any:

@@ -4,12 +4,13 @@ of the embedder, the progress listener and the preparer that a pipeline is built
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from rag.core.errors import RagError
+from rag.store.record import Vectors
 
 Status = Literal["indexed", "unchanged", "failed"]
 
@@ -66,10 +67,11 @@ class Prepared:
     records: list[ChunkRecord]
     pages: int | None = None
     warnings: tuple[str, ...] = ()
+    keep_original: bool = False  # a document with pages to show: its bytes are kept (`ingest.originals`)
 
 
 class Embedder(Protocol):
-    async def embed(self, texts: list[str]) -> Sequence[Sequence[float]]: ...  # one row per text, in order
+    async def embed(self, texts: list[str]) -> Vectors: ...  # one row per text, in order
 
 
 class Progress(Protocol):

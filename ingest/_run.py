@@ -167,6 +167,8 @@ class _Run:
         if not doc.prepared.records:
             await self._fail(doc, DocumentRejected(f"{file.name}: no text to index"))
             return None
+        if doc.prepared.keep_original:
+            await self._io(self.c.stores.save_original, self.collection, doc.doc_id, data)
         return doc
 
     def _key(self, doc: _Doc) -> tuple[str, str]:

@@ -3,26 +3,30 @@ catalog row that says what is searchable."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 
 from ingest._lexical_context import lexical_context
 from ingest._records import ChunkRecord
+from ingest.originals import Originals
 from rag.store.catalog import DocumentCatalog
 from rag.store.chunks import ChunkStore, store_errors
 from rag.store.lexical import LexicalIndex
-from rag.store.record import EmbedderIdentity, rounded
+from rag.store.record import EmbedderIdentity, Vectors, rounded
 
 
 class DocumentStores:
     """The stores one pipeline writes, with the order of writes that keeps them free of orphans."""
 
-    def __init__(self, store: ChunkStore, lexical: LexicalIndex, catalog: DocumentCatalog, embed_model: str) -> None:
+    def __init__(
+        self, store: ChunkStore, lexical: LexicalIndex, catalog: DocumentCatalog, embed_model: str,
+        originals: Originals | None = None,
+    ) -> None:
         self.store = store
+        self.originals = originals
         self.lexical = lexical
         self.catalog = catalog
         self.embed_model = embed_model
 
-    def write_chunks(self, collection: str, records: list[ChunkRecord], vectors: Sequence[Sequence[float]]) -> None:
+    def write_chunks(self, collection: str, records: list[ChunkRecord], vectors: Vectors) -> None:
         vectors = rounded(vectors)
         with store_errors():
             self.store.upsert(
@@ -45,6 +49,13 @@ class DocumentStores:
         with store_errors():
             self.store.delete_document(collection, doc_id)
         self.lexical.delete_document(collection, doc_id)
+        if self.originals is not None:
+            self.originals.delete(collection, doc_id)
+
+    def save_original(self, collection: str, doc_id: str, data: bytes) -> None:
+        """Keep a document's bytes to show its pages (before it is searchable: a citation can open them)."""
+        if self.originals is not None:
+            self.originals.save(collection, doc_id, data)
 
     def purge(self, collection: str, doc_id: str) -> None:
         """Delete a document's chunks everywhere, then its catalog row (in that order: no orphans)."""

@@ -21,6 +21,7 @@ import httpx
 
 from rag.core.config import Settings
 from rag.core.errors import BackendUnavailable, Conflict, InvalidRequest, NotFound, RagError, Unauthorized, UpstreamError
+from rag.store.catalog import DocumentCounts
 
 from .embedder import embedder_for
 from .pipeline import FileResult, Progress, SourceFile, document_id
@@ -42,6 +43,7 @@ class Backend(Protocol):
     async def documents(self, collection: str) -> list[KnownDocument]: ...
     async def state_of(self, collection: str, doc_id: str) -> str | None: ...
     async def delete(self, collection: str, doc_id: str, source: str | None = None) -> None: ...
+    async def counts(self, collection: str) -> DocumentCounts: ...
 
 
 def file_id(path: Path) -> str:
@@ -121,7 +123,8 @@ class LocalBackend:
         await self._stack.aclose()
 
     async def ingest(self, files: Sequence[SourceFile], collection: str, progress: Progress) -> list[FileResult]:
-        return await self.pipeline.run(files, collection, progress)
+        results: list[FileResult] = await self.pipeline.run(files, collection, progress)
+        return results
 
     async def documents(self, collection: str) -> list[KnownDocument]:
         records = await asyncio.to_thread(self.catalog.list, collection, 0, 1 << 62)
@@ -133,6 +136,10 @@ class LocalBackend:
 
     async def delete(self, collection: str, doc_id: str, source: str | None = None) -> None:
         await self.pipeline.delete(collection, doc_id, source)
+
+    async def counts(self, collection: str) -> DocumentCounts:
+        """The collection's documents and failures, counted as the API counts them."""
+        return (await asyncio.to_thread(self.catalog.counts)).get(collection, DocumentCounts())
 
 
 class ApiBackend:
@@ -219,13 +226,23 @@ class ApiBackend:
         raise error
 
     async def documents(self, collection: str) -> list[KnownDocument]:
+        """Every name of the indexed and the failed documents."""
         found: list[KnownDocument] = []
-        while True:
-            params: dict[str, Any] = {"collection": collection, "offset": len(found), "limit": 1000}
-            page = (await self._checked("GET", "/v1/documents", params=params)).json()
-            found += [KnownDocument(d["id"], d["source_key"], d["state"]) for d in page["documents"]]
-            if not page["documents"] or len(found) >= page["total"]:
-                return found
+        for state in ("indexed", "failed"):
+            seen = 0
+            while True:
+                params: dict[str, Any] = {"collection": collection, "offset": seen, "limit": 1000, "state": state}
+                page = (await self._checked("GET", "/v1/documents", params=params)).json()
+                seen += len(page["documents"])
+                found += [KnownDocument(d["id"], n["source_key"], d["state"]) for d in page["documents"] for n in d["names"]]
+                if not page["documents"] or seen >= page["total"]:
+                    break
+        return found
+
+    async def counts(self, collection: str) -> DocumentCounts:
+        listed = (await self._checked("GET", "/v1/collections")).json()["collections"]
+        found = next((c for c in listed if c["name"] == collection), None)
+        return DocumentCounts(found["documents"], found["failed"]) if found else DocumentCounts()
 
     async def state_of(self, collection: str, doc_id: str) -> str | None:
         response = await self._request("GET", f"/v1/documents/{doc_id}", params={"collection": collection})
@@ -294,3 +311,25 @@ async def find_api(settings: Settings, transport: httpx.AsyncBaseTransport | Non
     store = body["backends"].get("store")
     data_dir = store.get("data_dir") if isinstance(store, dict) else None
     return FoundApi(settings.api_url, str(data_dir) if data_dir else None)
+
+
+async def choose_api(settings: Settings, server: str | None, say: Callable[[str], None], *, who: str) -> str | None:
+    """The API to work through (said with `say`, as `who`), or None to open the store here.
+
+    An API found at RAG_API_HOST:RAG_API_PORT whose data dir is not the one the settings name is refused:
+    the files would land (or answers come from) another store than the user means. `--server` uses it anyway.
+    """
+    if server:
+        say(f"{who}: via the API at {server} (--server)")
+        return server
+    found = await find_api(settings) if settings.chroma_mode == "embedded" else None
+    if found is None:
+        return None
+    mine = settings.data_dir.expanduser().resolve()
+    if found.data_dir is not None and Path(found.data_dir).expanduser().resolve() != mine:
+        raise InvalidRequest(
+            f"the API at {found.url} keeps its data in {found.data_dir}, but your settings name {mine} "
+            f"(RAG_DATA_DIR): stop that API to use {mine}, or pass --server {found.url} to use that API's store"
+        )
+    say(f"{who}: via the API at {found.url} (data dir {found.data_dir or 'not reported'})")
+    return found.url

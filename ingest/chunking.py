@@ -21,6 +21,13 @@ searching. Working on spans, each chunk is an exact slice of the extracted text 
 Speed: the tokenizer is the cost. Counts are cached, every level of the recursion counts its pieces in
 one batched tokenizer call (Rust, parallel), and the finished chunks are counted in one more batch. A
 section that fits is a single call.
+
+A table's section (`Section.table_header` set: see `ingest.loaders.tables`) that does not fit is cut
+between rows, never inside one (unless a row alone is over the limit), without overlap, and each chunk
+after the first starts with the table's caption and header row (`Chunk.lead`), so a chunk of rows 40-60
+still names its columns. A table that fits stays one chunk.
+
+Every chunk carries the boxes of its section that overlap it (where its text sits on the page).
 """
 
 from __future__ import annotations
@@ -129,14 +136,61 @@ class Chunker:
         self.check_length(doc)
         chunks: list[Chunk] = []
         for section in doc.sections:
-            for start, end, tokens in self.split(section.text):
-                chunks.append(_chunk(doc, doc_id, len(chunks), section, start, end, tokens))
+            for start, end, tokens, lead in self._section_spans(section):
+                chunks.append(_chunk(doc, doc_id, len(chunks), section, start, end, tokens, lead))
             # Checked section by section, before anything is embedded: the work stops near the bound.
             if self.max_chunks is not None and len(chunks) > self.max_chunks:
                 raise DocumentRejected(
                     f"{doc.name} makes more than {self.max_chunks:,} chunks (RAG_MAX_DOCUMENT_CHUNKS)", limit=self.max_chunks
                 )
         return chunks
+
+    def _section_spans(self, section: Section) -> list[tuple[int, int, int, str]]:
+        """(start, end, tokens, lead) of the section's chunks; a lead is repeated text before the slice."""
+        header = section.table_header
+        whole = section.text
+        fits = len(whole) <= self.chunk_tokens * _MAX_CHARS_PER_TOKEN and self.count_tokens(whole) <= self.chunk_tokens
+        if not header or fits or self.count_tokens(header) * 2 > self.chunk_tokens:
+            return [(s, e, t, "") for s, e, t in self.split(whole)]
+        return self._table_spans(whole, header)
+
+    def _table_spans(self, text: str, header: str) -> list[tuple[int, int, int, str]]:
+        """Rows packed greedily under the limit; the first chunk holds the header itself."""
+        lead = header + "\n"
+        rows = _lines(text, len(header))
+        self.count_tokens.prime([text[s:e] for s, e in rows] + [lead])
+        room = self.chunk_tokens - self.count_tokens(lead)
+        out: list[tuple[int, int, int, str]] = []
+        i = 0
+        while i < len(rows):
+            first = not out
+            start = 0 if first else rows[i][0]
+            used, j = 0, i
+            while j < len(rows) and (j == i or used + self.count_tokens(text[rows[j][0] : rows[j][1]]) <= room):
+                used += self.count_tokens(text[rows[j][0] : rows[j][1]])
+                j += 1
+            while True:  # the estimate adds counts of parts: check the joined text exactly
+                piece = ("" if first else lead) + text[start : rows[j - 1][1]]
+                tokens = self.count_tokens(piece)
+                if tokens <= self.chunk_tokens or j - 1 == i:
+                    break
+                j -= 1
+            if tokens > self.chunk_tokens:  # one row alone over the limit: split it, each piece under the header
+                row_start, row_end = rows[i]
+                for s, e, _ in self._enforce_room(text[row_start:row_end], room):
+                    out.append((row_start + s, row_start + e, self.count_tokens(lead + text[row_start + s : row_start + e]), lead))
+            else:
+                out.append((start, rows[j - 1][1], tokens, "" if first else lead))
+            i = j
+        return out
+
+    def _enforce_room(self, row: str, room: int) -> list[tuple[int, int, int]]:
+        size = room
+        while True:
+            spans = self._split(row, size)
+            if all(t <= room for _, _, t in spans) or size == 1:
+                return spans
+            size = max(1, size * 3 // 4)
 
     def check_length(self, doc: LoadedDocument) -> None:
         """Refuses, before any tokenizing, a text too long for `max_chunks` even at `_MAX_CHARS_PER_TOKEN`
@@ -213,7 +267,7 @@ class _Splitter:
     def spans(self, text: str, start: int = 0, end: int | None = None, separators: list[str] = SEPARATORS) -> list[tuple[int, int]]:
         end = len(text) if end is None else end
         piece = text[start:end]
-        for i, sep in enumerate(separators):
+        for i, sep in enumerate(separators):  # noqa: B007 (i and sep are read after the loop)
             if sep == "" or sep in piece:
                 break
         rest = separators[i + 1 :] if sep else []
@@ -251,6 +305,16 @@ class _Splitter:
         return out
 
 
+def _lines(text: str, start: int) -> list[tuple[int, int]]:
+    """(start, end) of the non-blank lines of `text` from `start` on."""
+    spans, at = [], start
+    for line in text[start:].split("\n"):
+        if line.strip():
+            spans.append((at, at + len(line)))
+        at += len(line) + 1
+    return spans
+
+
 def _split_keeping_end(text: str, start: int, end: int, sep: str) -> list[tuple[int, int]]:
     """Spans of text[start:end] cut after each `sep` (kept at the end of its piece); no empty ones."""
     if not sep:
@@ -277,15 +341,20 @@ def _stripped(text: str, spans: list[tuple[int, int]], count: Callable[[str], in
     return out
 
 
-def _chunk(doc: LoadedDocument, doc_id: str, index: int, section: Section, start: int, end: int, tokens: int) -> Chunk:
+def _chunk(
+    doc: LoadedDocument, doc_id: str, index: int, section: Section, start: int, end: int, tokens: int, lead: str = ""
+) -> Chunk:
+    begin, stop = section.start + start, section.start + end
     return Chunk(
         doc_id=doc_id,
         index=index,
         source=doc.name,
-        text=section.text[start:end],
-        start=section.start + start,
-        end=section.start + end,
+        text=lead + section.text[start:end],
+        start=begin,
+        end=stop,
         n_tokens=tokens,
         page=section.page,
         headings=section.headings,
+        boxes=tuple(b for b in section.boxes if b.start < stop and b.end > begin),
+        lead=lead,
     )

@@ -4,29 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import time
-import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import click
 
-from rag.cli import load_settings, run_cli
+from rag.core.command_line import load_settings, run_cli
 from rag.core.config import Settings
 from rag.core.errors import InvalidRequest
+from rag.store.catalog import DocumentCounts
 
-from .backends import (
-    ApiBackend,
-    Backend,
-    KnownDocument,
-    LocalBackend,
-    file_id,
-    find_api,
-)
+from .backends import ApiBackend, Backend, KnownDocument, LocalBackend, choose_api, file_id
+from .folders import collect_files, stale_documents
+from .watch import FolderWatch
 from .pipeline import FileResult, SourceFile
 
 EXAMPLES = """
@@ -35,6 +29,7 @@ Examples:
   ingest report.pdf notes.md                   two files into the default collection
   ingest docs/ --recursive --glob '*.pdf'      every PDF under docs/
   ingest docs/ -r --sync                       and delete documents whose file is gone
+  ingest docs/ -r --watch                      and keep the collection in step with docs/
   ingest docs/ -r --dry-run                    show what would change, change nothing
   ingest big/ -r --json > summary.json         a machine-readable summary
   ingest paper.pdf --server http://gpu-box:8000 --collection papers
@@ -48,6 +43,8 @@ Examples:
 @click.option("-r", "--recursive", is_flag=True, help="Walk folders recursively (hidden files and folders are skipped).")
 @click.option("--sync", is_flag=True, help="Afterwards delete documents whose source file lies under PATHS but is no longer among the files found.")
 @click.option("-n", "--dry-run", is_flag=True, help="Report what would be indexed, left unchanged and deleted; change nothing.")
+@click.option("--watch", is_flag=True, help="Keep watching the folders: new and changed files are indexed once "
+              "complete, deleted ones removed, renamed ones renamed (Ctrl-C stops). Starts with a --sync pass.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout (progress stays on stderr).")
 @click.option(
     "--server",
@@ -62,23 +59,34 @@ def cli(
     recursive: bool,
     sync: bool,
     dry_run: bool,
+    watch: bool,
     as_json: bool,
     server: str | None,
 ) -> None:
     """Index files into a collection: load, chunk, embed, store.
 
     A PATH is a file or a folder. Text, Markdown, HTML, PDF and DOCX are read (the type comes from the
-    bytes). Unchanged files cost nothing; a changed file replaces its previous version. A file that
-    fails is reported with its reason and the run goes on; the exit status is 1 if any file failed.
+    bytes), gzipped too (README.Debian.gz). Unchanged files cost nothing; a changed file replaces its
+    previous version. A file that fails is reported with its reason and the run goes on; the exit
+    status is 1 if any file failed.
     """
     if not any(p.is_dir() for p in paths) and (pattern or recursive):
         raise click.UsageError("--glob and --recursive apply to folders, and no PATH is a folder")
     if server and not server.startswith(("http://", "https://")):
         raise click.UsageError(f"--server needs an http(s) URL, not {server!r}")
+    if watch and (dry_run or not all(p.is_dir() for p in paths)):
+        raise click.UsageError("--watch takes folders, and not --dry-run")
     settings = load_settings()
     from rag.store.catalog import check_collection
 
     collection = check_collection(collection or settings.collection)
+    if watch:
+        report = Report(as_json=False, total=0)
+        try:
+            asyncio.run(_watch(settings, paths, collection, pattern, recursive, server, report))
+        except KeyboardInterrupt:
+            report.line("ingest: stopped watching")
+        return
     files = collect_files(paths, pattern, recursive)
     report = Report(as_json=as_json, total=len(files), dry_run=dry_run)
     asyncio.run(_main(settings, files, paths, collection, recursive, sync, dry_run, server, report))
@@ -98,11 +106,14 @@ async def _main(
     server: str | None,
     report: Report,
 ) -> None:
-    url = await _api_url(settings, server, report.line)
+    url = await choose_api(settings, server, report.line, who="ingest")
     # With nothing running, the local backend starts an embedding server of its own for this run.
     backend = ApiBackend(url, settings) if url else LocalBackend(settings, read_only=dry_run, own_embedder=report.line)
     async with backend:
         report.mode = backend.name
+        report.where = f"the API at {url}" if url else f"data dir {settings.data_dir}"
+        if url is None:  # said once the store is ours: a held store is one line of error alone
+            report.line(f"ingest: via local, the store at {settings.data_dir} (no API answers at {settings.api_url})")
         if dry_run:
             await _dry_run(backend, files, collection, report)
         else:
@@ -115,29 +126,19 @@ async def _main(
                     await backend.delete(collection, doc.id, doc.source)
                 report.deleted.append(doc)
                 report.line(f"{'would delete' if dry_run else 'deleted':<13} {doc.source}")
+        report.holds = await backend.counts(collection)
 
 
-async def _api_url(settings: Settings, server: str | None, say: Callable[[str], None]) -> str | None:
-    """The API to send files to (said on stderr), or None to open the store here.
-
-    An API found at RAG_API_HOST:RAG_API_PORT whose data dir is not the one the settings name is refused:
-    the files would land in another store than the user means. `--server` sends them there anyway.
-    """
-    if server:
-        say(f"ingest: via the API at {server} (--server)")
-        return server
-    found = await find_api(settings) if settings.chroma_mode == "embedded" else None
-    if found is None:
-        return None
-    mine = settings.data_dir.expanduser().resolve()
-    if found.data_dir is not None and Path(found.data_dir).expanduser().resolve() != mine:
-        raise InvalidRequest(
-            f"the API at {found.url} keeps its data in {found.data_dir}, but your settings name {mine} "
-            f"(RAG_DATA_DIR): stop that API to ingest into {mine}, or pass --server {found.url} to send the "
-            "files to that API's store"
-        )
-    say(f"ingest: via the API at {found.url} (data dir {found.data_dir or 'not reported'})")
-    return found.url
+async def _watch(
+    settings: Settings, roots: Sequence[Path], collection: str, pattern: str | None, recursive: bool,
+    server: str | None, report: Report,
+) -> None:
+    url = await choose_api(settings, server, report.line, who="ingest")
+    backend = ApiBackend(url, settings) if url else LocalBackend(settings, own_embedder=report.line)
+    async with backend:
+        report.mode = backend.name
+        report.line(f"ingest: watching {', '.join(map(str, roots))} for '{collection}' via {backend.name} (Ctrl-C stops)")
+        await FolderWatch(backend, roots, collection, report, report.line, pattern=pattern, recursive=recursive).run()
 
 
 async def _dry_run(backend: Backend, files: list[SourceFile], collection: str, report: Report) -> None:
@@ -149,47 +150,6 @@ async def _dry_run(backend: Backend, files: list[SourceFile], collection: str, r
         report.line(f"{status:<13} {file.source}")
 
 
-def collect_files(paths: Sequence[Path], pattern: str | None, recursive: bool) -> list[SourceFile]:
-    """The files named or found in folders (by --glob, --recursive), each once, in a stable order."""
-    found: dict[Path, None] = {}
-    for path in paths:
-        if path.is_dir():
-            for file in _walk(path, recursive):
-                if pattern is None or file.match(pattern):
-                    found[file.resolve()] = None
-        else:
-            found[path.resolve()] = None
-    # Names in NFC, as the API keeps them: the same name typed on macOS (NFD) and Linux is one source.
-    return [SourceFile(p, unicodedata.normalize("NFC", str(p)), unicodedata.normalize("NFC", p.name)) for p in found]
-
-
-def _walk(folder: Path, recursive: bool) -> list[Path]:
-    files = []
-    for root, dirs, names in os.walk(folder):  # symlinked folders are not followed: no cycles
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".")) if recursive else []
-        files += [Path(root) / n for n in sorted(names) if not n.startswith(".") and (Path(root) / n).is_file()]
-    return files
-
-
-def stale_documents(
-    known: list[KnownDocument], roots: Sequence[Path], files: list[SourceFile], recursive: bool
-) -> list[KnownDocument]:
-    """Documents whose source lies under the given paths but is not among the files found now."""
-    current = {f.source for f in files}
-    folders = [p.resolve() for p in roots if p.is_dir()]
-    singles = {str(p.resolve()) for p in roots if not p.is_dir()}
-
-    def under(source: str) -> bool:
-        path = Path(source)
-        if not path.is_absolute():
-            return False  # an upload's name, not a file of ours
-        if source in singles:
-            return True
-        return any(path.is_relative_to(f) if recursive else path.parent == f for f in folders)
-
-    return [d for d in known if d.state in ("indexed", "failed") and d.source not in current and under(d.source)]
-
-
 @dataclass
 class Report:
     """Progress while running (a bar on a terminal, plain lines otherwise) and the summary at the end."""
@@ -198,8 +158,10 @@ class Report:
     total: int
     dry_run: bool = False
     mode: str = ""
+    where: str = ""  # the API's URL or the data dir, said with the mode
     results: list[FileResult] = field(default_factory=list)
     deleted: list[KnownDocument] = field(default_factory=list)
+    holds: DocumentCounts = field(default_factory=DocumentCounts)  # the collection after the run
     chunks: int = 0
     started: float = field(default_factory=time.monotonic)
     _bar: Any = None
@@ -284,21 +246,29 @@ class Report:
                 "chunks_per_s": round(indexed_chunks / seconds, 2) if seconds > 0 else 0.0,
                 "results": [r.to_api() | {"source": r.source} for r in self.results],
                 "deleted": [{"document_id": d.id, "source": d.source} for d in self.deleted],
+                # What the collection holds now, as the API, `rag store check` and the page count it.
+                "collection_documents": self.holds.documents,
+                "collection_failed": self.holds.failed,
             }
             click.echo(json.dumps(body, ensure_ascii=False, indent=2))
             return
         if self.dry_run:
             click.echo(
                 f"dry run: {self.count('indexed')} to index, {self.count('unchanged')} unchanged, "
-                f"{len(self.deleted)} to delete in '{collection}' via {self.mode}; nothing changed"
+                f"{len(self.deleted)} to delete in '{collection}' via {self.mode} ({self.where}); nothing changed"
             )
             return
         deleted = f", {len(self.deleted)} deleted" if self.deleted else ""
         click.echo(
             f"files: {self.count('indexed')} indexed, {self.count('unchanged')} unchanged, {self.count('failed')} failed"
             f"{deleted}; {indexed_chunks} chunks in {seconds:.1f} s ({indexed_chunks / max(seconds, 1e-9):.1f} chunks/s)"
-            f" into '{collection}' via {self.mode}"
+            f" into '{collection}' via {self.mode} ({self.where}); '{collection}' holds {_count(self.holds.documents, 'document')}"
+            + (f" and {_count(self.holds.failed, 'failed file')}" if self.holds.failed else "")
         )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _shorten(name: str, width: int = 30) -> str:

@@ -1,9 +1,9 @@
-"""An embedding server for the `ingest` CLI when none answers at RAG_EMBED_URL: the same server as
-`rag up` starts (`rag serve-embeddings`, the same model, device, threads and batching from the same
-settings), run as this process's child on a free local port and stopped when the run ends; it dies
-with this process, however that ends.
+"""An embedding server for a one-off run when none answers at RAG_EMBED_URL (the `ingest` CLI, `rag
+store repair` and `rag store reindex`): the same server as `rag up` starts (`rag serve-embeddings`,
+the same model, device, threads and batching from the same settings), run as this process's child on
+a free local port and stopped when the run ends; it dies with this process, however that ends. Its log is `$RAG_DATA_DIR/logs/<run>-embedder.log`.
 
-A child rather than the model in-process: `ingest` then embeds exactly as the stack does (the server's
+A child rather than the model in-process: the run then embeds exactly as the stack does (the server's
 micro-batching and thread settings), and nothing of the embedding server is imported here.
 """
 
@@ -38,13 +38,15 @@ async def embedder_answers(url: str) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def embedder_for(settings: Settings, say: Callable[[str], None]) -> AsyncIterator[Settings]:
-    """`settings` whose embed_url answers: the configured server, or a child started for this run."""
+async def embedder_for(
+    settings: Settings, say: Callable[[str], None], run: str = "ingest"
+) -> AsyncIterator[Settings]:
+    """`settings` whose embed_url answers: the configured server, or a child started for this `run`."""
     if await embedder_answers(settings.embed_url):
         yield settings
         return
     port = _free_port()
-    log_path = settings.data_dir / "logs" / "ingest-embedder.log"
+    log_path = settings.data_dir / "logs" / f"{run.removeprefix('rag ').replace(' ', '-')}-embedder.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     say(f"no embedding server answers at {settings.embed_url}: starting one for this run "
         f"({settings.embed_model}, log {log_path})")
@@ -57,25 +59,25 @@ async def embedder_for(settings: Settings, say: Callable[[str], None]) -> AsyncI
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        await _wait_ready(url, process, log_path)
+        await _wait_ready(url, process, log_path, run)
         say(f"embedding server ready in {time.monotonic() - started:.1f} s")
         yield settings.model_copy(update={"embed_url": url})
     finally:
         await _stop(process)
 
 
-async def _wait_ready(url: str, process: asyncio.subprocess.Process, log_path: Path) -> None:
+async def _wait_ready(url: str, process: asyncio.subprocess.Process, log_path: Path, run: str) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     async with httpx.AsyncClient(timeout=3.0) as client:
         while time.monotonic() < deadline:
             if process.returncode is not None:
-                raise EmbedderUnavailable(f"the embedding server started for ingest exited ({process.returncode}): "
+                raise EmbedderUnavailable(f"the embedding server started for {run} exited ({process.returncode}): "
                                           f"{_last_line(log_path)} (see {log_path})")
             with contextlib.suppress(httpx.TransportError):
                 if (await client.get(f"{url}/health")).status_code == 200:
                     return
             await asyncio.sleep(0.25)
-    raise EmbedderUnavailable(f"the embedding server started for ingest was not ready in {START_TIMEOUT_S:.0f} s "
+    raise EmbedderUnavailable(f"the embedding server started for {run} was not ready in {START_TIMEOUT_S:.0f} s "
                               f"(see {log_path})")
 
 

@@ -21,6 +21,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rag.core.errors import UnsupportedFileType
+
+from .compressed import gunzip, inner_name, is_gzip
 from .detect import classify
 from .loaders import parse
 from .models import DocKind, LoadedDocument
@@ -36,8 +39,20 @@ SANDBOXED_KINDS = frozenset({DocKind.DOCX, DocKind.HTML})
 
 
 def load_document(data: bytes, name: str, settings: Settings, pool: ParserPool | None = None) -> LoadedDocument:
-    """The document in `data` (named `name` for messages and metadata only), parsed within bounds."""
-    detection = classify(data, name)
+    """The document in `data` (named `name` for messages and metadata only), parsed within bounds; a
+    gzip file is decompressed within bounds first and loaded by what it holds (`ingest.compressed`)."""
+    if not is_gzip(data):
+        return _load(data, name, name, settings, pool)
+    inner = gunzip(data, name, settings.max_upload_bytes)
+    try:
+        return _load(inner, name, inner_name(name), settings, pool)
+    except UnsupportedFileType as exc:
+        raise UnsupportedFileType(f"{exc.message} inside the gzip file", **exc.detail) from None
+
+
+def _load(data: bytes, name: str, type_name: str, settings: Settings, pool: ParserPool | None) -> LoadedDocument:
+    """`data` parsed by its type (`type_name`'s extension breaks ties among text kinds)."""
+    detection = classify(data, type_name)
     kind = detection.kind
     if kind in (DocKind.PDF, DocKind.IMAGE):
         pool = pool or get_pool(settings.parse_memory_mb)

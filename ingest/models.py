@@ -2,11 +2,14 @@
 
 Offsets are character offsets into `LoadedDocument.text` (the extracted text, not the file's bytes):
 `doc.text[s.start:s.end] == s.text` for every section and `doc.text[c.start:c.end] == c.text` for
-every chunk. Sections never span two PDF pages, so neither do chunks.
+every chunk, but for the chunks of a long table: each after the first starts with the table's caption
+and header row (`Section.table_header`) before its rows, so `c.text == c.lead + doc.text[c.start:c.end]`.
+Sections never span two PDF pages, so neither do chunks.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from enum import Enum
 
@@ -50,6 +53,8 @@ class Section:
     page: int | None = None
     headings: tuple[str, ...] = ()
     boxes: tuple[TextBox, ...] = ()
+    # A table's section: its caption and header row (markdown), the start of `text`, repeated by every chunk.
+    table_header: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +84,8 @@ class Chunk:
     n_tokens: int
     page: int | None = None
     headings: tuple[str, ...] = ()
+    boxes: tuple[TextBox, ...] = ()
+    lead: str = ""  # the table header repeated before the rows; `text` starts with it
 
     @property
     def id(self) -> str:
@@ -98,4 +105,38 @@ class Chunk:
             meta["page"] = self.page
         if self.headings:
             meta["headings"] = " > ".join(self.headings)
+        if self.boxes:
+            meta["boxes"] = encode_boxes(self.boxes)
+        if self.lead:
+            meta["lead"] = len(self.lead)
         return meta
+
+
+MAX_CHUNK_BOXES = 64
+
+
+def encode_boxes(boxes: tuple[TextBox, ...] | list[TextBox]) -> str:
+    """A chunk's boxes as compact JSON for scalar-only metadata: `[[x0, y0, x1, y1(, confidence)], ...]`
+    in fractions of the page, 4 decimals (a tenth of a point on a Letter page). More than
+    `MAX_CHUNK_BOXES` are merged neighbour by neighbour, so the string stays a few KB at most."""
+    rects = [[b.x0, b.y0, b.x1, b.y1] + ([b.confidence] if b.confidence is not None else []) for b in boxes]
+    while len(rects) > MAX_CHUNK_BOXES:
+        rects = [_union(rects[i : i + 2]) for i in range(0, len(rects), 2)]
+    return json.dumps([[round(v, 4) for v in r] for r in rects], separators=(",", ":"))
+
+
+def decode_boxes(value: object) -> list[list[float]]:
+    """The boxes `encode_boxes` wrote ([] for a missing or unreadable value)."""
+    if not isinstance(value, str) or not value:
+        return []
+    try:
+        rects = json.loads(value)
+    except ValueError:
+        return []
+    return [r for r in rects if isinstance(r, list) and len(r) in (4, 5)]
+
+
+def _union(rects: list[list[float]]) -> list[float]:
+    merged = [min(r[0] for r in rects), min(r[1] for r in rects), max(r[2] for r in rects), max(r[3] for r in rects)]
+    scores = [r[4] for r in rects if len(r) == 5]
+    return merged + ([min(scores)] if scores else [])

@@ -42,6 +42,7 @@ from ingest._records import (
 )
 from ingest._run import RunConfig, run_files
 from ingest._stores import DocumentStores
+from ingest.originals import Originals
 from rag.core.config import Settings
 from rag.core.errors import EmbedderMismatch
 from rag.store.catalog import DocumentCatalog, DocumentRecord, OwnerLease
@@ -93,7 +94,7 @@ class IngestPipeline:
         self.lexical = lexical
         self.catalog = catalog
         self.lease = lease
-        self.stores = DocumentStores(store, lexical, catalog, settings.embed_model)
+        self.stores = DocumentStores(store, lexical, catalog, settings.embed_model, Originals(settings.data_dir))
         self._prepare = prepare or LoaderPreparer(settings)
         self._inflight = inflight
         self._producers = producers

@@ -43,6 +43,7 @@ MAX_TASKS_PER_WORKER = 200  # then a fresh worker, so heap fragmentation never a
 DEFAULT_WORKERS = 2
 _START_TIMEOUT_S = 60.0
 _ROOT = str(Path(__file__).resolve().parents[1])  # the directory holding the ingest and rag packages
+RENDER = "render-page"  # a request to render a page (`ingest.loaders.render`) rather than to parse
 _BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from ingest.sandbox import worker_main; worker_main()"
 
 
@@ -56,6 +57,7 @@ def worker_main() -> None:
     import ingest.loaders.html  # noqa: F401
     import ingest.loaders.pdf  # noqa: F401
     from ingest.loaders import parse
+    from ingest.loaders.render import render_page
 
     conn.send(("ready",))
     while True:
@@ -66,7 +68,8 @@ def worker_main() -> None:
         if options.pop("ocr", False):
             options["ocr"] = _ocr_through(conn)
         try:
-            reply: tuple[Any, ...] = ("ok", parse(kind, data, name, **options))
+            result = render_page(data, **options) if kind == RENDER else parse(kind, data, name, **options)
+            reply: tuple[Any, ...] = ("ok", result)
         except errors.RagError as exc:
             reply = ("error", type(exc).__name__, exc.message, exc.detail)
         except MemoryError:
@@ -135,6 +138,16 @@ class ParserPool:
 
         With `ocr`, the worker's loaders may read page images by OCR: each image is passed to `ocr`,
         which answers ("lines", [OcrLine...]) or ("skip", why); its time does not count in `timeout_s`."""
+        return self._call(kind, data, name, timeout_s, options, ocr)
+
+    def render(self, data: bytes, name: str, timeout_s: float, **options: Any) -> bytes:
+        """`ingest.loaders.render.render_page(data, **options)` (a PNG) in a worker, within `timeout_s` seconds."""
+        return self._call(RENDER, data, name, timeout_s, options)
+
+    def _call(
+        self, kind: DocKind | str, data: bytes, name: str, timeout_s: float, options: dict[str, Any],
+        ocr: Callable[[Any], tuple[str, Any]] | None = None,
+    ) -> Any:
         worker = self._acquire()
         healthy = False
         try:
@@ -186,10 +199,11 @@ class ParserPool:
             limit="memory",
         )
 
-    def _unpack(self, reply: tuple[Any, ...], name: str) -> LoadedDocument:
+    def _unpack(self, reply: tuple[Any, ...], name: str) -> Any:
         status = reply[0]
         if status == "ok":
-            return reply[1]
+            loaded: LoadedDocument = reply[1]
+            return loaded
         if status == "error":
             cls = getattr(errors, reply[1], None)
             if not (isinstance(cls, type) and issubclass(cls, errors.RagError)):

@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
 
-from rag.core.config import Settings, get_settings, settings_error_line
-from rag.core.errors import RagError
-from rag.eval.cli import eval_command
+from rag.core.command_line import load_settings, run_cli
+from rag.core.config import Settings
 from rag.deploy.plan_cli import plan_command
-
-
-def load_settings() -> Settings:
-    from pydantic import ValidationError
-
-    try:
-        return get_settings()
-    except ValidationError as exc:
-        raise click.ClickException(settings_error_line(exc)) from None
+from rag.eval.cli import eval_command
 
 
 class _Group(click.Group):
@@ -90,8 +81,22 @@ def serve_api() -> None:
     settings = load_settings()
     uvicorn.run(
         create_app(settings), host=settings.api_host, port=settings.api_port, log_level="info",
-        timeout_graceful_shutdown=settings.shutdown_grace_s,
+        timeout_graceful_shutdown=settings.shutdown_grace_s,  # type: ignore[arg-type]  # uvicorn waits a float too
     )
+
+
+@cli.command("mcp")
+@click.option("--server", help="Work through the API at this URL.  [default: "
+              "the API at RAG_API_HOST:RAG_API_PORT when one answers, else the store directly]")
+def mcp(server: str | None) -> None:
+    """Serve the documents to an MCP client over stdio (a desktop assistant starts this command)."""
+    import asyncio
+
+    from rag.api.mcp.stdio import serve_stdio
+
+    if server and not server.startswith(("http://", "https://")):
+        raise click.UsageError(f"--server needs an http(s) URL, not {server!r}")
+    asyncio.run(serve_stdio(load_settings(), server))
 
 
 @cli.command("serve-embeddings")
@@ -112,7 +117,7 @@ def serve_embeddings(host: str | None, port: int | None) -> None:
         host=host or url.hostname or "127.0.0.1",
         port=port or settings.embed_port,
         log_level="warning",
-        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,  # type: ignore[arg-type]  # uvicorn waits a float too
     )
 
 
@@ -173,8 +178,10 @@ def store() -> None:
     \b
     Examples:
       rag store check             per collection: catalog, record, Chroma and BM25 counts
-      rag store repair            rebuild Chroma from the record (stop the API first)
+      rag store repair            rebuild Chroma from the record (with the API stopped)
       rag store reindex --collection default   embed it again after a model change
+      rag store backup ~/backups/rag           the record and catalog at one moment, with a manifest
+      rag store restore ~/backups/rag          into an empty data dir; Chroma and BM25 rebuilt
     """
 
 
@@ -204,17 +211,18 @@ def store_check(as_json: bool) -> None:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
         click.echo(f"store {settings.data_dir}")
-        click.echo(f"{'collection':<24} {'documents':>9} {'catalog':>9} {'record':>9} {'vectors':>9} {'chroma':>9}  state")
+        click.echo(f"{'collection':<24} {'documents':>9} {'failed':>6} {'catalog':>9} {'record':>9} {'vectors':>9} {'chroma':>9}  state")
         for c in report.collections:
             chroma = "-" if c.chroma is None else f"{c.chroma:,}"
             state = "; ".join(c.problems) or "ok"
             click.echo(
-                f"{c.name:<24} {c.documents:>9,} {c.catalog_chunks:>9,} {c.record_chunks:>9,} {c.record_vectors:>9,} {chroma:>9}  {state}"
+                f"{c.name:<24} {c.documents:>9,} {c.failed:>6,} {c.catalog_chunks:>9,} {c.record_chunks:>9,} {c.record_vectors:>9,} {chroma:>9}  {state}"
             )
         if report.probe.unreadable:
             click.echo(f"Chroma store: {report.probe.unreadable}")
         click.echo(f"BM25 index: {report.lexical_index:,} of the record's {report.lexical_record:,} chunks")
-        click.echo("consistent" if report.consistent else "fix: stop the API, then run `rag store repair`")
+        # This check holds the store's lock, so no API runs on it: the repair can start at once.
+        click.echo("consistent" if report.consistent else "fix: run `rag store repair` (no API holds this store now)")
     if not report.consistent:
         sys.exit(1)
 
@@ -222,7 +230,8 @@ def store_check(as_json: bool) -> None:
 @store.command("repair")
 def store_repair() -> None:
     """Rebuild Chroma from the record; resumable. Chunks without a stored vector take theirs from the
-    old Chroma where it still opens, else from the embedding server (RAG_EMBED_URL)."""
+    old Chroma where it still opens, else from the embedding server (RAG_EMBED_URL; started for the run
+    when none answers there)."""
     from rag.store.repair import repair_store
 
     settings = load_settings()
@@ -248,13 +257,77 @@ def store_reindex(collection: str) -> None:
     click.echo(f"{collection}: {written.get(collection, 0):,} vectors of {settings.embed_model} in Chroma")
 
 
+@store.command("backup")
+@click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--with-indexes", is_flag=True, help="Copy Chroma and the BM25 index too (no API may hold the store).")
+def store_backup(dest: Path, with_indexes: bool) -> None:
+    """Back up the record and the catalog at one moment into DEST, with a manifest (counts, embedders,
+    versions, sha256 of every file); works while the API runs. A killed backup leaves the previous one."""
+    from rag.core.errors import StoreLocked
+    from rag.store.backup import backup_store
+    from rag.store.chunks import StoreLock
+
+    settings = load_settings()
+    lock = StoreLock(settings.data_dir)
+    try:
+        lock.acquire("rag store backup")
+    except StoreLocked as exc:
+        if with_indexes:
+            held = exc.message.split(";")[0]
+            raise click.ClickException(
+                f"{held}: Chroma cannot be copied while it writes; back up without --with-indexes (restore rebuilds them) or stop it"
+            ) from None
+    try:
+        manifest = backup_store(settings.data_dir, dest, with_indexes=with_indexes)
+    finally:
+        lock.release()
+    size = sum(f["bytes"] for f in manifest["files"].values())
+    for name, c in manifest["collections"].items():
+        click.echo(f"{name}: {c['documents']:,} documents, {c['chunks']:,} chunks")
+    click.echo(f"backed up to {dest} ({size / 1e6:.1f} MB, {len(manifest['files'])} files) in {manifest['seconds']:.1f} s")
+
+
+@store.command("restore")
+@click.argument("src", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--force", is_flag=True, help="Replace the store in the data dir (moved into replaced-<time>/ there).")
+def store_restore(src: Path, force: bool) -> None:
+    """Restore a backup into the data dir (RAG_DATA_DIR), which must hold no store (else --force), then
+    rebuild Chroma and the BM25 index from the record (resumable) and print `rag store check`."""
+    from rag.store.backup import finish_restore, read_manifest, restore_files
+    from rag.store.chunks import StoreLock
+    from rag.store.repair import check_store, repair_store
+
+    settings = load_settings()
+    manifest = read_manifest(src, settings.embed_model)
+    lock = StoreLock(settings.data_dir)
+    lock.acquire("rag store restore")
+    try:
+        replaced = restore_files(src, settings.data_dir, manifest, force=force)
+        rebuild = not (manifest["with_indexes"] and check_store(settings.data_dir, settings.chroma_path).consistent)
+    finally:
+        lock.release()
+    if replaced:
+        click.echo(f"replaced {', '.join(replaced)} (kept in {settings.data_dir}/replaced-*)")
+    if rebuild:
+        _with_embedder(settings, "rag store restore", lambda embed, progress: repair_store(
+            settings.data_dir, settings.chroma_path, embed=embed, progress=progress
+        ))
+    finish_restore(settings.data_dir)
+    click.echo(f"restored {src} (taken {manifest['taken_at']}) into {settings.data_dir}")
+    click.get_current_context().invoke(store_check, as_json=False)
+
+
 def _with_embedder(settings: Settings, owner: str, work: Any) -> Any:
-    """Run `work(embed, progress)` in a thread under the store's lock, with the embedding server and a
-    progress bar; embedding requests go one at a time so as not to crowd out other work."""
+    """Run `work(embed, progress)` in a thread under the store's lock, with a progress bar; embedding
+    requests go one at a time so as not to crowd out other work. The embedding server is reached only
+    when a chunk needs embedding; if none answers at RAG_EMBED_URL, one is started for the run with the
+    same settings, as `ingest` does (ingest.embedder)."""
     import asyncio
+    import contextlib
 
     from rich.progress import Progress
 
+    from ingest.embedder import embedder_for
     from rag.clients.embedding import EmbeddingClient
     from rag.store.chunks import StoreLock
 
@@ -262,27 +335,32 @@ def _with_embedder(settings: Settings, owner: str, work: Any) -> Any:
     lock.acquire(owner)
 
     async def run(bar: Progress) -> Any:
-        client = EmbeddingClient(settings.embed_url, model=settings.embed_model)
         loop = asyncio.get_running_loop()
         tasks: dict[str, Any] = {}
+        async with contextlib.AsyncExitStack() as stack:
+            clients: list[EmbeddingClient] = []
 
-        def embed(texts: list[str]) -> list[Any]:
-            step = settings.embed_batch
-            return [
-                vector
-                for i in range(0, len(texts), step)
-                for vector in asyncio.run_coroutine_threadsafe(client.embed(texts[i : i + step]), loop).result()
-            ]
+            async def embed_batch(texts: list[str]) -> list[Any]:
+                if not clients:  # most repairs take every vector from the record: no server needed
+                    served = await stack.enter_async_context(embedder_for(settings, click.echo, owner))
+                    clients.append(EmbeddingClient(served.embed_url, model=settings.embed_model))
+                    stack.push_async_callback(clients[0].aclose)
+                return await clients[0].embed(texts)
 
-        def progress(stage: str, done: int, total: int) -> None:
-            if stage not in tasks:
-                tasks[stage] = bar.add_task(stage, total=total)
-            bar.update(tasks[stage], completed=done, total=total)
+            def embed(texts: list[str]) -> list[Any]:
+                step = settings.embed_batch
+                return [
+                    vector
+                    for i in range(0, len(texts), step)
+                    for vector in asyncio.run_coroutine_threadsafe(embed_batch(texts[i : i + step]), loop).result()
+                ]
 
-        try:
+            def progress(stage: str, done: int, total: int) -> None:
+                if stage not in tasks:
+                    tasks[stage] = bar.add_task(stage, total=total)
+                bar.update(tasks[stage], completed=done, total=total)
+
             return await asyncio.to_thread(work, embed, progress)
-        finally:
-            await client.aclose()
 
     try:
         with Progress(disable=not sys.stderr.isatty()) as bar:
@@ -297,25 +375,6 @@ cli.add_command(plan_command)
 
 def main() -> None:
     run_cli(cli)
-
-
-def run_cli(command: click.Command) -> None:
-    """Run a command of ours: expected failures are one line and exit 1; RAG_DEBUG=1 shows the traceback."""
-    try:
-        code = command.main(standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(130)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except RagError as exc:
-        if os.environ.get("RAG_DEBUG") == "1":
-            raise
-        click.echo(f"error: {exc.message}", err=True)
-        sys.exit(1)
-    if isinstance(code, int) and code:
-        sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -52,9 +52,9 @@ def changed(settings: Settings, **changes: Any) -> Settings:
 
 
 @contextmanager
-def serve(settings: Settings, *, app: Any = None) -> Iterator[str]:
-    """The API on a free port over real HTTP (uvicorn in a thread); yields its base URL."""
-    port = free_port()
+def serve(settings: Settings, *, app: Any = None, port: int | None = None) -> Iterator[str]:
+    """The API on `port` (default: a free one) over real HTTP (uvicorn in a thread); yields its base URL."""
+    port = port or free_port()
     config = uvicorn.Config(app or create_app(settings), host="127.0.0.1", port=port, log_level="warning",
                             timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
@@ -121,6 +121,15 @@ def chat_events(url: str, body: dict[str, Any], headers: dict[str, str] | None =
         assert r.status_code == 200, r.read()
         assert r.headers["content-type"].startswith("text/event-stream")
         return list(parse_sse(r.iter_lines()))
+
+
+def schema_errors(url: str, component: str, instance: Any) -> list[str]:
+    """Where `instance` breaks the schema that the API's own /v1/openapi.json gives for `component`."""
+    from jsonschema import Draft202012Validator
+
+    components = httpx.get(f"{url}/v1/openapi.json", timeout=30).json()["components"]
+    validator = Draft202012Validator({"$ref": f"#/components/schemas/{component}", "components": components})
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(instance)]
 
 
 def ask(text: str, **extra: Any) -> dict[str, Any]:

@@ -12,8 +12,6 @@ import pytest
 from rag.core.config import Settings, get_settings
 from tests.servers import Server, start_embedding_server, start_llama_server
 
-SHARED_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
-
 
 def _clean_env(data_dir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_") or k in ("RAG_LLM_SERVER_BIN", "RAG_CACHE_DIR")}

@@ -27,19 +27,21 @@ from rag.core.config import Settings
 from rag.store.catalog import DocumentCatalog
 from rag.store.chunks import ChunkStore
 from rag.store.lexical import LexicalIndex
+from tests.data import SQUAD
 from tests.ingest_helpers import expected_chunks
 from tests.servers import Server, free_port, start_api
 
-SQUAD = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "squad-v1.1-dev.json"
 COLLECTION = "default"
 PATHS = ("cli", "api")
 
 
-def write_texts(folder: Path, n: int) -> list[Path]:
-    """`n` distinct SQuAD paragraphs as small text files (a chunk or two each)."""
+def write_texts(folder: Path, n: int, squad: Path = SQUAD) -> list[Path]:
+    """`n` distinct paragraphs of a SQuAD-format set as small text files (a chunk or two each)."""
     folder.mkdir(parents=True, exist_ok=True)
-    contexts = [p["context"] for a in json.loads(SQUAD.read_text())["data"] for p in a["paragraphs"]]
+    contexts = [p["context"] for a in json.loads(squad.read_text())["data"] for p in a["paragraphs"]]
     unique = list(dict.fromkeys(contexts))[:n]
+    if len(unique) < n:
+        raise ValueError(f"{squad} holds {len(unique)} distinct paragraphs, fewer than {n}: give a larger set")
     paths = []
     for i, text in enumerate(unique):
         path = folder / f"doc-{i:04d}.txt"
@@ -263,10 +265,11 @@ class Runner:
             self.api = None
 
 
-def run_series(path: str, files: int, kills: int, seed: int, env: dict[str, str], work: Path) -> PathResult:
+def run_series(path: str, files: int, kills: int, seed: int, env: dict[str, str], work: Path,
+               squad: Path = SQUAD) -> PathResult:
     """Write `files` texts, then kill an ingest of them `kills` times through `path` and finish it."""
     corpus = work / "corpus"
-    paths = write_texts(corpus, files) if not corpus.exists() else sorted(corpus.glob("*.txt"))
+    paths = write_texts(corpus, files, squad) if not corpus.exists() else sorted(corpus.glob("*.txt"))
     data_dir = work / f"data-{path}"
     expected = expected_chunks(paths, Settings(data_dir=data_dir))
     points = kill_points(random.Random(f"{seed}-{path}"), kills, files)

@@ -186,6 +186,21 @@ def test_attribution_of_a_short_span_and_of_chinese():
     assert zh.sentences[0].sources == ["S2"]
 
 
+@pytest.mark.parametrize(("answer", "source"), [
+    ("18棵", "院子里种了十八棵梨树。"),  # Chinese numerals in the source, digits in the answer
+    ("院子里种了十八棵梨树。", "The yard holds 18 pear trees: 院子里种了18棵梨树。"),
+    ("约8800公里", "明长城总长度约为八千八百公里。"),
+    ("8,800 km", "The wall is 8800 km long."),  # a thousands separator
+    ("８８００ km", "The wall is 8,800 km long."),  # full-width digits
+])
+def test_attribution_compares_numbers_however_they_are_written(answer: str, source: str):
+    from rag.answering.citations import attribute
+
+    chunks = {"S1": "卢浮宫于一七九三年开放。The Louvre opened in 1793.", "S2": source}
+    sentence = attribute(answer, chunks).sentences[0]
+    assert sentence.sources == ["S2"] and sentence.support == 1.0
+
+
 def test_the_completion_style_sends_a_plain_prompt_with_small_defaults():
     server = ReplayLlamaServer("1889")
     events, server, _, _ = answer("", server=server, settings=Settings(llm_prompt_style="completion"), max_tokens=None)

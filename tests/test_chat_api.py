@@ -14,14 +14,7 @@ import pytest
 from rag.answering.prompt import no_sources_answer
 from rag.core.config import Settings
 from tests.chat_helpers import (
-    ask,
-    changed,
-    chat_events,
-    empty_collection,
-    parse_sse,
-    prompt_tokens_total,
-    serve,
-    upload,
+    ask, changed, chat_events, empty_collection, parse_sse, prompt_tokens_total, schema_errors, serve, upload,
 )
 from tests.servers import Server, free_port, start_llama_server
 
@@ -56,21 +49,38 @@ def test_the_stream_sends_sources_budget_tokens_citations_done_in_order(api: str
     cited = {c["id"] for c in data["citations"]["citations"]}
     assert cited <= {c["id"] for c in budget["chunks"]}
     assert done["invalid_citations"] == len(data["citations"]["invalid"])
+    for name, schema in (("budget", "Budget"), ("citations", "Citations"), ("done", "Done")):
+        assert schema_errors(api, schema, data[name]) == [], f"the {name} event is what /v1/openapi.json describes"
 
 
 def test_non_stream_returns_the_same_as_one_document(api: str):
-    response = httpx.post(f"{api}/v1/chat", json=ask("How tall is the Eiffel Tower?", stream=False), timeout=300)
+    question = ask("How tall is the Eiffel Tower?")
+    events = chat_events(api, question)
+    streamed = {e.event: e.data for e in events}
+    tokens = "".join(e.data["text"] for e in events if e.event == "token")
+    response = httpx.post(f"{api}/v1/chat", json={**question, "stream": False}, timeout=300)
     assert response.status_code == 200, response.text
     body = response.json()
     assert set(body) == {"answer", "sources", "search", "budget", "citations", "done"}
-    assert body["answer"] and body["sources"][0]["id"] == "S1"
+    # Greedy decoding of the same prompt: the document holds what the stream sent, event by event.
+    assert body["answer"] == tokens and body["answer"]
+    assert body["sources"] == streamed["sources"]["sources"] and body["sources"][0]["id"] == "S1"
+    assert body["search"] == {k: v for k, v in streamed["sources"].items() if k != "sources"}
     assert body["search"] == {"query": "How tall is the Eiffel Tower?", "rewrite": "off"}
+    assert body["budget"] == streamed["budget"] and body["citations"] == streamed["citations"]
+    timed = {"timings", "ttft_ms", "cache_n", "retrieval_ms", "pack_ms", "queue_ms", "upstream_ttft_ms", "usage"}
+    assert set(body["done"]) == set(streamed["done"])
+    assert {k: v for k, v in body["done"].items() if k not in timed} == \
+        {k: v for k, v in streamed["done"].items() if k not in timed}
+    counts = ("prompt_tokens", "completion_tokens", "total_tokens")  # the cache's share differs the second time
+    assert [body["done"]["usage"][k] for k in counts] == [streamed["done"]["usage"][k] for k in counts]
+    assert schema_errors(api, "AnswerDocument", body) == [], "the document is what /v1/openapi.json describes"
+    assert body["done"]["usage"]["completion_tokens"] <= 12
+    assert body["done"]["invalid_citations"] == len(body["citations"]["invalid"])
     history = [{"role": "user", "content": "How tall is the Eiffel Tower?"}, {"role": "assistant", "content": body["answer"]}]
     follow_up = {**ask("When was it completed?", stream=False), "messages": [*history, {"role": "user", "content": "When was it completed?"}]}
     searched = httpx.post(f"{api}/v1/chat", json=follow_up, timeout=300).json()["search"]
     assert searched["rewrite"] == "rule" and "Eiffel Tower" in searched["query"]
-    assert body["done"]["usage"]["completion_tokens"] <= 12
-    assert body["citations"]["invalid"] == [] or body["done"]["invalid_citations"] == len(body["citations"]["invalid"])
 
 
 def test_a_follow_up_reprocesses_only_what_changed(api: str):
@@ -106,6 +116,14 @@ def test_an_empty_collection_gets_a_plain_answer_without_calling_the_model(api: 
     assert data["citations"] == {"citations": [], "invalid": [], "echoed": [], "sentences": []}
     assert data["done"]["no_sources"] == "nothing_retrieved"
     assert prompt_tokens_total(llama_server.url) == before, "llama-server processed no prompt"
+
+
+def test_a_question_in_chinese_gets_the_fixed_answer_in_chinese(api: str):
+    empty_collection(api, "empty-zh")
+    events = chat_events(api, ask("埃菲尔铁塔是哪一年建成的？", collection="empty-zh"))
+    text = "".join(e.data["text"] for e in events if e.event == "token")
+    assert text == no_sources_answer("empty-zh", "埃菲尔铁塔是哪一年建成的？")
+    assert text.startswith("我在集合“empty-zh”的文档中没有找到")
 
 
 def test_nothing_above_min_score_is_no_sources(backend_settings: Settings):

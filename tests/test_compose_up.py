@@ -5,6 +5,11 @@ torch from a local index standing in for PyTorch's CPU index; the llm image is d
 variant, which reuses the host's cached llama-server build. compose.yaml runs with docker/compose.cpu.yaml,
 which swaps only the GPU and the production models. Timings are printed (`pytest -s`) and kept in
 docs/deployment.md.
+
+Each run has its own compose project and image tags (the pid and a random part), so two copies of the suite
+do not meet, and at the end it removes what it made: containers, volumes and networks (`down -v`) and every
+image it built (several GB), intermediate layers included. It keeps one image on purpose: the Debian
+minbase that debootstrap fetches (`BASE`, about 200 MB), reused by the next run instead of downloaded again.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -35,14 +41,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.containers,
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = ROOT / "tests" / "compose"
-PROJECT = "rag-stack-test"
-BASE = "localhost/rag-test/bookworm:minbase"
-PYTHON = "localhost/rag-test/python:3.11-slim"
-APP = "rag-stack/app:0.1.0"
-LLM = "rag-stack/llama-server:b11434-cpu"
+RUN = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+PROJECT = f"rag-stack-test-{RUN}"
+BASE = "localhost/rag-test/bookworm:minbase"  # kept between runs (see the docstring)
+PYTHON = f"localhost/rag-test/python:3.11-slim-{RUN}"
+APP = f"localhost/rag-test/app:{RUN}"  # compose.yaml's rag-stack/app:0.1.0, under this run's tag
+LLM = f"localhost/rag-test/llama-server:cpu-{RUN}"  # docker/compose.cpu.yaml's rag-stack/llama-server:b11434-cpu
+APP_SERVICES = ("models", "embed", "chroma", "api")
 SERVICES = ("llm", "embed", "chroma", "api")
 WRONG_CHECKSUM = "tests/compose/wrong-checksum.yaml"
-TORCH_INDEX_PORT = 38471
 DOC = ("lighthouse.txt", "The Skerryvore lighthouse stands on a reef west of Tiree. It was completed in 1844 and "
        "its tower is 48 metres tall, built from granite blocks dovetailed together by Alan Stevenson.")
 
@@ -75,6 +82,31 @@ def engine_problem() -> str | None:
     if info.returncode != 0:
         return f"podman cannot run here: {info.stderr.strip()[-300:]}"
     return None
+
+
+def image_ids() -> set[str]:
+    return set(podman("images", "-a", "-q", "--no-trunc").stdout.split())
+
+
+def remove_images_since(before: set[str]) -> None:
+    """Remove every image made since `before` was listed (this run's tags and the untagged layers under
+    them), BASE excepted. An image another run's container still uses is refused by podman and stays."""
+    keep = set(podman("images", "-q", "--no-trunc", BASE, check=False).stdout.split())
+    for tag in (APP, LLM, PYTHON):
+        podman("rmi", tag, check=False, timeout=300)
+    new = image_ids() - before - keep
+    if new:
+        podman("rmi", *sorted(new), check=False, timeout=300)
+    left = image_ids() - before - keep
+    print(f"\ncompose images left after the run: {len(left)}")
+
+
+def image_overrides(folder: Path) -> Path:
+    """A compose file that points the services at this run's image tags."""
+    path = folder / "images.yaml"
+    services = {s: {"image": APP} for s in APP_SERVICES} | {"llm": {"image": LLM}}
+    path.write_text(json.dumps({"services": services}))  # JSON is YAML
+    return path
 
 
 def base_image() -> None:
@@ -133,7 +165,7 @@ class FileServer:
         handler = partial(QuietHandler, directory=str(folder))
         try:
             self.server = ThreadingHTTPServer((host, port), handler)
-        except OSError:  # taken: any port will do, at the price of a cache miss where the URL is a build argument
+        except OSError:  # taken: any port will do
             self.server = ThreadingHTTPServer((host, 0), handler)
         self.port = self.server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}/"
@@ -156,8 +188,7 @@ def build_images(tmp: Path, timings: Timings) -> None:
     base_image()
     timings.timed("python stand-in", build, str(HERE / "python-slim.Dockerfile"), PYTHON, "--build-arg", f"BASE={BASE}")
     index = timings.timed("torch index", torch_index, tmp)
-    # A fixed port: TORCH_INDEX is a build argument, and a new value would rebuild the install layer.
-    with FileServer(index, port=TORCH_INDEX_PORT) as server:
+    with FileServer(index) as server:
         timings.timed("app image", build, "docker/app.Dockerfile", APP,
                       "--build-arg", f"PYTHON_IMAGE={PYTHON}", "--build-arg", f"TORCH_INDEX={server.url}")
     cache = Path(os.environ.get("RAG_CACHE_DIR") or Path.home() / ".cache" / "rag-stack")
@@ -174,6 +205,7 @@ class Stack:
 
     api_port: int
     timings: Timings
+    images: Path  # image_overrides(): this run's tags
     stop_health: threading.Event = field(default_factory=threading.Event)
     overrides: tuple[str, ...] = ("docker/compose.cpu.yaml",)
     env: dict[str, str] = field(default_factory=dict)
@@ -183,7 +215,7 @@ class Stack:
         return f"http://127.0.0.1:{self.api_port}"
 
     def compose(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        files = [arg for name in ("compose.yaml", *self.overrides) for arg in ("-f", name)]
+        files = [arg for name in ("compose.yaml", *self.overrides, str(self.images)) for arg in ("-f", name)]
         command = [sys.executable, "-m", "podman_compose", "-p", PROJECT, *files, *args]
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                               env=engine_env(RAG_PUBLISH=f"127.0.0.1:{self.api_port}", **self.env))
@@ -261,18 +293,23 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     if problem:
         pytest.skip(problem)
     timings = Timings()
-    build_images(tmp_path_factory.mktemp("compose"), timings)
-    stack = Stack(free_port(), timings)
-    stack.compose("down", "-v", "-t", "5")  # a previous run's leftovers
+    folder = tmp_path_factory.mktemp("compose")
+    before = image_ids()
+    stack = Stack(free_port(), timings, image_overrides(folder))
     health = threading.Thread(target=stack.run_health_checks, daemon=True)
-    health.start()
     try:
+        build_images(folder, timings)
+        health.start()
         stack.up("cold start to healthy")
         yield stack
     finally:
         stack.stop_health.set()
-        health.join(30)
-        stack.compose("down", "-v", "-t", "5")
+        if health.is_alive():
+            health.join(30)
+        try:
+            stack.compose("down", "-v", "-t", "5")  # containers, volumes and the network of this run's project
+        finally:
+            remove_images_since(before)
         print(f"\ncompose timings (s): {json.dumps(timings.seconds)}; load {Path('/proc/loadavg').read_text().strip()}")
 
 
@@ -336,7 +373,7 @@ def test_a_models_job_with_a_wrong_checksum_fails_and_nothing_serves(stack: Stac
     stack.compose("down", "-v", "-t", "5")
     with FileServer(tmp_path, host="0.0.0.0") as server:
         # Containers reach the host at host.containers.internal (the compose network's gateway).
-        bad = Stack(stack.api_port, stack.timings, stack.stop_health, ("docker/compose.cpu.yaml", WRONG_CHECKSUM),
+        bad = Stack(stack.api_port, stack.timings, stack.images, stack.stop_health, ("docker/compose.cpu.yaml", WRONG_CHECKSUM),
                     {"RAG_TEST_MODEL_URL": f"http://host.containers.internal:{server.port}/{generator.file}"})
         bad.compose("up", "-d", "--no-build")
         models = bad.container("models")

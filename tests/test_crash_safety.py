@@ -17,7 +17,7 @@ import pytest
 from rag.core.config import Settings
 from tests import hostile
 from tests.crash_points import ingest_command, reap, spawn
-from tests.conftest import SHARED_DATA
+from tests.data import SQUAD
 from tests.ingest_helpers import census, expected_chunks
 from tests.servers import Server, free_port, start_api
 
@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def write_corpus(folder: Path, version: str = "") -> list[Path]:
     """80 SQuAD paragraphs as text files (a chunk or two each) and 3 PDFs of several chunks."""
     folder.mkdir(parents=True, exist_ok=True)
-    squad = json.loads((SHARED_DATA / "squad-v1.1-dev.json").read_text())
+    squad = json.loads(SQUAD.read_text())
     contexts = [p["context"] for article in squad["data"][:6] for p in article["paragraphs"]][:80]
     paths = []
     for i, text in enumerate(contexts):

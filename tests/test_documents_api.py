@@ -8,10 +8,12 @@ lexical index against the catalog).
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,9 +26,9 @@ from rag.api.app import create_app
 from rag.api.services import Services
 from rag.core.config import Settings
 from tests import hostile
-from tests.conftest import SHARED_DATA
+from tests.data import CMRC
 from tests.ingest_helpers import Census, census
-from tests.servers import free_port
+from tests.servers import Server, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -108,7 +110,7 @@ def test_upload_list_get_delete(api: LiveApi) -> None:
     assert doc["id"] == doc_id and doc["source"] == "notes.txt" and doc["size"] == len(text_of(3))
     assert doc["chunks"] == result["chunks"] and doc["state"] == "indexed" and doc["indexed_at"]
     assert api.client.get(f"/v1/documents/{doc_id}").json() == doc
-    assert api.client.get("/v1/collections").json() == {"collections": [{"name": "default", "documents": 1}]}
+    assert api.client.get("/v1/collections").json() == {"collections": [{"name": "default", "documents": 1, "failed": 0}]}
 
     assert api.client.delete(f"/v1/documents/{doc_id}").status_code == 204
     assert api.census().chroma == {} and api.census().lexical == {}
@@ -123,7 +125,7 @@ def test_paging_and_collections(api: LiveApi) -> None:
     assert page["total"] == 5 and len(page["documents"]) == 2
     assert [d["source"] for d in page["documents"]] == ["n2.txt", "n3.txt"]
     assert api.client.get("/v1/documents").json()["total"] == 0
-    assert api.client.get("/v1/collections").json()["collections"] == [{"name": "notes", "documents": 5}]
+    assert api.client.get("/v1/collections").json()["collections"] == [{"name": "notes", "documents": 5, "failed": 0}]
     bad = api.client.get("/v1/documents", params={"collection": "a/b"})
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_request"
 
@@ -138,31 +140,49 @@ def test_several_files_answer_per_file(api: LiveApi) -> None:
     api.assert_healthy_and_unchanged(before, {results[0]["document_id"]: results[0]["chunks"]})
 
 
-def test_job_progress(api: LiveApi) -> None:
+def test_job_progress(api: LiveApi, embedding_server: Server) -> None:
     files = [(f"f{i}.txt", text_of(4, f"f{i}")) for i in range(6)]
-    response = api.upload(*files, job_id="my-upload-1", wait="false")
-    assert response.status_code == 202 and response.json()["job_id"] == "my-upload-1"
-    seen = []
-    while True:
-        job = api.client.get("/v1/jobs/my-upload-1").json()
-        seen.append(job)
-        if job["state"] != "running":
-            break
+    names = {name for name, _ in files}
+    os.kill(embedding_server.pid, signal.SIGSTOP)  # nothing gets embedded: the run cannot end meanwhile
+    try:
+        response = api.upload(*files, job_id="my-upload-1", wait="false")
+        assert response.status_code == 202 and response.json()["job_id"] == "my-upload-1"
+        mid = _job_when(api, "my-upload-1", lambda job: job["current_file"] is not None)
+    finally:
+        os.kill(embedding_server.pid, signal.SIGCONT)
+    # A snapshot taken mid-run: running, at a file of the upload, not all of them done, no results yet.
+    assert mid["state"] == "running" and mid["current_file"] in names and mid["results"] == []
+    assert mid["files_total"] == 6 and mid["files_done"] < 6
+    seen = [mid]
+    while seen[-1]["state"] == "running":
         time.sleep(0.05)
+        seen.append(api.client.get("/v1/jobs/my-upload-1").json())
+    job = seen[-1]
     assert job["state"] == "done" and job["files_total"] == 6 and job["files_done"] == 6
     assert job["chunks_done"] == sum(r["chunks"] for r in job["results"]) > 0
     assert job["current_file"] is None and [r["status"] for r in job["results"]] == ["indexed"] * 6
-    assert all(0 <= j["files_done"] <= 6 for j in seen)
+    for key in ("files_done", "chunks_done"):
+        counts = [j[key] for j in seen]
+        assert counts == sorted(counts), f"{key} only grows"
     assert api.upload(files[0], job_id="my-upload-1").status_code == 409  # ids are unique
     assert api.client.get("/v1/jobs/nope").status_code == 404
     assert api.census().consistent()
+
+
+def _job_when(api: LiveApi, job_id: str, ready: Callable[[dict], bool], within_s: float = 60) -> dict:
+    """The job's first snapshot for which `ready` holds (polled; fails after `within_s`)."""
+    deadline = time.monotonic() + within_s
+    while not ready(job := api.client.get(f"/v1/jobs/{job_id}").json()):
+        assert time.monotonic() < deadline, f"the job never got there: {job}"
+        time.sleep(0.02)
+    return job
 
 
 # Bad inputs: each gets a clear error, and nothing is lost.
 
 
 def _cmrc_text() -> bytes:
-    data = json.loads((SHARED_DATA / "cmrc2018-trial.json").read_text())
+    data = json.loads(CMRC.read_text())
     return "\n\n".join(p["context"] for p in data["data"][1]["paragraphs"]).encode()
 
 
@@ -385,7 +405,9 @@ def test_the_embedder_down_is_503_and_leaves_nothing(isolated_env: Path) -> None
             response = client.post("/v1/documents", files={"files": ("a.txt", text_of(2))})
             assert response.status_code == 503
             assert response.json()["error"]["code"] == "embedder_unavailable"
-            assert client.get("/v1/documents").json()["documents"][0]["state"] == "failed"
+            listing = client.get("/v1/documents").json()
+            assert listing["total"] == 0 and listing["failed"] == 1  # a failure is not a document
+            assert client.get("/v1/documents", params={"state": "failed"}).json()["documents"][0]["state"] == "failed"
             seen = census(isolated_env, "default", app.state.services.store)  # type: ignore[attr-defined]
             assert seen.consistent() and seen.chroma == {}
             assert list((isolated_env / "uploads").iterdir()) == []
@@ -430,7 +452,8 @@ def test_chroma_server_down_is_503_never_500(ingest_settings: Settings, tmp_path
             doc_id = first.json()["results"][0]["document_id"]
             deleted = client.delete(f"/v1/documents/{doc_id}")
             assert deleted.status_code == 503 and deleted.json()["error"]["code"] == "store_unavailable"
-            states = {d["source"]: d["state"] for d in client.get("/v1/documents").json()["documents"]}
+            states = {d["source"]: d["state"] for state in ("pending", "deleting")
+                      for d in client.get("/v1/documents", params={"state": state}).json()["documents"]}
             # Neither is searchable now; their chunks could not be deleted while the store was away.
             assert states == {"a.txt": "deleting", "b.txt": "pending"}
 
@@ -452,17 +475,17 @@ def test_chroma_server_down_is_503_never_500(ingest_settings: Settings, tmp_path
 
 def _listed(api: LiveApi, collection: str = "default") -> list[tuple[str, str]]:
     docs = api.client.get("/v1/documents", params={"collection": collection, "limit": 1000}).json()["documents"]
-    return sorted((d["source_key"], d["id"]) for d in docs)
+    return sorted((n["source_key"], d["id"]) for d in docs for n in d["names"])
 
 
-def test_the_same_bytes_under_two_names_are_two_listed_documents_that_never_delete_each_other(api: LiveApi) -> None:
+def test_the_same_bytes_under_two_names_are_one_document_whose_names_never_delete_each_other(api: LiveApi) -> None:
     data = text_of(3, "shared")
     a = api.upload(("a.txt", data)).json()["results"][0]
     b = api.upload(("b.txt", data)).json()["results"][0]
     assert (a["status"], b["status"]) == ("indexed", "unchanged") and a["document_id"] == b["document_id"]
     doc = a["document_id"]
     assert _listed(api) == [("a.txt", doc), ("b.txt", doc)]
-    assert api.client.get("/v1/documents").json()["total"] == 2
+    assert api.client.get("/v1/documents").json()["total"] == 1
     # Deleting one name keeps the content for the other.
     assert api.client.delete(f"/v1/documents/{doc}", params={"source": "a.txt"}).status_code == 204
     assert _listed(api) == [("b.txt", doc)]
@@ -472,7 +495,7 @@ def test_the_same_bytes_under_two_names_are_two_listed_documents_that_never_dele
     newer = api.upload(("b.txt", text_of(2, "newer"))).json()["results"][0]
     assert _listed(api) == [("b.txt", newer["document_id"])]
     assert api.census().indexed() == {newer["document_id"]: newer["chunks"]} and api.census().consistent()
-    assert api.client.get("/v1/collections").json()["collections"] == [{"name": "default", "documents": 1}]
+    assert api.client.get("/v1/collections").json()["collections"] == [{"name": "default", "documents": 1, "failed": 0}]
 
 
 def test_a_name_in_nfc_and_nfd_is_one_source(api: LiveApi) -> None:

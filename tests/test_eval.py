@@ -15,6 +15,7 @@ from click.testing import CliRunner, Result
 
 from rag.core.config import get_settings
 from rag.core.provenance import in_checkout
+from rag.eval.cli import EXIT_REGRESSION, eval_command
 from rag.eval.harness import (
     LOWER_IS_BETTER,
     bears_answer,
@@ -27,13 +28,10 @@ from rag.eval.harness import (
     token_f1,
     unmeasured,
 )
-from rag.eval.cli import EXIT_REGRESSION, eval_command
 from rag.store.chunks import StoreLock
-from tests.conftest import SHARED_DATA
+from tests.data import CMRC, SQUAD
 from tests.servers import Server
 
-SQUAD = SHARED_DATA / "squad-v1.1-dev.json"
-CMRC = SHARED_DATA / "cmrc2018-trial.json"
 LIMIT = "30"
 
 # ---------------------------------------------------------------- scoring
@@ -96,7 +94,7 @@ def test_gate_compares_in_the_metric_direction() -> None:
 
 def test_limit_takes_whole_articles_reproducibly() -> None:
     full = read_squad(SQUAD)
-    assert (full.total_questions, full.total_contexts) == (10570, 2067)
+    assert (full.total_questions, full.total_contexts) == (2145, 346)  # the 6 articles of the slice
     a, b = read_squad(SQUAD, limit=30, seed=0), read_squad(SQUAD, limit=30, seed=0)
     assert [q.qid for q in a.questions] == [q.qid for q in b.questions] and len(a.questions) == 30
     assert len(a.contexts) >= 15 and all(q.context in a.contexts for q in a.questions)
@@ -156,11 +154,11 @@ def test_quick_run_gives_sane_metrics_and_a_report(baseline: dict[str, Any]) -> 
         m = retrieval["methods"][mode]
         assert 0 <= m["recall@1"] <= m["recall@5"] <= m["recall@10"] <= 1
         assert m["recall@1"] <= m["mrr"] <= m["recall@10"]
-        # Measured on this slice: recall@10 dense 0.967, lexical and hybrid 1.0; one question is 0.033.
-        assert m["recall@10"] >= {"dense": 0.93}.get(mode, 0.96), (mode, m)
+        # Measured on this sample: recall@10 dense 0.933, lexical and hybrid 1.0; one question is 0.033.
+        assert m["recall@10"] >= {"dense": 0.89}.get(mode, 0.96), (mode, m)
         assert m["search_ms"]["p50"] > 0
     hybrid = retrieval["methods"]["hybrid"]
-    assert hybrid["recall@5"] >= 0.96 and hybrid["recall@1"] >= 0.86, hybrid  # measured 1.0 and 0.900
+    assert hybrid["recall@5"] >= 0.93 and hybrid["recall@1"] >= 0.76, hybrid  # measured 0.967 and 0.800
     assert retrieval["embed_ms"]["n"] == retrieval["questions"]
     assert set(data["scores"]) == {f"retrieval.{m}.{k}" for m in ("dense", "lexical", "hybrid")
                                    for k in ("recall@1", "recall@5", "recall@10", "mrr")}
@@ -239,11 +237,16 @@ def test_answers_are_scored(eval_env: dict[str, str | None], baseline: dict[str,
     assert 0 <= answers["exact_match"] <= answers["f1"] + 1e-9 <= 1 + 1e-9
     assert 0 <= answers["no_valid_citation"] <= 1
     assert answers["citation_precision"] is None or 0 <= answers["citation_precision"] <= 1
-    assert answers["ttft_ms"]["n"] == 3 and answers["ttft_ms"]["p50"] > 0
+    # A time to the first token for every answer that streamed one (the bundled 270M model gives an empty
+    # answer to some questions of this sample: scored 0, with no first token to time).
+    streamed = sum(bool(example["answer"]) for example in answers["examples"])
+    assert answers["ttft_ms"]["n"] == streamed >= 1 and answers["ttft_ms"]["p50"] > 0
     assert answers["prompt_style"] == "completion"  # the bundled base model, read from its GGUF
     assert answers["attribution_precision"] is None or 0 <= answers["attribution_precision"] <= 1
     assert 0 <= answers["supported_source"] <= 1 and 0 <= answers["at_token_limit"] <= 1
+    assert answers["no_answer"] == 0 and 0 <= answers["empty_first_attempt"] <= 1  # never a blank answer
     assert "## Answers" in (tmp_path / "answers" / "report.md").read_text()
+    assert "Empty answers:" in (tmp_path / "answers" / "report.md").read_text()
 
 
 @pytest.mark.integration

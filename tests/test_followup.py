@@ -88,7 +88,7 @@ def test_the_latest_turn_pair_is_kept_before_sources_fill_the_rest() -> None:
     sent = "\n".join(m["content"] for m in shared.messages)
     assert "When was it built?" in sent and "In 1889." in sent and "old old" not in sent
     assert len(shared.chunks) < len(plain.chunks) and shared.used <= shared.limit
-    event = shared.to_dict()
+    event = shared.budget().data
     assert event["kept_turns"] == 1 and event["latest_turn_reserved"] == shared.latest_turn_reserved
     # A latest turn over its share is not held first: the sources keep their place.
     huge = [{"role": "user", "content": "long " * 200}, {"role": "assistant", "content": "x"}]

@@ -90,7 +90,8 @@ def test_ingest_folder_then_rerun_then_sync(local_env: dict[str, str], tmp_path:
     files = make_corpus(root)
     result = invoke(str(root), "--recursive")
     assert result.exit_code == 0, result.output
-    assert "files: 3 indexed, 0 unchanged, 0 failed" in result.stdout and "via local" in result.stdout
+    assert "files: 3 indexed, 0 unchanged, 0 failed" in result.stdout
+    assert f"via local (data dir {isolated_env})" in result.stdout  # which store, in every mode
     settings = Settings(data_dir=isolated_env)
     expected = expected_chunks([files["a"], files["b"], files["pdf"]], settings)
     seen = census(isolated_env, "default")

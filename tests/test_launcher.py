@@ -75,6 +75,9 @@ def test_rag_up_starts_every_part_and_stops_them_cleanly(isolated_env: Path, gen
                 break
         output = "".join(lines)
         assert "llama-server" in output and "embedder" in output and "api" in output
+        # The embedder's line names the device it chose (no GPU here: the CPU), not "its default device".
+        embedder_line = next(line for line in lines if line.startswith("embedder"))
+        assert " on cpu (" in embedder_line and "{device}" not in embedder_line, embedder_line
         health = httpx.get(f"http://127.0.0.1:{ports['api']}/health", timeout=10).json()
         assert health["status"] == "ok"
         assert health["backends"]["llm"]["n_ctx"] == 4096

@@ -4,6 +4,8 @@ imports itself back through others (the README's "Layout" paragraph names the sa
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,6 +119,41 @@ def test_no_module_imports_itself_back():
         if node not in state:
             visit(node, [node])
     assert cycles == []
+
+
+def test_no_module_imports_an_entry_point():
+    # The entry points are run, never imported: what both share lives beneath them (rag.core.command_line).
+    importers = sorted(f"{module} -> {target}" for module, targets in import_graph().items()
+                       for target in targets & TOP)
+    assert importers == []
+
+
+# A path into a folder beside the checkout: "../shared", Path(...) / "shared" / ..., or its absolute form.
+BESIDE = re.compile(r"""\.\./shared\b|["']shared["']\s*/|/shared/data\b""")
+
+
+def repository_files() -> list[Path]:
+    """The tracked files (every file under ROOT when this is no git checkout)."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True)
+    if listed.returncode == 0:
+        return [ROOT / name for name in listed.stdout.split("\0") if name]
+    skip = {".git", ".venv", "__pycache__", "node_modules"}
+    return [p for p in ROOT.rglob("*") if p.is_file() and not skip & set(p.relative_to(ROOT).parts)]
+
+
+def test_no_file_reads_beside_the_checkout():
+    # A user's clone has nothing beside it: tests read tests/data/, benchmarks take a path.
+    found = []
+    for path in repository_files():
+        if path == Path(__file__).resolve() or not path.is_file():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        found += [f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group()}"
+                  for m in BESIDE.finditer(text)]
+    assert found == []
 
 
 def test_the_readme_names_every_folder():

@@ -102,9 +102,20 @@ def test_document_filter(index: LexicalIndex) -> None:
     assert index.search("docs", "Chicago", 5, doc_ids=["b", "c"]) == []
 
 
-@pytest.mark.parametrize("query", ["", "   ", "the of", "？？", 'C++ "AND" OR NEAR(x) * -', "title:university"])
-def test_odd_queries_do_not_fail(index: LexicalIndex, query: str) -> None:
-    index.search("docs", query, 5)
+@pytest.mark.parametrize(
+    ("query", "found"),
+    [
+        ("", set()),
+        ("   ", set()),
+        ("the of", set()),  # stop words only: no search term
+        ("？？", set()),
+        ('C++ "AND" OR NEAR(x) * -', set()),  # query syntax is text: these words are in no chunk
+        ("title:university", {"a:0"}),  # no field syntax: the words are searched
+        ('"Chicago" AND (campus OR -Hyde)', {"a:0", "a:1"}),
+    ],
+)
+def test_odd_queries_do_not_fail(index: LexicalIndex, query: str, found: set[str]) -> None:
+    assert set(ids(index.search("docs", query, 5))) == found
 
 
 def test_readding_a_chunk_replaces_it(index: LexicalIndex) -> None:

@@ -16,8 +16,7 @@ from ingest.sandbox import ParserPool
 from rag.core.config import Settings
 from rag.core.errors import DocumentRejected, UnsupportedFileType
 from tests import css_hiding, hostile
-
-CMRC = Path(__file__).resolve().parents[2] / "shared" / "data" / "cmrc2018-trial.json"
+from tests.data import CMRC
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +60,7 @@ def cmrc_context(index: int = 0) -> str:
         (b"GIF89a" + bytes(100), "notes.txt", "GIF image"),
         (b"PK\x05\x06" + bytes(18), "file.docx", "ZIP archive (not a DOCX)"),
         (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + bytes(504), "old.doc", "OLE2 compound file"),
-        (b"\x1f\x8b\x08\x00" + bytes(100), "a.md", "gzip archive"),
+        (b"BZh91AY&SY" + bytes(100), "a.md", "bzip2 archive"),
         (bytes(range(256)) * 4, "data.txt", "binary data of an unknown type"),
     ],
 )
@@ -216,8 +215,9 @@ def test_html_structure_lists_tables_and_breaks(load) -> None:
         b"<h2>Sub</h2><p>x  \n  y</p></article></body></html>"
     )
     doc = load(page, "p.html")
-    assert doc.text == "Title\n\na\nb\n\none\ntwo\n\nk | v\n1 | 2\n\nSub\n\nx y"
-    assert [s.headings for s in doc.sections] == [("Title",), ("Title", "Sub")]
+    assert doc.text == "Title\n\na\nb\n\none\ntwo\n\n| k | v |\n| --- | --- |\n| 1 | 2 |\n\nSub\n\nx y"
+    assert [s.headings for s in doc.sections] == [("Title",), ("Title",), ("Title", "Sub")]
+    assert doc.sections[1].table_header == "| k | v |\n| --- | --- |"
 
 
 def test_deeply_nested_html_does_not_recurse(load) -> None:
@@ -376,7 +376,8 @@ def test_docx_headings_paragraphs_and_tables(load) -> None:
         ("Annual report", "Summary", "By region"),
         ("Annual report", "Outlook"),
     ]
-    assert "Region | Revenue\nNorth | 10\nSouth | 12" in doc.sections[1].text
+    assert doc.sections[1].text == "By region\n\n| Region | Revenue |\n| --- | --- |\n| North | 10 |\n| South | 12 |"
+    assert doc.sections[1].table_header == "By region\n\n| Region | Revenue |\n| --- | --- |"
     assert_offsets(doc)
 
 

@@ -130,7 +130,9 @@ def test_a_mixed_pdf_keeps_its_text_pages_and_reads_its_scanned_pages() -> None:
     doc = parse(DocKind.PDF, pdf, "lease.pdf", ocr=ocr, min_confidence=0.8)
     assert ocr.calls == 1, "only the scanned page is read by OCR, its page number notwithstanding"
     typed, scanned = doc.sections
-    assert (typed.page, typed.text, typed.boxes) == (1, "Typed: the rent is 900 a month", ())
+    assert (typed.page, typed.text) == (1, "Typed: the rent is 900 a month")
+    # Text-layer lines have their boxes too, from PDFium, with no OCR score.
+    assert [(doc.text[b.start : b.end], b.confidence) for b in typed.boxes] == [("Typed: the rent is 900 a month", None)]
     assert scanned.page == 2 and scanned.text == "Scanned: the lease ends in 2031\n\nsmudged"
     assert [doc.text[b.start : b.end] for b in scanned.boxes] == ["Scanned: the lease ends in 2031", "smudged"]
     assert doc.warnings == ("page 2: 1 of 2 OCR lines read with confidence under 0.8",)

@@ -47,3 +47,9 @@ def test_a_scanned_pdf_and_a_photo_are_read_and_answer_questions_with_their_sour
             assert (top["source"], top.get("page")) == (source, page), (question, top)
             assert fact in top["text"], "the OCR read the fact the answer needs"
             assert top["ocr_low_confidence"] == 0, "a chunk of OCR text says how many of its lines are in doubt"
+            # The cited page opens as an image with the passage's OCR boxes drawn on it.
+            index = top["chunk_id"].rsplit(":", 1)[1]
+            image = httpx.get(f"{url}/v1/documents/{top['doc_id']}/pages/{page}", params={"chunk": index}, timeout=120)
+            assert image.status_code == 200 and image.headers["content-type"] == "image/png", image.text
+            chunk = httpx.get(f"{url}/v1/documents/{top['doc_id']}/chunks/{index}", timeout=60).json()
+            assert chunk["page_image"] and chunk["boxes"] and len(chunk["boxes"][0]) == 5  # x0, y0, x1, y1, OCR score

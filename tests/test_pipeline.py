@@ -18,7 +18,7 @@ from ingest.pipeline import IngestPipeline, SourceFile, document_id
 from rag.store.catalog import DocumentCatalog, OwnerLease
 from rag.core.config import Settings
 from rag.core.errors import Conflict, EmbedderUnavailable
-from tests.conftest import SHARED_DATA
+from tests.data import CMRC
 from tests.ingest_helpers import HashEmbedder, census, expected_chunks, open_pipeline, paragraph_chunks
 
 
@@ -232,8 +232,15 @@ def test_catalog_switch_is_atomic(tmp_path: Path) -> None:
         catalog.claim("c", doc, source="s", name="s", size=1, owner="me", is_live=never)
     catalog.mark_indexed("c", "v1", chunks=1, pages=None, owner="me")
     assert catalog.indexed_ids("c", ["v1", "v2"]) == {"v1"}
+    # Another reader of the catalog (the search of another request) looks at every statement of the switch.
+    reader = DocumentCatalog(tmp_path / "catalog.sqlite")
+    seen: list[tuple[str, set[str]]] = []
+    catalog._db.set_trace_callback(lambda sql: seen.append((sql, reader.indexed_ids("c", ["v1", "v2"]))))
     assert catalog.mark_indexed("c", "v2", chunks=2, pages=3, owner="me") == ["v1"]
-    assert catalog.indexed_ids("c", ["v1", "v2"]) == {"v2"}
+    catalog._db.set_trace_callback(None)
+    assert any(sql.lstrip().upper().startswith("UPDATE") for sql, _ in seen), "the switch was watched"
+    assert {frozenset(ids) for _, ids in seen} == {frozenset({"v1"})}, "never both, never neither, until it commits"
+    assert reader.indexed_ids("c", ["v1", "v2"]) == {"v2"}
     assert catalog.get("c", "v1").state == "deleting"  # type: ignore[union-attr]
     assert catalog.get("c", "v2").to_api()["pages"] == 3  # type: ignore[union-attr]
 
@@ -261,7 +268,7 @@ def test_real_files_through_the_real_embedder(ingest_settings: Settings, tmp_pat
 
     folder = tmp_path / "docs"
     folder.mkdir()
-    cmrc = json.loads((SHARED_DATA / "cmrc2018-trial.json").read_text())
+    cmrc = json.loads(CMRC.read_text())
     chinese = "\n\n".join(p["context"] for p in cmrc["data"][0]["paragraphs"][:4])
     (folder / "zh.txt").write_text(chinese, encoding="utf-8")
     (folder / "utf16.txt").write_bytes("Zürich text in UTF-16 with a BOM.\n\nSecond paragraph.".encode("utf-16"))

@@ -162,6 +162,28 @@ def test_read_gguf_refuses_other_files(tmp_path: Path) -> None:
 # --- the command ----------------------------------------------------------------------------------
 
 
+def test_a_gguf_without_tensors_is_one_line_of_error(tmp_path: Path) -> None:
+    """A vocabulary-only GGUF (llama.cpp's models/ggml-vocab-*.gguf): no traceback, one line that says why."""
+    import subprocess
+    import sys
+
+    import gguf
+
+    path = tmp_path / "ggml-vocab-tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(["<s>", "</s>", "a", "b"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    done = subprocess.run([sys.executable, "-m", "rag.cli", "plan", str(path), "--gpu", "t4"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().count("\n") == 0, done.stderr
+    assert done.stderr.startswith(f"Error: cannot plan {path}: ") and "holds no tensors" in done.stderr
+
+
 def test_plan_command_json_on_a_described_model() -> None:
     result = CliRunner().invoke(plan_command, ["qwen3.6-27b:Q4_K_S", "--gpu", "v100-16g", "--json"])
     assert result.exit_code == 0, result.output

@@ -15,17 +15,17 @@ from click.testing import CliRunner
 
 from rag.core.config import get_settings
 from rag.eval.cli import eval_command
-from tests.conftest import SHARED_DATA
+from tests.data import CMRC, SQUAD
 from tests.servers import Server
 
 BASELINES = Path(__file__).resolve().parent / "baselines"
 MAX_DROP = 0.01  # any question of 60 lost (0.017) fails: the runs are deterministic
-SLICES = [("squad-v1.1-dev.json", "squad-retrieval.json"), ("cmrc2018-trial.json", "cmrc-retrieval.json")]
+SLICES = [(SQUAD, "squad-retrieval.json"), (CMRC, "cmrc-retrieval.json")]
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize(("dataset", "baseline"), SLICES)
-def test_retrieval_does_not_fall_below_its_baseline(dataset: str, baseline: str, embedding_server: Server,
+@pytest.mark.parametrize(("dataset", "baseline"), SLICES, ids=["squad", "cmrc"])
+def test_retrieval_does_not_fall_below_its_baseline(dataset: Path, baseline: str, embedding_server: Server,
                                                       tmp_path: Path) -> None:
     path = BASELINES / baseline
     limit = json.loads(path.read_text())["dataset"]["limit"]
@@ -34,7 +34,7 @@ def test_retrieval_does_not_fall_below_its_baseline(dataset: str, baseline: str,
     get_settings.cache_clear()
     try:
         result = CliRunner().invoke(eval_command, [
-            str(SHARED_DATA / dataset), "--limit", str(limit), "--json", "--baseline", str(path),
+            str(dataset), "--limit", str(limit), "--json", "--baseline", str(path),
             "--max-drop", str(MAX_DROP),
         ], env=env)
     finally:

@@ -19,3 +19,13 @@ def test_the_two_commands_are_make_targets_and_ci_runs_the_test_one():
     assert "\nup:" in makefile and "\ntest:" in makefile
     ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()
     assert ci[-1] == "make test"
+
+
+def test_the_readme_opens_with_a_five_line_quick_start_that_says_what_a_cached_build_saves():
+    opening = README.split("## Prerequisites")[0]
+    assert "## Quick start" in opening
+    block = opening.split("```sh\n", 1)[1].split("```", 1)[0]
+    lines = [line for line in block.splitlines() if line.strip()]
+    assert len(lines) == 5 and lines[0].startswith("git clone") and any(l.startswith("make up") for l in lines)
+    assert "cached llama-server build" in block
+    assert "a cached build skips the compile, about 15 minutes saved" in README

@@ -24,7 +24,7 @@ from rag.store.lexical import LexicalIndex, lexical_tokens
 from rag.clients.rerank import RerankClient
 from rag.answering.retrieval import Retriever, dense_weight_for, fuse, min_max
 from rag.store.chunks import ChunkStore
-from tests.conftest import SHARED_DATA
+from tests.data import CMRC, SQUAD
 
 DIM = 64
 
@@ -370,9 +370,9 @@ async def test_rerank_client_unreachable() -> None:
 # ------------------------------------------------------------------ integration: the real embedding server
 
 
-def sample(name: str, paragraphs: int) -> tuple[dict[str, list[str]], list[tuple[str, str]]]:
+def sample(path: Path, paragraphs: int) -> tuple[dict[str, list[str]], list[tuple[str, str]]]:
     """The first paragraphs of a SQuAD-format set as one-chunk documents, with (question, doc_id) pairs."""
-    raw = json.loads((SHARED_DATA / name).read_text(encoding="utf-8"))
+    raw = json.loads(path.read_text(encoding="utf-8"))
     docs: dict[str, list[str]] = {}
     questions: list[tuple[str, str]] = []
     for article in raw["data"]:
@@ -386,8 +386,9 @@ def sample(name: str, paragraphs: int) -> tuple[dict[str, list[str]], list[tuple
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize(("dataset", "collection"), [("squad-v1.1-dev.json", "squad"), ("cmrc2018-trial.json", "cmrc")])
-async def test_hybrid_search_with_the_real_embedder_and_chroma(embedding_server, tmp_path: Path, dataset: str,
+@pytest.mark.parametrize(("dataset", "collection"), [(SQUAD, "squad"), (CMRC, "cmrc")],
+                         ids=["squad", "cmrc"])
+async def test_hybrid_search_with_the_real_embedder_and_chroma(embedding_server, tmp_path: Path, dataset: Path,
                                                                 collection: str) -> None:
     settings = Settings(data_dir=tmp_path, embed_url=embedding_server.url)
     docs, questions = sample(dataset, 40)

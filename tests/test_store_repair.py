@@ -1,13 +1,17 @@
 """The record, `rag store check` and `rag store repair`: stores damaged on purpose are found out and
-rebuilt from the record with nothing indexed lost; the shared damaged store starts, reports and repairs.
+rebuilt from the record with nothing indexed lost; a store whose Chroma engine crashes when a collection is
+opened starts, reports and repairs (one made here, and, when RAG_TEST_DAMAGED_STORE names its archive, one
+found in the field).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import sqlite3
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,10 +25,13 @@ from rag.store.chunks import ChunkStore
 from rag.store.lexical import LexicalIndex
 from rag.store.probe import probe_chroma
 from rag.store.repair import check_store, reindex_collection, repair_store
-from tests.conftest import SHARED_DATA
 from tests.ingest_helpers import HashEmbedder, census, open_pipeline, paragraph_chunks
 
-DAMAGED_STORE = SHARED_DATA / "chroma-segfault-store.tar.zst"
+# A whole RAG_DATA_DIR as the stack left it after a segfault in Chroma's engine (18 MB, kept outside the
+# repository): `get_collection("default")` crashes chromadb 1.5.9.
+# Read at import: every test runs with the RAG_* variables cleared.
+FIELD_STORE = "RAG_TEST_DAMAGED_STORE"
+FIELD_ARCHIVE = os.environ.get(FIELD_STORE)
 
 
 def _forget_chroma() -> None:
@@ -110,12 +117,20 @@ def _delete_segment_folders(chroma: Path) -> None:
         shutil.rmtree(folder)
 
 
-def _truncate_hnsw(chroma: Path) -> None:
-    for folder in _segment_dirs(chroma):
+def _truncate_hnsw(chroma: Path, collection: str | None = None) -> None:
+    """Cut every HNSW file (or those of one collection) to a third: opening the collection then crashes Chroma."""
+    for folder in _segment_dirs(chroma) if collection is None else [chroma / _vector_segment(chroma, collection)]:
         for name in ("data_level0.bin", "link_lists.bin", "header.bin"):
             path = folder / name
             if path.exists():
                 path.write_bytes(path.read_bytes()[: max(1, path.stat().st_size // 3)])
+
+
+def _vector_segment(chroma: Path, collection: str) -> str:
+    with sqlite3.connect(f"file:{chroma / 'chroma.sqlite3'}?mode=ro", uri=True) as db:
+        row = db.execute("SELECT s.id FROM segments s JOIN collections c ON s.collection = c.id "
+                         "WHERE c.name = ? AND s.scope = 'VECTOR'", (collection,)).fetchone()
+    return str(row[0])
 
 
 def _drop_rows(chroma: Path) -> None:
@@ -187,43 +202,96 @@ def test_another_embedder_is_refused_with_the_reindex_command(built, tmp_path: P
     assert census(settings.data_dir, "alpha", pipeline.store).consistent()
 
 
-# The shared damaged store.
+# A store whose Chroma engine crashes when one collection is opened.
 
 
-@pytest.fixture
-def damaged_store(tmp_path: Path) -> Path:
-    if not DAMAGED_STORE.exists() or shutil.which("zstd") is None and shutil.which("unzstd") is None:
-        pytest.skip(f"{DAMAGED_STORE} is not here")
-    subprocess.run(["tar", "--zstd", "-xf", str(DAMAGED_STORE), "-C", str(tmp_path)], check=True)
-    return tmp_path / "chroma-segfault-store"
+@dataclass(frozen=True)
+class CrashingStore:
+    data_dir: Path
+    damaged: str  # the collection that crashes Chroma
+    healthy: str  # one that still opens
+    healthy_vectors: int
 
 
-def test_the_shared_damaged_store_is_probed_without_crashing(damaged_store: Path) -> None:
-    probe = probe_chroma(damaged_store / "chroma")
-    assert "default" in probe.damaged and "signal" in probe.damaged["default"]
-    assert probe.counts["killtest"] == 2412
+@pytest.fixture(scope="module")
+def crashing_store_made_here(tmp_path_factory: pytest.TempPathFactory, embedding_server) -> Path:
+    """A store written by the pipeline with the real embedder, then its `default` collection's HNSW files cut
+    short: opening that collection kills Chroma's engine with a segfault, as in the store from the field."""
+    from rag.clients.embedding import EmbeddingClient
+
+    root = tmp_path_factory.mktemp("crashing")
+    settings = Settings(data_dir=root / "data", embed_url=embedding_server.url, embed_batch=64)
+    folder = root / "in"
+    folder.mkdir()
+    sources = []
+    for i in range(32):  # default: 1,120 chunks (past the sync threshold: HNSW files on disk); other: 160
+        path = folder / f"f{i}.txt"
+        path.write_text("\n\n".join(f"File {i}, paragraph {j}: a note about topic {i}-{j}." for j in range(40)))
+        sources.append(SourceFile(path, str(path), path.name))
+
+    async def build() -> None:
+        embedder = EmbeddingClient(settings.embed_url, model=settings.embed_model)
+        pipeline = open_pipeline(settings, embedder, paragraph_chunks)
+        try:
+            await pipeline.run(sources[:28], "default")
+            await pipeline.run(sources[28:], "other")
+        finally:
+            await embedder.aclose()
+            pipeline.lexical.close()
+            pipeline.catalog.close()
+            pipeline.lease.release()
+
+    asyncio.run(build())
+    _forget_chroma()
+    _truncate_hnsw(settings.chroma_path, "default")
+    return settings.data_dir
+
+
+@pytest.fixture(params=["made here", "from the field"])
+def damaged_store(request: pytest.FixtureRequest, tmp_path: Path) -> CrashingStore:
+    if request.param == "made here":
+        shutil.copytree(request.getfixturevalue("crashing_store_made_here"), tmp_path / "store")
+        return CrashingStore(tmp_path / "store", "default", "other", 160)
+    if not FIELD_ARCHIVE:
+        pytest.skip(f"set {FIELD_STORE}=/path/to/chroma-segfault-store.tar.zst (18 MB, a store damaged in the "
+                    "field, kept outside the repository) to run this test on it too")
+    if shutil.which("zstd") is None and shutil.which("unzstd") is None:
+        pytest.skip("zstd is not installed: apt-get install zstd")
+    subprocess.run(["tar", "--zstd", "-xf", FIELD_ARCHIVE, "-C", str(tmp_path)], check=True)
+    return CrashingStore(tmp_path / "chroma-segfault-store", "default", "killtest", 2412)
 
 
 @pytest.mark.integration
-def test_the_api_starts_on_the_shared_damaged_store_and_reports_it(damaged_store: Path, ingest_settings: Settings) -> None:
-    settings = ingest_settings.model_copy(update={"data_dir": damaged_store})
+def test_a_store_that_crashes_chroma_is_probed_without_crashing(damaged_store: CrashingStore) -> None:
+    probe = probe_chroma(damaged_store.data_dir / "chroma")
+    assert damaged_store.damaged in probe.damaged and "signal" in probe.damaged[damaged_store.damaged], probe
+    assert probe.counts[damaged_store.healthy] == damaged_store.healthy_vectors
+
+
+@pytest.mark.integration
+def test_the_api_starts_on_a_store_that_crashes_chroma_and_reports_it(damaged_store: CrashingStore,
+                                                                      ingest_settings: Settings) -> None:
+    settings = ingest_settings.model_copy(update={"data_dir": damaged_store.data_dir})
     with TestClient(__import__("rag.api.app", fromlist=["create_app"]).create_app(settings), base_url="http://127.0.0.1") as client:
         store = client.get("/health").json()["backends"]["store"]
-        assert store["state"] == "damaged" and "default" in store["problems"]
+        assert store["state"] == "damaged" and damaged_store.damaged in store["problems"]
         assert "rag store repair" in store["fix"]
-        refused = client.post("/v1/documents", files={"files": ("a.txt", b"Some words to index.")})
+        refused = client.post("/v1/documents", data={"collection": damaged_store.damaged},
+                              files={"files": ("a.txt", b"Some words to index.")})
         assert refused.status_code == 503 and "rag store repair" in refused.json()["error"]["message"]
         assert "retry-after" not in refused.headers  # it never clears by itself
-        fine = client.post("/v1/documents", data={"collection": "killtest"}, files={"files": ("b.txt", b"Other words here.")})
+        fine = client.post("/v1/documents", data={"collection": damaged_store.healthy},
+                           files={"files": ("b.txt", b"Other words here.")})
         assert fine.status_code == 200, fine.text
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(2400)  # ~3 min idle; 3,035 chunks embedded on a busy 2-core machine took 15 min
-def test_rag_store_repair_restores_every_indexed_document_of_the_shared_store(
-    damaged_store: Path, embedding_server, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.timeout(2400)  # the field's store: ~3 min idle; its 3,035 chunks embedded on a busy 2-core machine took 15 min
+def test_rag_store_repair_restores_every_indexed_document(
+    damaged_store: CrashingStore, embedding_server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Slow: the damaged collection's 3,035 chunks predate the record's vectors and are embedded again."""
+    """The store made here takes every vector from the record; the field's is slow: its damaged collection's
+    3,035 chunks predate the record's vectors and are embedded again."""
     from collections import Counter
 
     from click.testing import CliRunner
@@ -232,7 +300,8 @@ def test_rag_store_repair_restores_every_indexed_document_of_the_shared_store(
     from rag.core.config import get_settings
     from rag.store.catalog import DocumentCatalog
 
-    monkeypatch.setenv("RAG_DATA_DIR", str(damaged_store))
+    data_dir = damaged_store.data_dir
+    monkeypatch.setenv("RAG_DATA_DIR", str(data_dir))
     monkeypatch.setenv("RAG_EMBED_URL", embedding_server.url)
     get_settings.cache_clear()
     try:
@@ -244,16 +313,16 @@ def test_rag_store_repair_restores_every_indexed_document_of_the_shared_store(
         settings = get_settings()
     finally:
         get_settings.cache_clear()
-    catalog = DocumentCatalog(damaged_store / "catalog.sqlite")
+    catalog = DocumentCatalog(data_dir / "catalog.sqlite")
     store = ChunkStore.open(settings)
-    lexical = LexicalIndex(damaged_store / "lexical.sqlite")
+    lexical = LexicalIndex(data_dir / "lexical.sqlite")
     try:
-        for name in ("default", "killtest"):
+        for name in (damaged_store.damaged, damaged_store.healthy):
             held = Counter(m["doc_id"] for m in store.collection(name).get(include=["metadatas"])["metadatas"])
             assert held == Counter(catalog.indexed_chunks(name))  # every indexed document, every chunk
         # 50 questions: the rebuilt index's top 10 are the exact top 10 over the record's vectors (in
         # the same order, up to chunks whose scores tie within float32 rounding).
-        rows = [r for batch in lexical.records("default") for r in batch]
+        rows = [r for batch in lexical.records(damaged_store.damaged) for r in batch]
         position = {r[0]: i for i, r in enumerate(rows)}
         matrix = np.asarray([r[4] for r in rows], dtype=np.float32)
         matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)  # cosine space: Chroma normalizes too
@@ -262,8 +331,49 @@ def test_rag_store_repair_restores_every_indexed_document_of_the_shared_store(
             query /= np.linalg.norm(query)
             scores = matrix @ query
             exact = np.sort(scores)[::-1][:10]
-            found = [scores[position[h.id]] for h in store.query("default", query.tolist(), 10)]
+            found = [scores[position[h.id]] for h in store.query(damaged_store.damaged, query.tolist(), 10)]
             assert np.allclose(found, exact, atol=1e-5), (found, exact)
     finally:
         lexical.close()
         catalog.close()
+
+
+@pytest.mark.integration
+def test_repair_starts_its_own_embedding_server_when_none_answers(
+    ingest_settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks that lost their vectors with Chroma gone: nothing running, the repair embeds them itself."""
+    from click.testing import CliRunner
+
+    from rag.cli import cli
+    from rag.clients.embedding import EmbeddingClient
+    from rag.core.config import get_settings
+    from tests.servers import free_port
+
+    pipeline = open_pipeline(ingest_settings, EmbeddingClient(ingest_settings.embed_url, model=ingest_settings.embed_model))
+    path = tmp_path / "keeper.txt"
+    path.write_text("The lighthouse keeper lives on Skerry Island. She lights the lamp at dusk.\n\nSupplies come on Tuesdays.")
+    assert asyncio.run(pipeline.run([SourceFile(path, str(path), path.name)], "default"))[0].status == "indexed"
+    pipeline.lexical.close()
+    pipeline.catalog.close()
+    pipeline.lease.release()
+    _forget_chroma()
+    with sqlite3.connect(ingest_settings.data_dir / "lexical.sqlite") as db:
+        db.execute("UPDATE chunks SET vector = NULL")  # as in a record written before it kept vectors
+    shutil.rmtree(ingest_settings.chroma_path)
+
+    monkeypatch.setenv("RAG_DATA_DIR", str(ingest_settings.data_dir))
+    monkeypatch.setenv("RAG_EMBED_URL", f"http://127.0.0.1:{free_port()}")  # nothing answers there
+    get_settings.cache_clear()
+    try:
+        check = CliRunner().invoke(cli, ["store", "check"])
+        assert check.exit_code == 1 and "fix: run `rag store repair`" in check.output
+        assert "stop the API" not in check.output  # the check holds the store: no API runs on it
+        result = CliRunner().invoke(cli, ["store", "repair"])
+        assert result.exit_code == 0, result.output
+        assert "starting one for this run" in result.output and "vectors in Chroma" in result.output
+        assert (ingest_settings.data_dir / "logs" / "store-repair-embedder.log").exists()
+        after = CliRunner().invoke(cli, ["store", "check"])
+        assert after.exit_code == 0 and "consistent" in after.output, after.output
+    finally:
+        get_settings.cache_clear()

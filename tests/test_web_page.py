@@ -341,8 +341,9 @@ def test_dropped_files_upload_one_by_one_with_reasons_empty_collection_and_delet
         expect(row).to_have_attribute("data-status", "failed", timeout=UPLOAD_TIMEOUT_MS)
         expect(row.locator(".upload-status")).to_contain_text(reason)
         expect(row.locator(".upload-status")).to_contain_text(f"HTTP {status}")
-        # A failed file stays listed with its reason, and can be deleted.
-        expect(page.locator("#documents li", has_text=name)).to_contain_text(reason)
+        # A failed file is listed apart from the documents, with its reason, and can be deleted.
+        expect(page.locator("#failures li", has_text=name)).to_contain_text(reason)
+        expect(page.locator("#documents li", has_text=name)).to_have_count(0)
     notes_row = rows.filter(has_text="shelf-notes.txt")
     expect(notes_row).to_have_attribute("data-status", "indexed", timeout=UPLOAD_TIMEOUT_MS)
     expect(notes_row.locator(".upload-status")).to_contain_text("Indexed")
@@ -692,9 +693,160 @@ MARKDOWN_CASES = [
 @pytest.mark.parametrize(("markdown", "html"), MARKDOWN_CASES)
 def test_markdown_renderer_builds_nodes_from_text(static_page, markdown, html):
     rendered = static_page.evaluate("""async (text) => {
+        await (await import("/static/i18n.js")).useLanguage("en");
         const { renderMarkdown } = await import("/static/markdown.js");
         const box = document.createElement("div");
         box.append(renderMarkdown(text, (id) => Object.assign(document.createElement("a"), { textContent: id })));
         return box.innerHTML;
     }""", markdown)
     assert rendered == html
+
+
+# The page in Chinese and English: every string from static/locales/<lang>.json.
+LOCALES = Path(__file__).resolve().parent.parent / "rag" / "api" / "static" / "locales"
+CHANGCHENG = "长城是中国古代的军事防御工程。长城东起山海关，西至嘉峪关。长城的修建持续了两千多年。\n"
+
+
+def _locale(name: str) -> dict[str, Any]:
+    return json.loads((LOCALES / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def _plain(value: Any) -> list[str]:
+    return list(value.values()) if isinstance(value, dict) else [value]
+
+
+def test_every_string_the_page_uses_is_in_both_locales():
+    static = LOCALES.parent
+    used = set()
+    for path in static.glob("*.js"):
+        used |= set(re.findall(r'\bt\("([\w.]+)"', path.read_text()))
+        used |= {f"{m}" for m in re.findall(r'"((?:chat|budget|source)\.[\w]+)"', path.read_text())}
+    html = (static / "index.html").read_text()
+    used |= set(re.findall(r'data-i18n(?:-[\w-]+)?="([\w.]+)"', html))
+    en, zh = _locale("en"), _locale("zh-CN")
+    assert set(en) == set(zh), "the two locales hold the same keys"
+    assert sorted(used - set(en)) == []
+    # index.html holds no text of its own: what it shows comes from the locale files.
+    text = re.sub(r"<(script|style)[^>]*>.*?</\1>", "", html, flags=re.S)
+    assert re.findall(r">\s*([^<\s][^<]*?)\s*<", text) == []
+
+
+@integration
+def test_a_chinese_browser_gets_the_page_in_chinese_and_answers_in_chinese(browser, api, tmp_path):
+    context = browser.new_context(viewport={"width": 1280, "height": 860}, locale="zh-CN")
+    context.set_default_timeout(15_000)
+    try:
+        page, errors = open_page(context, api)
+        zh, en = _locale("zh-CN"), _locale("en")
+        expect(page.locator("html")).to_have_attribute("lang", "zh-CN")
+        expect(page.locator("h1")).to_have_text(zh["page.title"])
+        expect(page.locator("#send")).to_have_text(zh["chat.send"])
+        expect(page.locator("#health")).to_contain_text(zh["health.ready"])
+        doc = tmp_path / "changcheng.txt"
+        doc.write_text(CHANGCHENG, encoding="utf-8")
+        expect(upload(page, doc).locator(".upload-status")).to_have_text(re.compile("^已索引：\\d+ 个文本块。$"))
+
+        answer = ask(page, "长城东起哪里？")
+        wait_finished(answer)
+        expect(answer).to_have_attribute("data-state", "done")
+        expect(answer.locator(".sources summary")).to_contain_text("来源（1）")
+        expect(answer.locator(".role")).to_have_text(zh["chat.assistant"])
+
+        off_topic = ask(page, "如何制作萨赫蛋糕？")
+        wait_finished(off_topic)
+        expect(off_topic.locator(".answer")).to_contain_text("我在集合“default”的文档中没有找到")
+        expect(off_topic.locator(".sources summary")).to_contain_text(zh["chat.noSources"])
+        page.screenshot(path="/tmp/rag-page-zh-CN.png", full_page=True)
+
+        # No English message of the page is left on the Chinese page.
+        shown = page.evaluate("document.body.innerText")
+        english = {v.split("{")[0].strip() for k, value in en.items() for v in _plain(value)
+                   if k not in ("list.separator", "list.comma", "chat.default")  # "default" is also the collection
+                   and not k.startswith(("bytes.", "reason."))}
+        left = sorted(e for e in english if len(e) > 3 and e in shown and e not in {v for z in zh.values() for v in _plain(z)})
+        assert left == []
+
+        page.select_option("#language", "en")
+        expect(page.locator("h1")).to_have_text(en["page.title"])
+        expect(page.locator("html")).to_have_attribute("lang", "en")
+        page.reload()
+        expect(page.locator("#send")).to_have_text(en["chat.send"])  # the switch is remembered
+        assert page.evaluate("localStorage.getItem('rag.language')") == "en"
+        assert not errors
+    finally:
+        context.close()
+
+
+@integration
+def test_an_english_browser_gets_english_and_the_switch_turns_the_page_chinese(browser, api):
+    context = browser.new_context(viewport={"width": 1280, "height": 860}, locale="en-US")
+    context.set_default_timeout(15_000)
+    try:
+        page, errors = open_page(context, api)
+        en, zh = _locale("en"), _locale("zh-CN")
+        expect(page.locator("h1")).to_have_text(en["page.title"])
+        expect(page.locator("#documents-empty")).to_have_text(en["library.empty"].format(collection="default"))
+        page.screenshot(path="/tmp/rag-page-en.png", full_page=True)
+        page.select_option("#language", "zh-CN")
+        expect(page.locator("#documents-empty")).to_have_text(zh["library.empty"].format(collection="default"))
+        expect(page.locator("#question")).to_have_attribute("placeholder", zh["chat.questionPlaceholder"])
+        page.reload()
+        expect(page.locator("#chat-title")).to_have_text(zh["chat.title"])
+        assert not errors
+    finally:
+        context.close()
+
+
+@integration
+def test_every_count_of_a_store_agrees_failures_apart_and_one_content_under_two_names(
+    context: Any, backend_env: dict[str, str], tmp_path: Path,
+):
+    """`ingest --json`, `/v1/documents`, `/v1/collections`, the page and `rag store check` count alike."""
+    import subprocess
+    import sys
+
+    from tests.servers import free_port
+
+    backend_env = {**backend_env, "RAG_API_PORT": str(free_port())}  # no API found there: ingest opens the store
+    folder = tmp_path / "shelf"
+    folder.mkdir()
+    (folder / "notes.txt").write_text(LIGHTHOUSE)
+    (folder / "other.md").write_text("# Tides\n\nThe tide turns twice a day at Skerry Island.\n")
+    (folder / "random.bin").write_bytes(bytes(range(256)) * 64)
+    (folder / "blank.txt").write_text("   \n")
+    ingest = [sys.executable, "-m", "ingest.cli", str(folder), "--json"]
+    local = subprocess.run(ingest, env=backend_env, capture_output=True, text=True, timeout=300)  # no API: local
+    assert local.returncode == 1 and json.loads(local.stdout)["files"]["failed"] == 2, local.stderr
+    expected = {"documents": 2, "failed": 2}
+    assert {k: json.loads(local.stdout)[f"collection_{k}"] for k in expected} == expected
+
+    server = start_api(tmp_path, backend_env)
+    try:
+        # The same bytes under the upload's own name: one more name, not one more document.
+        sent = httpx.post(f"{server.url}/v1/documents", files={"files": ("notes-copy.txt", LIGHTHOUSE.encode())}, timeout=120)
+        assert sent.json()["results"][0]["status"] == "unchanged"
+        via_api = subprocess.run(ingest, env={**backend_env, "RAG_INGEST_SERVER": server.url}, capture_output=True,
+                                 text=True, timeout=300)
+        assert {k: json.loads(via_api.stdout)[f"collection_{k}"] for k in expected} == expected, via_api.stderr
+        listing = httpx.get(f"{server.url}/v1/documents", timeout=30).json()
+        assert {"documents": listing["total"], "failed": listing["failed"]} == expected
+        (collection,) = httpx.get(f"{server.url}/v1/collections", timeout=30).json()["collections"]
+        assert collection == {"name": "default", **expected}
+        notes = next(d for d in listing["documents"] if d["source"] == "notes.txt")
+        assert [n["source"] for n in notes["names"]] == ["notes.txt", "notes-copy.txt"]
+
+        page, errors = open_page(context, server)
+        expect(page.locator("#collection option", has_text="default")).to_have_text("default (2 documents)")
+        expect(page.locator("#documents-count")).to_have_text("2 documents in “default”")
+        expect(page.locator("#documents li")).to_have_count(2)
+        expect(page.locator("#documents li", has_text="notes.txt")).to_contain_text("also named notes-copy.txt")
+        expect(page.locator("#failures-count")).to_have_text("2 failed files in “default”")
+        expect(page.locator("#failures li")).to_have_count(2)
+        assert not errors
+    finally:
+        server.stop()
+
+    check = subprocess.run([sys.executable, "-m", "rag.cli", "store", "check", "--json"], env=backend_env,
+                           capture_output=True, text=True, timeout=300)
+    (checked,) = json.loads(check.stdout)["collections"]
+    assert {"documents": checked["documents"], "failed": checked["failed"]} == expected, check.stderr

@@ -18,7 +18,7 @@ _ANSI = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|
 # invisible format character (zero-width spaces and joiners, bidi marks, the BOM, the soft hyphen).
 _VISIBLE = re.compile(r"[^\s\u00ad\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff]")
 # nroff's overstrike: bold "X\bX" and underline "_\bX" keep the last character.
-_OVERSTRIKE = re.compile(r".\x08(?=.)", re.S)
+_OVERSTRIKE = re.compile(r".\x08(?=.)", re.DOTALL)
 
 
 def clean(text: str) -> str:
@@ -47,8 +47,9 @@ class DocumentBuilder:
         self._page: int | None = None
         self._start: int | None = None
         self._has_body = False
-        self._boxes: list[TextBox] = []
-        self._spans: list[tuple[int, int, int | None, tuple[str, ...], tuple[TextBox, ...]]] = []
+        self._boxes: list[TextBox] = []  # of the open section, in document offsets
+        self._header_end: int | None = None
+        self._spans: list[tuple[int, int, int | None, tuple[str, ...], tuple[TextBox, ...], int | None]] = []
 
     def heading(self, title: str, level: int, raw: str | None = None, sep: str = "\n\n") -> None:
         """A heading of `level` (smaller is higher); `raw` is the text to append if not the title itself."""
@@ -62,18 +63,32 @@ class DocumentBuilder:
         self._mark(self._append(title if raw is None else raw, sep))
 
     def block(self, text: str, sep: str = "\n\n", boxes: Sequence[TextBox] = ()) -> None:
-        """A run of body text; `sep` joins it to what came before. `boxes` place parts of it on the page,
-        their offsets relative to `text` (which must then be clean already, so that they stay true)."""
+        """A run of body text; `sep` joins it to what came before. `boxes` place it on its page, with
+        offsets into `text` (which must then be clean already: `clean` would move them)."""
         cleaned = clean(text)
         if boxes and cleaned != text:
-            raise ValueError("a block with boxes must be clean text")
+            raise ValueError("a block with boxes must be clean text (offsets would move)")
         if not cleaned:
             return
         start = self._append(cleaned, sep)
         if cleaned.strip():
             self._mark(start)
             self._has_body = True
-        self._boxes += [replace(box, start=box.start + start, end=box.end + start) for box in boxes]
+            self._boxes.extend(replace(b, start=b.start + start, end=b.end + start) for b in boxes)
+
+    def table(self, text: str, header: str, boxes: Sequence[TextBox] = ()) -> None:
+        """A table as a section of its own: `text` is clean markdown starting with `header` (its caption
+        and header row: see `ingest.loaders.tables`), `boxes` as in `block`."""
+        if clean(text) != text:
+            raise ValueError("a table's markdown must be clean text")
+        if self._has_body:
+            self._close()
+        if not text.strip():
+            return
+        self.block(text, boxes=boxes)
+        # Heading lines just before the table open its section: they are part of what each chunk repeats.
+        self._header_end = self._length - len(text) + len(header) if text.startswith(header) and header else None
+        self._close()
 
     def page(self, number: int) -> None:
         """Start page `number` (1-based): no section crosses a page boundary."""
@@ -105,17 +120,23 @@ class DocumentBuilder:
     def _close(self) -> None:
         if self._start is not None:
             headings = tuple(title for _, title in self._path)
-            self._spans.append((self._start, self._length, self._page, headings, tuple(self._boxes)))
-        self._boxes = []
+            self._spans.append((self._start, self._length, self._page, headings, tuple(self._boxes), self._header_end))
         self._start = None
         self._has_body = False
+        self._boxes = []
+        self._header_end = None
 
     @staticmethod
     def _section(
-        text: str, start: int, end: int, page: int | None, headings: tuple[str, ...], boxes: tuple[TextBox, ...]
+        text: str, start: int, end: int, page: int | None, headings: tuple[str, ...], boxes: tuple[TextBox, ...],
+        header_end: int | None,
     ) -> Section:
         span = text[start:end]
         stripped = span.lstrip()
         start += len(span) - len(stripped)
         stripped = stripped.rstrip()
-        return Section(text=stripped, start=start, end=start + len(stripped), page=page, headings=headings, boxes=boxes)
+        end = start + len(stripped)
+        table_header = text[start:header_end] if header_end is not None and start < header_end <= end else ""
+        boxes = tuple(b for b in boxes if b.start < end and b.end > start)
+        return Section(text=stripped, start=start, end=end, page=page, headings=headings, boxes=boxes,
+                       table_header=table_header)

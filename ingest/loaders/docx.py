@@ -28,12 +28,14 @@ from rag.core.errors import DocumentRejected
 
 from ..models import DocKind, LoadedDocument
 from ._builder import DocumentBuilder, clean
+from .tables import markdown_table
 
 MAX_MEMBERS = 10_000
 _STEP = 1 << 20  # bytes of output per inflate step
 _LOCAL_HEADER = struct.Struct("<4s22xHH")
 _XML_NAMES = (".xml", ".rels")
 _HEADING_STYLE = re.compile(r"(?:heading|标题)\s*([1-9])", re.I)
+_CAPTION = re.compile(r"(?:table|tab\.|表)\s*\d", re.I)
 
 
 def load_docx(data: bytes, name: str, max_inflated: int) -> LoadedDocument:
@@ -45,16 +47,25 @@ def load_docx(data: bytes, name: str, max_inflated: int) -> LoadedDocument:
         raise DocumentRejected(f"{name} is not a readable DOCX ({type(exc).__name__}: {exc})") from exc
     levels = _heading_levels(document)
     builder = DocumentBuilder()
+    caption = ""  # a caption paragraph waits: it names the table that follows it
     for block in document.iter_inner_content():
         if isinstance(block, Paragraph):
+            builder.block(caption)
+            caption = ""
             text = clean(block.text).strip()
             level = levels.get(block._p.style or "")
             if level is not None and text:
                 builder.heading(text, level)
+            elif _is_caption(block, text):
+                caption = text
             else:
                 builder.block(text)
         elif isinstance(block, Table):
-            builder.block(_table_text(block))
+            table = markdown_table(_table_rows(block), caption=caption or None)
+            caption = ""
+            if table is not None:
+                builder.table(table.text, table.header)
+    builder.block(caption)
     title = (document.core_properties.title or "").strip() or None
     return builder.build(name, DocKind.DOCX, title=title)
 
@@ -83,18 +94,23 @@ def _outline_level(element: object) -> int | None:
     return int(value) + 1 if value.isdigit() and int(value) < 9 else None
 
 
-def _table_text(table: Table) -> str:
+def _is_caption(paragraph: Paragraph, text: str) -> bool:
+    """Word's Caption style, or a short line that starts like one ("Table 3", "表 3")."""
+    style = paragraph.style.name if paragraph.style is not None else ""
+    return bool(text) and len(text) <= 160 and ((style or "").lower() == "caption" or _CAPTION.match(text) is not None)
+
+
+def _table_rows(table: Table) -> list[list[str]]:
+    """The table's rows of cell texts; the first row is taken as its header."""
     rows = []
     for row in table.rows:
         cells, seen = [], set()
         for cell in row.cells:
-            if id(cell._tc) in seen:
-                continue  # a merged cell appears once per grid column it spans
+            # A merged cell appears once per grid column it spans: its text once, the columns kept.
+            cells.append("" if id(cell._tc) in seen else " ".join(clean(cell.text).split()))
             seen.add(id(cell._tc))
-            cells.append(" ".join(clean(cell.text).split()))
-        if any(cells):
-            rows.append(" | ".join(cells))
-    return "\n".join(rows)
+        rows.append(cells)
+    return rows
 
 
 def check_archive(data: bytes, name: str, max_inflated: int) -> None:
@@ -121,7 +137,8 @@ def _inflate_member(data: bytes, member: zipfile.ZipInfo, name: str, budget: int
     inflater = zlib.decompressobj(-zlib.MAX_WBITS) if member.compress_type == zipfile.ZIP_DEFLATED else None
     parser = _XmlCheck(member.filename) if _maybe_xml(member.filename) else None
     total = 0
-    pending = raw
+    out: bytes | memoryview
+    pending: bytes | memoryview = raw
     while True:
         if inflater is None:
             out, pending = pending[:_STEP], pending[_STEP:]
@@ -139,7 +156,7 @@ def _inflate_member(data: bytes, member: zipfile.ZipInfo, name: str, budget: int
         if total > budget:
             raise DocumentRejected(f"{name} is a zip bomb: it inflates past the {budget:,}-byte limit")
         if parser is not None:
-            parser.feed(out, name)
+            parser.feed(bytes(out), name)  # a stored member's slices are views of the file
         if not out and not pending:
             break
     if total != member.file_size:
@@ -216,7 +233,7 @@ def _refusing_parser() -> Any:
     def entity(name: str, *args: Any) -> None:
         raise defusedxml.EntitiesForbidden(name, None, None, None, None, None)
 
-    def external(context: str, base: str | None, sysid: str | None, pubid: str | None) -> None:
+    def external(context: str, base: str | None, sysid: str | None, pubid: str | None) -> int:
         raise defusedxml.ExternalReferenceForbidden(context, base, sysid, pubid)
 
     parser = expat.ParserCreate()

@@ -35,6 +35,7 @@ from ..detect import decode_text
 from ..models import DocKind, LoadedDocument
 from .css import hides, hiding_selectors, text_color
 from ._builder import DocumentBuilder, clean
+from .tables import MarkdownTable, markdown_table
 
 _SKIP = {
     "script", "style", "template", "noscript", "head", "title", "meta", "link", "base",
@@ -221,7 +222,7 @@ class _Walker:
             furniture = tag in _BLOCKS and node is not root and self.rules.furniture(node)  # not inline: <b class=header>
             if not frame.in_content and (tag in _CHROME or furniture):
                 continue
-            if self._enter(node, tag):
+            if self._enter(node, tag or ""):  # an element node has a tag
                 frame.leaving = True
                 stack.append(frame)
                 children = []
@@ -243,6 +244,11 @@ class _Walker:
                 self.builder.heading(title, int(heading.group(1)))
                 self.last_tight = False
             return False
+        if tag == "table" and (table := html_table(node, self.rules)) is not None:
+            self._flush()
+            self.builder.table(table.text, table.header)
+            self.last_tight = False
+            return False
         if tag == "pre":
             self._flush()
             self._emit(clean(node.text(deep=True)).strip("\n"), tight=False)
@@ -256,7 +262,7 @@ class _Walker:
             self._flush()
         return True
 
-    def _leave(self, tag: str) -> None:
+    def _leave(self, tag: str | None) -> None:
         if tag in _BLOCKS and tag not in ("td", "th"):
             self._flush(tight=tag in _TIGHT)
             if tag not in _TIGHT:
@@ -275,3 +281,23 @@ class _Walker:
         if text:
             self.builder.block(text, sep="\n" if tight and self.last_tight else "\n\n")
             self.last_tight = tight
+
+
+# Tables.
+
+
+def html_table(node: LexborNode, rules: _PageRules) -> MarkdownTable | None:
+    """A data table as markdown (its `<caption>`, then its rows, the first as header); None for a layout
+    table (nested tables, or fewer than two rows of two cells), which is walked as blocks instead."""
+    if len(node.css("table")) > 1:  # the selector matches the node itself too
+        return None
+    rows = []
+    for tr in node.css("tr"):
+        if rules.hidden(tr, None):
+            continue
+        cells = [c for c in tr.iter() if c.tag in ("td", "th")]
+        rows.append([_collapse(c.text(deep=True, separator=" ")) for c in cells if not rules.hidden(c, None)])
+    if sum(1 for row in rows if len(row) >= 2) < 2:
+        return None
+    caption = node.css_first("caption")
+    return markdown_table(rows, caption=_collapse(caption.text(deep=True, separator=" ")) if caption is not None else None)

@@ -49,6 +49,7 @@ def load_image(
 
 
 def _open(data: bytes, name: str) -> Image.Image:
+    image: Image.Image
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # _check_size refuses it, by name

@@ -22,6 +22,7 @@ from rag.core.errors import DocumentRejected
 from ..models import DocKind, LoadedDocument
 from ._builder import DocumentBuilder, clean
 from .ocr import MAX_SIDE, OcrFn, add_ocr_page
+from .pdf_layout import TableState, add_text_page
 
 _BLANK_LINES = re.compile(r"\n[ \t]*\n(?:[ \t]*\n)+")
 _MAX_OUTLINE_DEPTH = 8
@@ -57,9 +58,11 @@ def load_pdf(
         if exc.err_code == pdfium_c.FPDF_ERR_PASSWORD:
             raise DocumentRejected(f"{name} is not a readable PDF (damaged, or without pages)") from exc
         raise DocumentRejected(f"{name} is not a readable PDF ({exc})") from exc
+    tables = TableState(data=data)
     try:
-        return _extract(pdf, name, max_pages, _OcrPlan(ocr, max_ocr_pages, ocr_dpi, min_confidence))
+        return _extract(pdf, name, max_pages, _OcrPlan(ocr, max_ocr_pages, ocr_dpi, min_confidence), tables)
     finally:
+        tables.close()
         pdf.close()
 
 
@@ -71,7 +74,7 @@ class _OcrPlan:
     min_confidence: float
 
 
-def _extract(pdf: pdfium.PdfDocument, name: str, max_pages: int, plan: _OcrPlan) -> LoadedDocument:
+def _extract(pdf: pdfium.PdfDocument, name: str, max_pages: int, plan: _OcrPlan, tables: TableState) -> LoadedDocument:
     n_pages = len(pdf)
     if n_pages == 0:
         raise DocumentRejected(f"{name} is a PDF without pages")
@@ -97,11 +100,11 @@ def _extract(pdf: pdfium.PdfDocument, name: str, max_pages: int, plan: _OcrPlan)
             builder.heading(title, level, raw="", sep="")
         if index in scanned and plan.ocr is not None:
             notes += add_ocr_page(builder, index + 1, _render(pdf, index, plan.dpi), plan.ocr, plan.min_confidence)
-        else:
-            builder.block(texts[index])
-    title = pdf.get_metadata_value("Title").strip() or None
+        else:  # the text layer, with its tables as tables and its lines' boxes
+            add_text_page(builder, pdf, index, tables)
+    doc_title = pdf.get_metadata_value("Title").strip() or None
     try:
-        return builder.build(name, DocKind.PDF, title=title, pages=n_pages, warnings=tuple(notes))
+        return builder.build(name, DocKind.PDF, title=doc_title, pages=n_pages, warnings=tuple(notes))
     except DocumentRejected:
         how = "nor text that OCR could read" if scanned else "and no scanned pages to read by OCR"
         raise DocumentRejected(f"{name} has no extractable text: no text layer on its {n_pages} page(s), {how}") from None

@@ -2,17 +2,18 @@
 
 `Answerer.start()` does everything that can fail with a clean HTTP status before a response begins
 (bad request, question too long, embedder or llama-server down, queue full); it returns an `Answer`
-holding a generation slot. `Answer.events()` then yields the answer as events:
+holding a generation slot. `Answer.events()` then yields the answer as typed events
+(rag.answering.events):
 
-    sources, budget, token*, citations, done
+    Sources, Budget, Token*, Citations, Done
 
 and raises a RagError if generation fails midway (the routes turn it into an `error` event). If
 llama-server rejects the prompt as over its context (its n_ctx changed since we read /props), the
 prompt is packed again with the server's own numbers and sent once more; fresh `sources` and `budget`
 events then precede the first token, and a client keeps the last ones.
 
-No good sources (empty collection, nothing retrieved at or above min_score, or no chunk fits): the
-model is not called. A fixed answer says that the documents do not cover the question and cites
+No good sources (empty collection, nothing retrieved at or above min_score, the best chunk under the
+relevance floor -- `not_relevant` --, or no chunk fits): the model is not called. A fixed answer says that the documents do not cover the question and cites
 nothing. A small model asked to answer "from no sources" still invents; a fixed reply cannot, costs
 no generation slot, and reads the same in every language of the UI.
 """
@@ -23,23 +24,35 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import anyio
 
 from rag.answering.budget import Candidate, PackedPrompt, PromptBudget
-from rag.answering.citations import attribute, check_citations, citation_entries
+from rag.answering.citations import citations_event
+from rag.answering.events import (
+    Budget, Citations, Done, Dropped, Event, NoSourcesDone, NoSourcesReason, SourceEntry, Sources, Token,
+)
 from rag.answering.followup import SearchQuery, search_query
+from rag.answering.gate import GenerationGate, Permit
+from rag.answering.prompt import (
+    COMPLETION_EXAMPLE_ANSWERS,
+    COMPLETION_EXAMPLES,
+    COMPLETION_STOP,
+    ChatStyle,
+    CompletionStyle,
+    Message,
+    PromptStyle,
+    choose_style,
+    no_sources_answer,
+)
+from rag.answering.no_answer import ANSWER_LINE_GRAMMAR, no_answer_text, usable
 from rag.answering.retrieval import relevance, relevance_floor
+from rag.clients.llm import LlamaServerClient, ServerProps, StreamDelta, StreamEnd
 from rag.core.config import Settings
 from rag.core.errors import BackendUnavailable, ContextOverflow, InvalidRequest, LLMUnavailable, RagError, UpstreamError
-from rag.answering.gate import GenerationGate, Permit
-from rag.clients.llm import LlamaServerClient, ServerProps, StreamDelta, StreamEnd
-from rag.answering.prompt import (
-    COMPLETION_EXAMPLE_ANSWERS, COMPLETION_EXAMPLES, COMPLETION_STOP, ChatStyle, CompletionStyle, Message, PromptStyle, choose_style, no_sources_answer,
-)
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +77,6 @@ class Searcher(Protocol):
     async def search(
         self, query: str, *, collection: str, k: int, doc_ids: Iterable[str] | None = None
     ) -> Sequence[Hit]: ...
-
-
-@dataclass
-class Event:
-    name: str  # sources | budget | token | citations | done
-    data: dict[str, Any]
 
 
 @dataclass
@@ -120,22 +127,14 @@ def split_question(messages: Sequence[Message]) -> tuple[list[Message], str]:
     return list(history), last["content"]
 
 
-def source_entry(source_id: str, hit: Hit, text: str) -> dict[str, Any]:
+def source_entry(source_id: str, hit: Hit, text: str) -> SourceEntry:
     """A source as the API shows it."""
     meta = hit.metadata
-    entry: dict[str, Any] = {
-        "id": source_id,
-        "chunk_id": hit.chunk_id,
-        "doc_id": hit.doc_id,
-        "source": meta.get("source", ""),
-        "text": text,
-        "snippet": snippet(text),
-        "score": round(float(hit.score), 4),
-    }
-    for key in ("page", "heading", "ocr_low_confidence"):  # the last: OCR lines of the chunk read in doubt
-        if key in meta:
-            entry[key] = meta[key]
-    return entry
+    return SourceEntry(
+        id=source_id, chunk_id=hit.chunk_id, doc_id=hit.doc_id, source=meta.get("source", ""), text=text,
+        snippet=snippet(text), score=round(float(hit.score), 4), page=meta.get("page"), heading=meta.get("heading"),
+        ocr_low_confidence=meta.get("ocr_low_confidence"),
+    )
 
 
 def snippet(text: str, limit: int = SNIPPET_CHARS) -> str:
@@ -211,7 +210,7 @@ class Answerer:
             )
         return self._props
 
-    async def start(self, query: ChatQuery) -> "Answer":
+    async def start(self, query: ChatQuery) -> Answer | NoSourcesAnswer:
         """Retrieve, pack and take a generation slot; raises the request's error, if any."""
         clock = _Clock()
         asked, query = query, self.with_defaults(query)
@@ -228,30 +227,31 @@ class Answerer:
             raise
         clock.mark("retrieved")
         good = [h for h in hits if h.score >= self.settings.min_score]
-        below = [{"chunk_id": h.chunk_id, "reason": "below_min_score"} for h in hits if h.score < self.settings.min_score]
-        reason = "no_match" if hits else "nothing_retrieved"
+        below = [Dropped(chunk_id=h.chunk_id, reason="below_min_score") for h in hits if h.score < self.settings.min_score]
+        reason: NoSourcesReason = "no_match" if hits else "nothing_retrieved"
         if good and relevance(searched.text, good, self.settings) < relevance_floor(searched.text, self.settings):
             reason, good = "not_relevant", []
-            below = [{"chunk_id": h.chunk_id, "reason": "below_min_relevance"} for h in hits]
+            below = [Dropped(chunk_id=h.chunk_id, reason="below_min_relevance") for h in hits]
         good, far = cut_off(good, self.settings.pack_relative_score)
-        below += [{"chunk_id": h.chunk_id, "reason": "far_below_best"} for h in far]
+        below += [Dropped(chunk_id=h.chunk_id, reason="far_below_best") for h in far]
         if not good:
             await self._question_fits(ahead, query, question)
-            return NoSourcesAnswer(query, clock, reason, below, searched=searched)
+            return NoSourcesAnswer(query, clock, reason, below, searched=searched, style=self.style.name)
         props = await ahead
         query = self.with_defaults(asked)  # the style may be known only now, from llama-server's model path
         by_id = {f"S{i}": hit for i, hit in enumerate(good, 1)}
         candidates = [Candidate(sid, h.chunk_id, h.text, h.metadata) for sid, h in by_id.items()]
-        packed = await self._pack(query, history, question, candidates, props.n_ctx)
+        packed = await self.pack(query, history, question, candidates, props.n_ctx)
         packed.dropped += below
         clock.mark("packed")
         if not packed.chunks:
-            return NoSourcesAnswer(query, clock, "no_room", packed.dropped, packed, searched=searched)
+            return NoSourcesAnswer(query, clock, "no_room", packed.dropped, packed, searched=searched,
+                                   style=packed.style)
         permit = await self.gate.acquire()
         clock.mark("admitted")
         return Answer(self, query, history, question, candidates, by_id, packed, permit, clock, searched=searched)
 
-    async def _question_fits(self, ahead: asyncio.Future[Any], query: ChatQuery, question: str) -> None:
+    async def _question_fits(self, ahead: asyncio.Future[ServerProps], query: ChatQuery, question: str) -> None:
         """Raise QuestionTooLong for a question alone over the budget, even when nothing will be generated.
 
         No model call either way: llama-server counts tokens, and when it is down the fixed answer needs it not.
@@ -260,40 +260,27 @@ class Answerer:
             props = await ahead
         except (BackendUnavailable, UpstreamError):
             return
-        await self._pack(query, [], question, [], props.n_ctx)
+        await self.pack(query, [], question, [], props.n_ctx)
 
-    async def _pack(
+    async def pack(
         self, query: ChatQuery, history: list[Message], question: str, candidates: list[Candidate], n_ctx: int,
         correction: int = 0,
     ) -> PackedPrompt:
+        """The query's prompt packed for a context of `n_ctx` (less `correction` tokens)."""
+        assert query.max_tokens is not None  # with_defaults filled it in
         return await self.budget.pack(
             question=question, candidates=candidates, history=history, n_ctx=n_ctx, reserve=query.max_tokens,
             ceiling=self.settings.context_budget, correction=correction, history_share=self.settings.history_share,
             style=self.style,
         )
 
-    async def repack(self, answer: "Answer", overflow: ContextOverflow) -> PackedPrompt:
-        """Pack again after llama-server refused the prompt, trusting its own n_ctx and count."""
-        props = await self.props(refresh=True)
-        n_ctx = overflow.n_ctx or props.n_ctx
-        correction = max(0, (overflow.n_prompt_tokens or 0) - answer.packed.used)
-        if correction:
-            self.budget.forget()  # the server counts differently than our remembered pieces
-        log.warning(
-            "llama-server refused a %s-token prompt (its n_ctx %s, we packed for %s): packing again",
-            overflow.n_prompt_tokens, n_ctx, answer.packed.n_ctx,
-        )
-        packed = await self._pack(answer.query, answer.history, answer.question, answer.candidates, n_ctx, correction)
-        packed.repacked = True
-        return packed
-
 
 class Answer:
     """One admitted question: its packed prompt and its generation slot."""
 
     def __init__(
-        self, answerer: Answerer | None, query: ChatQuery, history: list[Message], question: str,
-        candidates: list[Candidate], hits: Mapping[str, Hit], packed: PackedPrompt | None, permit: Permit | None,
+        self, answerer: Answerer, query: ChatQuery, history: list[Message], question: str,
+        candidates: list[Candidate], hits: Mapping[str, Hit], packed: PackedPrompt, permit: Permit,
         clock: _Clock, *, searched: SearchQuery | None = None,
     ) -> None:
         self.answerer = answerer
@@ -302,27 +289,27 @@ class Answer:
         self.question = question
         self.candidates = candidates
         self.hits = hits
-        self.packed = packed  # type: ignore[assignment]
+        self.packed = packed
         self.permit = permit
         self.clock = clock
         self.searched = searched or SearchQuery(question)  # the query retrieval ran, shown with the sources
         self.text_parts: list[str] = []
+        self.no_answer = False
+        self.retried = False
 
     def close(self) -> None:
         """Give the generation slot back (idempotent; events() does it too)."""
-        if self.permit is not None:
-            self.permit.release()
+        self.permit.release()
 
-    def sources_event(self) -> Event:
+    def sources_event(self) -> Sources:
         sources = [source_entry(c.source_id, self.hits[c.source_id], c.text) for c in self.packed.chunks]
-        return Event("sources", {"sources": sources, **self.searched.to_dict()})
+        return Sources(sources=sources, query=self.searched.text, rewrite=self.searched.rewrite)
 
-    def budget_event(self) -> Event:
-        return Event("budget", self.packed.to_dict())
+    def budget_event(self) -> Budget:
+        return self.packed.budget()
 
     async def events(self) -> AsyncIterator[Event]:
         """The answer as events; generation errors are raised (after the slot is freed)."""
-        assert self.answerer is not None and self.permit is not None
         llm = self.answerer.llm
         upstream: AsyncIterator[StreamDelta | StreamEnd] | None = None
         try:
@@ -334,45 +321,96 @@ class Answer:
                 first = await anext(upstream)
             except ContextOverflow as overflow:
                 await _close(upstream)
-                self.packed = await self.answerer.repack(self, overflow)
-                if not self.packed.chunks:
-                    raise overflow  # no source fits the server's real context: never answer without one
+                await self.repack(overflow)
                 yield self.sources_event()
                 yield self.budget_event()
                 upstream = self._generate(llm)
                 first = await anext(upstream)
-            end = None
             item: StreamDelta | StreamEnd = first
-            while True:
-                if isinstance(item, StreamEnd):
-                    end = item
-                    break
+            while not isinstance(item, StreamEnd):
                 if not self.text_parts:
                     self.clock.mark("first_token")
                 self.text_parts.append(item.text)
-                yield Event("token", {"text": item.text})
+                yield Token(text=item.text)
                 item = await anext(upstream)
             self.clock.mark("generated")
-            for event in self._closing_events(end):
+            for event in self._closing_events(item):
                 yield event
         finally:
             if upstream is not None:
                 await _close(upstream)
             self.close()
 
-    def _generate(self, llm: LlamaServerClient) -> AsyncIterator[StreamDelta | StreamEnd]:
-        assert self.query.max_tokens is not None and self.query.temperature is not None
-        if isinstance(self.packed.messages, str):
-            return _lstripped(self._complete(llm, self.packed.messages))
-        return llm.stream_chat(self.packed.messages, max_tokens=self.query.max_tokens,
-                               temperature=self.query.temperature)
+    async def repack(self, overflow: ContextOverflow) -> None:
+        """Pack again after llama-server refused the prompt, trusting its own n_ctx and count; raises the
+        overflow when no source fits the server's real context (never answer without one)."""
+        answerer = self.answerer
+        props = await answerer.props(refresh=True)
+        n_ctx = overflow.n_ctx or props.n_ctx
+        correction = max(0, (overflow.n_prompt_tokens or 0) - self.packed.used)
+        if correction:
+            answerer.budget.forget()  # the server counts differently than our remembered pieces
+        log.warning(
+            "llama-server refused a %s-token prompt (its n_ctx %s, we packed for %s): packing again",
+            overflow.n_prompt_tokens, n_ctx, self.packed.n_ctx,
+        )
+        packed = await answerer.pack(self.query, self.history, self.question, self.candidates, n_ctx, correction)
+        packed.repacked = True
+        self.packed = packed
+        if not packed.chunks:
+            raise overflow
 
-    async def _complete(self, llm: LlamaServerClient, prompt: str) -> AsyncIterator[StreamDelta | StreamEnd]:
-        assert self.answerer is not None and self.query.max_tokens is not None and self.query.temperature is not None
+    def _generate(self, llm: LlamaServerClient) -> AsyncIterator[StreamDelta | StreamEnd]:
+        """The answer's stream, never blank (rag.answering.no_answer); a completion is retried once."""
+        assert self.query.max_tokens is not None and self.query.temperature is not None
+        prompt = self.packed.messages
+        if isinstance(prompt, str):
+            return self._never_blank([
+                lambda: _lstripped(self._complete(llm, prompt)),
+                lambda: _lstripped(self._complete(llm, prompt, grammar=ANSWER_LINE_GRAMMAR)),
+            ])
+        return self._never_blank([lambda: llm.stream_chat(
+            prompt, max_tokens=self.query.max_tokens, temperature=self.query.temperature)])  # type: ignore[arg-type]
+
+    async def _never_blank(
+        self, attempts: list[Callable[[], AsyncIterator[StreamDelta | StreamEnd]]]
+    ) -> AsyncIterator[StreamDelta | StreamEnd]:
+        """The first attempt whose text is usable, its unusable start held back until it is; if none is,
+        the fixed no-answer line naming the sources."""
+        end = StreamEnd(None)
+        for number, attempt in enumerate(attempts):
+            self.retried = number > 0
+            held: list[str] | None = []
+            stream = attempt()
+            try:
+                async for item in stream:
+                    if isinstance(item, StreamEnd):
+                        end = item
+                    elif held is None:
+                        yield item
+                    elif usable(text := "".join([*held, item.text])):
+                        held = None
+                        yield StreamDelta(text)
+                    else:
+                        held.append(item.text)
+            finally:
+                await _close(stream)
+            if held is None:
+                yield end
+                return
+        self.no_answer = True
+        yield StreamDelta(no_answer_text(c.candidate.metadata.get("source", "") for c in self.packed.chunks))
+        yield end
+
+    async def _complete(
+        self, llm: LlamaServerClient, prompt: str, grammar: str | None = None
+    ) -> AsyncIterator[StreamDelta | StreamEnd]:
+        assert self.query.max_tokens is not None and self.query.temperature is not None
         ban = await self.answerer.example_ban(prompt)
+        extra = ({"logit_bias": ban} if ban else {}) | ({"grammar": grammar} if grammar else {})
         stream = llm.stream_completion(
             prompt, max_tokens=self.query.max_tokens, temperature=self.query.temperature, stop=list(COMPLETION_STOP),
-            extra={"logit_bias": ban} if ban else None,
+            extra=extra or None,
         )
         try:
             async for item in stream:
@@ -380,65 +418,64 @@ class Answer:
         finally:
             await _close(stream)
 
-    def _closing_events(self, end: StreamEnd) -> list[Event]:
-        text = "".join(self.text_parts)
+    def _closing_events(self, end: StreamEnd) -> tuple[Citations, Done]:
+        text = "" if self.no_answer else "".join(self.text_parts)  # our own line cites and claims nothing
         chunks = {c.source_id: c.text for c in self.packed.chunks}
         fixed_text = (CompletionStyle if self.packed.style == "completion" else ChatStyle).fixed_text
-        check = check_citations(text, chunks, fixed_text=fixed_text)
-        attribution = attribute(text, chunks)
-        citations = {"citations": citation_entries(check, attribution, self.hits, chunks), "invalid": check.invalid,
-                     "echoed": check.echoed, "sentences": attribution.sentences_dict()}
+        citations, check, attribution = citations_event(text, chunks, self.hits,
+                                                        fixed_text=fixed_text)
         timings = end.timings or {}
-        done = {
-            "usage": end.usage,
-            "timings": timings,
-            "ttft_ms": self.clock.ms(None, "first_token") if "first_token" in self.clock.marks else None,
-            "invalid_citations": len(check.invalid),
-            "cache_n": timings.get("cache_n"),
-            "finish_reason": end.finish_reason,
-            "retrieval_ms": self.clock.ms(None, "retrieved"),
-            "pack_ms": self.clock.ms("retrieved", "packed"),
-            "queue_ms": self.clock.ms("packed", "admitted"),
-            "upstream_ttft_ms": round(end.ttft_s * 1000, 1) if end.ttft_s is not None else None,
-        }
-        done["style"] = self.packed.style
-        done["unsupported_sentences"] = attribution.unsupported
-        return [Event("citations", citations), Event("done", done)]
+        done = Done(
+            usage=end.usage,
+            timings=timings,
+            ttft_ms=self.clock.ms(None, "first_token") if "first_token" in self.clock.marks else None,
+            invalid_citations=len(check.invalid),
+            cache_n=timings.get("cache_n"),
+            finish_reason=end.finish_reason,
+            retrieval_ms=self.clock.ms(None, "retrieved"),
+            pack_ms=self.clock.ms("retrieved", "packed"),
+            queue_ms=self.clock.ms("packed", "admitted"),
+            upstream_ttft_ms=round(end.ttft_s * 1000, 1) if end.ttft_s is not None else None,
+            style=self.packed.style,
+            unsupported_sentences=attribution.unsupported,
+            no_answer=self.no_answer,  # the model gave nothing usable: the text is our fixed line
+            retried=self.retried,  # its first attempt gave nothing usable
+        )
+        return citations, done
 
 
-class NoSourcesAnswer(Answer):
-    """The fixed answer when no source is good enough: no model call, nothing cited."""
+class NoSourcesAnswer:
+    """The fixed answer when no source is good enough: no model call, nothing cited, no generation slot."""
 
     def __init__(
-        self, query: ChatQuery, clock: _Clock, reason: str, dropped: list[dict[str, str]],
-        packed: PackedPrompt | None = None, *, searched: SearchQuery | None = None,
+        self, query: ChatQuery, clock: _Clock, reason: NoSourcesReason, dropped: list[Dropped],
+        packed: PackedPrompt | None = None, *, searched: SearchQuery, style: str,
     ) -> None:
-        super().__init__(None, query, [], "", [], {}, packed, None, clock, searched=searched)
+        self.query = query
+        self.clock = clock
         self.reason = reason
         self.dropped = dropped
+        self.packed = packed
+        self.searched = searched
+        self.style = style
 
-    def budget_event(self) -> Event:
+    def close(self) -> None:
+        """Nothing to give back: no generation slot was taken."""
+
+    def budget_event(self) -> Budget:
         if self.packed is not None:
-            return Event("budget", self.packed.to_dict())
-        return Event("budget", {
-            "n_ctx": None, "reserve": self.query.max_tokens, "limit": None, "used": 0, "system": 0, "history": 0,
-            "question": 0, "chunks": [], "dropped": self.dropped, "dropped_turns": 0, "kept_turns": 0,
-            "latest_turn_reserved": 0,
-        })
+            return self.packed.budget()
+        return Budget(reserve=self.query.max_tokens, dropped=self.dropped, style=self.style)
 
     async def events(self) -> AsyncIterator[Event]:
-        text = no_sources_answer(self.query.collection)
-        self.text_parts.append(text)
-        yield Event("sources", {"sources": [], **self.searched.to_dict()})
+        text = no_sources_answer(self.query.collection, self.query.messages[-1]["content"])
+        yield Sources(sources=[], query=self.searched.text, rewrite=self.searched.rewrite)
         yield self.budget_event()
         self.clock.mark("first_token")
-        yield Event("token", {"text": text})
-        yield Event("citations", {"citations": [], "invalid": [], "echoed": [], "sentences": []})
-        yield Event("done", {
-            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-            "timings": {}, "ttft_ms": self.clock.ms(None, "first_token"), "invalid_citations": 0, "cache_n": None,
-            "finish_reason": "no_sources", "no_sources": self.reason, "retrieval_ms": self.clock.ms(None, "retrieved"),
-        })
+        yield Token(text=text)
+        yield Citations()
+        yield NoSourcesDone(ttft_ms=self.clock.ms(None, "first_token"), no_sources=self.reason,
+                            retrieval_ms=self.clock.ms(None, "retrieved"))
 
 
 async def _lstripped(stream: AsyncIterator[StreamDelta | StreamEnd]) -> AsyncIterator[StreamDelta | StreamEnd]:

@@ -24,8 +24,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rag.core.errors import InvalidRequest, QuestionTooLong
+from rag.answering.events import Budget, BudgetChunk, Dropped
 from rag.answering.prompt import ChatStyle, Message, PromptStyle, defuse
+from rag.core.errors import InvalidRequest, QuestionTooLong
 
 MAX_ROUNDS = 4  # assembled prompt over the limit -> lower the target and pack again, at most this often
 
@@ -83,7 +84,7 @@ class PackedPrompt:
     question: int
     history: int
     chunks: list[PackedChunk]
-    dropped: list[dict[str, str]]
+    dropped: list[Dropped]
     dropped_turns: int
     rounds: int = 1
     repacked: bool = False
@@ -94,33 +95,67 @@ class PackedPrompt:
     def in_prompt(self) -> set[str]:
         return {c.source_id for c in self.chunks}
 
-    def to_dict(self) -> dict[str, Any]:
+    def budget(self) -> Budget:
         """The `budget` event of the API."""
-        return {
-            "n_ctx": self.n_ctx,
-            "reserve": self.reserve,
-            "limit": self.limit,
-            "used": self.used,
-            "system": self.system,
-            "history": self.history,
-            "question": self.question,
-            "chunks": [
-                {"id": c.source_id, "chunk_id": c.candidate.chunk_id, "tokens": c.tokens, "cut": c.cut}
-                for c in self.chunks
-            ],
-            "dropped": self.dropped,
-            "dropped_turns": self.dropped_turns,
-            "kept_turns": self.kept_turns,
-            "latest_turn_reserved": self.latest_turn_reserved,
-            "rounds": self.rounds,
-            "repacked": self.repacked,
-            "style": self.style,
-        }
+        chunks = [BudgetChunk(id=c.source_id, chunk_id=c.candidate.chunk_id, tokens=c.tokens, cut=c.cut)
+                  for c in self.chunks]
+        return Budget(
+            n_ctx=self.n_ctx, reserve=self.reserve, limit=self.limit, used=self.used, system=self.system,
+            history=self.history, question=self.question, chunks=chunks, dropped=self.dropped,
+            dropped_turns=self.dropped_turns, kept_turns=self.kept_turns,
+            latest_turn_reserved=self.latest_turn_reserved, rounds=self.rounds, repacked=self.repacked,
+            style=self.style,
+        )
+
+
+@dataclass(frozen=True)
+class _Limits:
+    """The context numbers of one pack: `limit` is what the prompt may use."""
+
+    n_ctx: int
+    reserve: int
+    limit: int
+
+
+@dataclass
+class _Pieces:
+    """What one pack measured: the pieces of the prompt and their token counts."""
+
+    question: str
+    style: PromptStyle
+    candidates: list[Candidate]  # those the style takes, in rank order
+    over_style: list[Candidate]  # those past the style's number of sources
+    chunk_tokens: list[int]
+    turns: list[list[Message]]
+    skeleton: int  # the system prompt and the template, without the question
+    question_tokens: int
+    per_message: int  # template tokens around one history message
+    wrapper: int  # the tokens around the sources block, when there are sources
+    base: int  # the system prompt, the template and the question
+    limits: _Limits
+
+    @property
+    def numbers(self) -> dict[str, int]:
+        """What a QuestionTooLong reports."""
+        return {"question_tokens": self.question_tokens, "limit": self.limits.limit, "n_ctx": self.limits.n_ctx,
+                "reserve": self.limits.reserve}
+
+
+def _limits(n_ctx: int, reserve: int, ceiling: int | None, correction: int) -> _Limits:
+    """The prompt's limit: the context (capped by `ceiling`) less the answer's reserve and a correction."""
+    context = min(n_ctx, ceiling or n_ctx)
+    limit = context - reserve - max(correction, 0)
+    if limit <= 0:
+        raise InvalidRequest(
+            f"max_tokens {reserve} leaves no room for a prompt in a context of {context} tokens",
+            n_ctx=n_ctx, context=context, reserve=reserve,
+        )
+    return _Limits(n_ctx, reserve, limit)
 
 
 def sentence_ends(text: str) -> list[int]:
     """Offsets just after each sentence end inside `text` (the end of the text is not listed)."""
-    ends = []
+    ends: list[int] = []
     for match in _SENTENCE_END.finditer(text):
         end = match.end()
         if 0 < end < len(text) and not _NOT_AN_END.search(text[: match.start()]):
@@ -208,72 +243,91 @@ class PromptBudget:
     ) -> PackedPrompt:
         """Pack the prompt. `ceiling` caps the context we use; `correction` lowers the limit further;
         `history_share` of the limit may be held for the latest turn pair before the sources."""
-        context = min(n_ctx, ceiling or n_ctx)
-        limit = context - reserve - max(correction, 0)
-        if limit <= 0:
-            raise InvalidRequest(
-                f"max_tokens {reserve} leaves no room for a prompt in a context of {context} tokens",
-                n_ctx=n_ctx, context=context, reserve=reserve,
-            )
-        over_style = list(candidates[style.max_sources:]) if style.max_sources is not None else []
-        candidates = candidates[: len(candidates) - len(over_style)]
-        rendered = [style.render_source(c.source_id, c.text, c.metadata) for c in candidates]
-        turns = split_turns(history)
-        # One round of concurrent /tokenize calls (remembered pieces cost none), then one exact count.
+        limits = _limits(n_ctx, reserve, ceiling, correction)
+        pieces = await self._measure(question, candidates, split_turns(history), style, limits)
+        latest = await self._latest_turn_reserve(pieces, history_share, limits.limit)
+        target = limits.limit
+        for round_no in range(1, MAX_ROUNDS + 1):
+            packed = await self._pack_round(pieces, target - latest, latest, limits)
+            packed.rounds = round_no
+            if packed.used <= limits.limit:
+                return packed
+            if not packed.chunks and not packed.kept_turns:
+                raise _too_long(packed.used, pieces.numbers)  # nothing left to drop: the question alone is over
+            target -= packed.used - limits.limit
+        return await self._question_only(pieces, limits)
+
+    async def _measure(
+        self, question: str, candidates: Sequence[Candidate], turns: list[list[Message]], style: PromptStyle,
+        limits: _Limits,
+    ) -> _Pieces:
+        """Every piece's tokens in one round of concurrent /tokenize calls (remembered pieces cost none);
+        refuses a question that with the system prompt alone is over the limit."""
+        kept = list(candidates[: style.max_sources]) if style.max_sources is not None else list(candidates)
+        rendered = [style.render_source(c.source_id, c.text, c.metadata) for c in kept]
         skeleton, question_tokens, chunk_tokens, per_message, wrapper = await asyncio.gather(
             self._skeleton(style), self._memo.count(defuse(question)), self._memo.count_all(rendered),
             self._per_message_overhead(style) if turns else _zero(),
-            self._memo.count(style.wrapper()) if candidates else _zero(),
+            self._memo.count(style.wrapper()) if kept else _zero(),
         )
-        base = skeleton + question_tokens  # the system prompt, the template and the question
-        numbers = {"question_tokens": question_tokens, "limit": limit, "n_ctx": n_ctx, "reserve": reserve}
-        if base > limit:
-            base = await self._count(style.build([], [], question))
-            if base > limit:
-                raise _too_long(base, numbers)
+        pieces = _Pieces(
+            question=question, style=style, candidates=kept, over_style=list(candidates[len(kept) :]),
+            chunk_tokens=chunk_tokens, turns=turns, skeleton=skeleton,
+            question_tokens=question_tokens, per_message=per_message, wrapper=wrapper,
+            base=skeleton + question_tokens, limits=limits,
+        )
+        if pieces.base > limits.limit:  # the sum of pieces may be off at a seam: count the question alone exactly
+            pieces.base = await self._count(style.build([], [], question))
+            if pieces.base > limits.limit:
+                raise _too_long(pieces.base, pieces.numbers)
+        return pieces
 
-        latest = await self._turn_cost(turns[-1], per_message) if turns and history_share > 0 else 0
-        reserve_latest = 0 < latest <= min(int(history_share * limit), limit - base - wrapper)
-        older = turns[:-1] if reserve_latest else turns
-        target = limit
-        for round_no in range(1, MAX_ROUNDS + 1):
-            room = target - base - wrapper - (latest if reserve_latest else 0)
-            chunks, dropped, room = await self._pack_chunks(candidates, rendered, chunk_tokens, room, style)
-            dropped += [{"chunk_id": c.chunk_id, "reason": "style_limit"} for c in over_style]
-            kept_turns, history_tokens = await self._pack_history(older, room, per_message)
-            if reserve_latest:
-                kept_turns, history_tokens = kept_turns + [turns[-1]], history_tokens + latest
-            kept_history = [m for turn in kept_turns for m in turn]
-            messages = style.build(
-                [style.render_source(c.source_id, c.text, c.candidate.metadata) for c in chunks], kept_history, question
-            )
-            used = await self._count(messages)
-            if used <= limit:
-                return PackedPrompt(
-                    messages=messages, n_ctx=n_ctx, reserve=reserve, limit=limit, used=used,
-                    system=skeleton, question=question_tokens, history=history_tokens,
-                    chunks=chunks, dropped=dropped, dropped_turns=len(turns) - len(kept_turns), rounds=round_no,
-                    kept_turns=len(kept_turns), latest_turn_reserved=latest if reserve_latest else 0,
-                    style=style.name,
-                )
-            if not chunks and not kept_history:
-                raise _too_long(used, numbers)  # nothing left to drop: the question alone is over
-            target -= used - limit
-        # Seams kept adding tokens: send the question alone, counted exactly.
-        messages = style.build([], [], question)
-        used = await self._count(messages)
-        if used > limit:
-            raise _too_long(used, numbers)
+    async def _latest_turn_reserve(self, pieces: _Pieces, history_share: float, limit: int) -> int:
+        """Tokens held for the latest turn pair before the sources: its cost, when that is at most
+        `history_share` of the limit and fits beside the question; else 0."""
+        if not pieces.turns or history_share <= 0:
+            return 0
+        latest = await self._turn_cost(pieces.turns[-1], pieces.per_message)
+        fits = 0 < latest <= min(int(history_share * limit), limit - pieces.base - pieces.wrapper)
+        return latest if fits else 0
+
+    async def _pack_round(self, pieces: _Pieces, room: int, latest: int, limits: _Limits) -> PackedPrompt:
+        """One round: chunks, then older turns, into `room` (the latest turn pair's `latest` is held
+        apart); the assembled prompt is counted exactly."""
+        style = pieces.style
+        chunks, dropped, room = await self._pack_chunks(
+            pieces.candidates, pieces.chunk_tokens, room - pieces.base - pieces.wrapper, style
+        )
+        dropped += [Dropped(chunk_id=c.chunk_id, reason="style_limit") for c in pieces.over_style]
+        older = pieces.turns[:-1] if latest else pieces.turns
+        kept_turns, history_tokens = await self._pack_history(older, room, pieces.per_message)
+        if latest:
+            kept_turns, history_tokens = [*kept_turns, pieces.turns[-1]], history_tokens + latest
+        sources = [style.render_source(c.source_id, c.text, c.candidate.metadata) for c in chunks]
+        messages = style.build(sources, [m for turn in kept_turns for m in turn], pieces.question)
         return PackedPrompt(
-            messages=messages, n_ctx=n_ctx, reserve=reserve, limit=limit, used=used,
-            system=skeleton, question=question_tokens, history=0, chunks=[],
-            dropped=[{"chunk_id": c.chunk_id, "reason": "budget"} for c in candidates],
-            dropped_turns=len(turns), rounds=MAX_ROUNDS + 1, style=style.name,
+            messages=messages, n_ctx=limits.n_ctx, reserve=limits.reserve, limit=limits.limit,
+            used=await self._count(messages), system=pieces.skeleton, question=pieces.question_tokens,
+            history=history_tokens, chunks=chunks, dropped=dropped, dropped_turns=len(pieces.turns) - len(kept_turns),
+            kept_turns=len(kept_turns), latest_turn_reserved=latest, style=style.name,
+        )
+
+    async def _question_only(self, pieces: _Pieces, limits: _Limits) -> PackedPrompt:
+        """Seams kept adding tokens for MAX_ROUNDS rounds: the question alone, counted exactly."""
+        messages = pieces.style.build([], [], pieces.question)
+        used = await self._count(messages)
+        if used > limits.limit:
+            raise _too_long(used, pieces.numbers)
+        return PackedPrompt(
+            messages=messages, n_ctx=limits.n_ctx, reserve=limits.reserve, limit=limits.limit, used=used,
+            system=pieces.skeleton, question=pieces.question_tokens, history=0, chunks=[],
+            dropped=[Dropped(chunk_id=c.chunk_id, reason="budget") for c in pieces.candidates],
+            dropped_turns=len(pieces.turns), rounds=MAX_ROUNDS + 1, style=pieces.style.name,
         )
 
     async def _pack_chunks(
-        self, candidates: Sequence[Candidate], rendered: list[str], tokens: list[int], room: int, style: PromptStyle
-    ) -> tuple[list[PackedChunk], list[dict[str, str]], int]:
+        self, candidates: Sequence[Candidate], tokens: list[int], room: int, style: PromptStyle
+    ) -> tuple[list[PackedChunk], list[Dropped], int]:
         """Chunks in rank order while they fit; the first misfit is cut at a sentence end or dropped."""
         packed: list[PackedChunk] = []
         for i, candidate in enumerate(candidates):
@@ -286,7 +340,7 @@ class PromptBudget:
                 packed.append(cut)
                 room -= cut.tokens
             rest = candidates[i + (1 if cut else 0) :]
-            return packed, [{"chunk_id": c.chunk_id, "reason": "budget"} for c in rest], room
+            return packed, [Dropped(chunk_id=c.chunk_id, reason="budget") for c in rest], room
         return packed, [], room
 
     async def _cut(self, candidate: Candidate, room: int, style: PromptStyle) -> PackedChunk | None:

@@ -9,7 +9,8 @@ Two kinds of citation, reported apart (the `citations` event):
                 best, with a support score; a sentence no chunk supports is flagged `supported: false`.
                 A base model that never writes [Sn] still gets its sources this way.
 
-Support is lexical: the share of the sentence's words (CJK text: characters) found in the chunk;
+Support is lexical: the share of the sentence's words (CJK text: characters) found in the chunk, numbers
+compared as numbers (十八 and 18, 8,800 and 8800);
 ties go to the chunk holding the sentence verbatim, then to the better ranked. An extractive answer is copied
 from its chunk, so word overlap finds it exactly and costs microseconds; an embedding comparison
 would need the embedder on the answer path and rates paraphrases of the wrong chunk too highly.
@@ -21,20 +22,35 @@ import re
 import unicodedata
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, Protocol
 
 from rag.answering.budget import sentence_ends
+from rag.answering.events import CitationEntry, Citations, SentenceEntry
 
 # [S1], [S1, S3], [S1][S2], also the full-width brackets and comma a model may use in Chinese text.
 _GROUP = re.compile(r"[\[【［]\s*(S\d+(?:\s*[,，;；]\s*S\d+)*)\s*[\]】］]", re.IGNORECASE)
 _ID = re.compile(r"S(\d+)", re.IGNORECASE)
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
+_CJK_PIECE = re.compile(r"\d+|\D")
+_CHINESE_NUMERAL = re.compile(r"[零〇一二两三四五六七八九十百千万亿]")
+_THOUSANDS = re.compile(r"(?<=\d)[,，\u00a0\u202f'](?=\d{3}(?!\d))")
 
 SUPPORTED = 0.5  # a sentence is supported when a chunk holds at least this share of its words
 ECHO_CHARS = 24  # a sentence this long (normalized) found verbatim in our fixed prompt text is an echo
 STOPWORDS = frozenset(
     "a an and are as at be by for from has have in is it its of on or that the this to was were which with".split()
 )
+
+
+class CitedChunk(Protocol):
+    """What a citation shows of a retrieved chunk."""
+
+    @property
+    def chunk_id(self) -> str: ...
+    @property
+    def doc_id(self) -> str: ...
+    @property
+    def metadata(self) -> Mapping[str, Any]: ...
 
 
 @dataclass
@@ -65,9 +81,9 @@ class Attribution:
     def unsupported(self) -> int:
         return sum(not s.supported for s in self.sentences)
 
-    def sentences_dict(self) -> list[dict[str, Any]]:
-        return [{"text": s.text, "start": s.start, "end": s.end, "support": round(s.support, 3),
-                 "sources": s.sources, "supported": s.supported} for s in self.sentences]
+    def sentence_entries(self) -> list[SentenceEntry]:
+        return [SentenceEntry(text=s.text, start=s.start, end=s.end, support=round(s.support, 3), sources=s.sources,
+                              supported=s.supported) for s in self.sentences]
 
 
 def cited_ids(text: str) -> list[str]:
@@ -139,8 +155,8 @@ def attribute(text: str, chunks: Mapping[str, str]) -> Attribution:
 
 
 def citation_entries(
-    check: CitationCheck, attribution: Attribution, hits: Mapping[str, Any], chunks: Mapping[str, str]
-) -> list[dict[str, Any]]:
+    check: CitationCheck, attribution: Attribution, hits: Mapping[str, CitedChunk], chunks: Mapping[str, str]
+) -> list[CitationEntry]:
     """The `citations` list: the model's valid ids (support: of its citing sentences by that chunk),
     then the attributed sources, each with its chunk."""
     entries = []
@@ -148,16 +164,26 @@ def citation_entries(
         chunk_words = set(words_of(chunks.get(source_id, "")))
         support = max((support_in(s.text, chunk_words) for s in attribution.sentences
                        if source_id in cited_ids(s.text)), default=None)
-        entries.append({**_chunk_entry(source_id, hits[source_id]), "kind": "model",
-                        "support": None if support is None else round(support, 3)})
-    attributed: dict[str, dict[str, Any]] = {}
+        entries.append(_entry(source_id, hits[source_id], "model", None if support is None else round(support, 3)))
+    attributed: dict[str, CitationEntry] = {}
     for index, sentence in enumerate(attribution.sentences):
         for source_id in sentence.sources:
-            entry = attributed.setdefault(source_id, {**_chunk_entry(source_id, hits[source_id]),
-                                                      "kind": "attributed", "support": 0.0, "sentences": []})
-            entry["sentences"].append(index)
-            entry["support"] = max(entry["support"], round(sentence.support, 3))
+            entry = attributed.setdefault(source_id, _entry(source_id, hits[source_id], "attributed", 0.0, []))
+            assert entry.sentences is not None and entry.support is not None
+            entry.sentences.append(index)
+            entry.support = max(entry.support, round(sentence.support, 3))
     return entries + list(attributed.values())
+
+
+def citations_event(text: str, chunks: Mapping[str, str], hits: Mapping[str, CitedChunk], *,
+                    fixed_text: str = "") -> tuple[Citations, CitationCheck, Attribution]:
+    """The `citations` event of an answer `text` from the prompt's `chunks` (source id -> text), with the
+    check and the attribution it was made from."""
+    check = check_citations(text, chunks, fixed_text=fixed_text)
+    attribution = attribute(text, chunks)
+    event = Citations(citations=citation_entries(check, attribution, hits, chunks), invalid=check.invalid,
+                      echoed=check.echoed, sentences=attribution.sentence_entries())
+    return event, check, attribution
 
 
 def support_in(sentence: str, chunk_words: Collection[str]) -> float:
@@ -166,23 +192,36 @@ def support_in(sentence: str, chunk_words: Collection[str]) -> float:
     return sum(w in chunk_words for w in wanted) / len(wanted) if wanted else 0.0
 
 
-def _chunk_entry(source_id: str, hit: Any) -> dict[str, Any]:
-    entry = {"id": source_id, "chunk_id": hit.chunk_id, "doc_id": hit.doc_id,
-             "source": hit.metadata.get("source", "")}
-    if "page" in hit.metadata:
-        entry["page"] = hit.metadata["page"]
-    return entry
+def _entry(source_id: str, hit: CitedChunk, kind: Literal["model", "attributed"], support: float | None,
+           sentences: list[int] | None = None) -> CitationEntry:
+    return CitationEntry(id=source_id, chunk_id=hit.chunk_id, doc_id=hit.doc_id,
+                         source=str(hit.metadata.get("source", "")), page=hit.metadata.get("page"), kind=kind,
+                         support=support, sentences=sentences)
 
 
 def words_of(text: str) -> list[str]:
-    """Case-folded words; CJK text one character per word (it has no spaces)."""
+    """Case-folded words with numerals as Arabic digits; CJK text one character per word (it has no
+    spaces), a number among it one word."""
     out: list[str] = []
-    for word in _WORD.findall(unicodedata.normalize("NFKC", text).casefold()):
+    for word in _WORD.findall(numerals(unicodedata.normalize("NFKC", text).casefold())):
         if any(_is_cjk(ch) for ch in word):
-            out += [ch for ch in word]
+            out += _CJK_PIECE.findall(word)
         else:
             out.append(word)
     return out
+
+
+def numerals(text: str) -> str:
+    """Numbers written one way: Chinese numerals as Arabic digits (十八 -> 18, 八千八百 -> 8800, with
+    cn2an), no thousands separators (8,800 -> 8800). Full-width digits are NFKC's already.
+
+    Applied to answer and chunk alike, so a word cn2an also turns into digits (一样 -> 1样) still matches.
+    """
+    if _CHINESE_NUMERAL.search(text):
+        import cn2an
+
+        text = cn2an.transform(text, "cn2an")
+    return _THOUSANDS.sub("", text)
 
 
 def content_words(text: str) -> list[str]:

@@ -20,16 +20,13 @@ import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Protocol
 
 from rag.answering.prompt import Message
 from rag.core.errors import BackendUnavailable, UpstreamError
 from rag.store.lexical import lexical_tokens
 
 log = logging.getLogger(__name__)
-
-Rewrite = Literal["off", "rule", "generator"]
-REWRITES: tuple[str, ...] = ("off", "rule", "generator")
 
 # Words that point back at something said before (English; CJK pronouns and demonstratives).
 _REFERS_BACK = re.compile(
@@ -47,7 +44,7 @@ REWRITE_SYSTEM = (
 
 
 class ChatCompleter(Protocol):
-    async def complete_chat(self, messages: list[Message], *, max_tokens: int, temperature: float = 0.2) -> dict: ...
+    async def complete_chat(self, messages: list[Message], *, max_tokens: int, temperature: float = 0.2) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -56,9 +53,6 @@ class SearchQuery:
 
     text: str
     rewrite: str = "off"
-
-    def to_dict(self) -> dict[str, str]:
-        return {"query": self.text, "rewrite": self.rewrite}
 
 
 def refers_back(question: str) -> bool:

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from rag.store.lexical import cjk_fraction
+
 log = logging.getLogger(__name__)
 
 Message = dict[str, str]
@@ -64,6 +66,9 @@ NO_SOURCES_ANSWER = (
     "I found nothing in the documents{where} that answers this, so I cannot answer it from them. "
     "Try rephrasing the question or adding documents that cover it."
 )
+# The same answer for a question asked in Chinese (the UI's other language); one text with a placeholder.
+NO_SOURCES_ANSWER_ZH = "我在{where}文档中没有找到能回答这个问题的内容，因此无法根据文档作答。请换一种问法，或添加涵盖该问题的文档。"
+CJK_QUESTION = 0.3  # share of CJK characters from which a question reads as Chinese
 
 # "<" that starts something tag-like: our delimiters, <end_of_turn>, <bos>, <|im_start|>, </s> ...
 _TAG_LIKE = re.compile(r"<(?=\|?/?[A-Za-z_][\w.-]{0,40}(?:\|>|>|\s|=))|<(?=\|)")
@@ -111,7 +116,10 @@ def build_messages(rendered_sources: Sequence[str], history: Sequence[Message], 
     return [{"role": "system", "content": SYSTEM_PROMPT}, *turns]
 
 
-def no_sources_answer(collection: str | None = None) -> str:
+def no_sources_answer(collection: str | None = None, question: str = "") -> str:
+    """The fixed "not in the documents" answer, in Chinese for a question written in Chinese."""
+    if cjk_fraction(question) >= CJK_QUESTION:
+        return NO_SOURCES_ANSWER_ZH.format(where=f"集合“{collection}”的" if collection else "")
     return NO_SOURCES_ANSWER.format(where=f" of collection '{collection}'" if collection else "")
 
 
@@ -273,13 +281,14 @@ def _gguf_has_chat_template(path: str, mtime_ns: int, size: int) -> bool | None:
 
 def _skip_gguf_value(data: Any, offset: int, kind: int) -> int:
     if kind == _GGUF_STRING:
-        return offset + 8 + struct.unpack_from("<Q", data, offset)[0]
+        (length,) = struct.unpack_from("<Q", data, offset)
+        return offset + 8 + int(length)
     if kind != _GGUF_ARRAY:
         return offset + _GGUF_SCALAR[kind]
     item, n = struct.unpack_from("<IQ", data, offset)
     offset += 12
     if item in _GGUF_SCALAR:
-        return offset + n * _GGUF_SCALAR[item]
+        return offset + int(n) * _GGUF_SCALAR[item]
     for _ in range(n):
         offset = _skip_gguf_value(data, offset, item)
     return offset

@@ -23,22 +23,22 @@ import functools
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from rag.core.config import Settings
 from rag.core.errors import BackendUnavailable, InvalidRequest, UpstreamError
 from rag.store.lexical import LexicalIndex, cjk_fraction
 from rag.clients.rerank import RerankClient
 from rag.store.chunks import ChunkStore
+from rag.store.record import Vectors
 
 log = logging.getLogger(__name__)
 
-Mode = Literal["hybrid", "dense", "lexical"]
 MODES: tuple[str, ...] = ("dense", "lexical", "hybrid")  # in the order `rag eval` measures and reports them
 
 
 class Embedder(Protocol):
-    async def embed(self, texts: list[str]) -> Sequence[Sequence[float]]: ...
+    async def embed(self, texts: list[str]) -> Vectors | Sequence[Sequence[float]]: ...  # one row per text
 
 
 class Catalog(Protocol):
@@ -90,7 +90,16 @@ def dense_weight_for(query: str, settings: Settings) -> float:
     return settings.hybrid_dense_weight * (1 - c) + settings.hybrid_dense_weight_cjk * c
 
 
-def relevance(query: str, hits: Sequence[RetrievedChunk], settings: Settings, *, blend: float = 1.0) -> float:
+class Matched(Protocol):
+    """What the relevance floor reads of a retrieved chunk (RetrievedChunk is one)."""
+
+    @property
+    def cosine(self) -> float | None: ...
+    @property
+    def coverage(self) -> float: ...
+
+
+def relevance(query: str, hits: Sequence[Matched], settings: Settings, *, blend: float = 1.0) -> float:
     """How well the best retrieved chunk matches the query, on one scale for every query (0-1).
 
     A chunk scores a * cosine + (1 - a) * coverage, with a the query's dense weight (times `blend`):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
@@ -12,8 +13,10 @@ from fastapi.responses import JSONResponse
 from rag.api.deps import require_api_key
 from rag.api.errors import install_error_handlers
 from rag.api.limits import ChatBodyLimit
+from rag.api.mcp.http import PATH as MCP_PATH
+from rag.api.mcp.http import McpEndpoint
 from rag.api.metrics import Metrics, MetricsMiddleware, instrument
-from rag.api.routes import chat, documents, embeddings, health, metrics, models, openai_compat, web
+from rag.api.routes import chat, documents, embeddings, health, metrics, models, openai_compat, pages, web
 from rag.api.sameorigin import SameOriginGuard
 from rag.api.services import Services, build_services
 from rag.core.config import Settings, get_settings
@@ -24,11 +27,12 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     settings = settings or get_settings()
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.services = services or build_services(settings)
         instrument(app.state.services, app.state.metrics)
         try:
-            yield
+            async with mcp_endpoint.run():
+                yield
         finally:
             await app.state.services.aclose()
 
@@ -47,12 +51,15 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     protected = [Depends(require_api_key)]
     app.include_router(health.router)
     app.include_router(documents.router, prefix="/v1", dependencies=protected)
+    app.include_router(pages.router, prefix="/v1", dependencies=protected)
     app.include_router(chat.router, prefix="/v1", dependencies=protected)
     app.include_router(openai_compat.router, prefix="/v1", dependencies=protected)
     app.include_router(models.router, prefix="/v1", dependencies=protected)
     app.include_router(embeddings.router, prefix="/v1", dependencies=protected)
     app.include_router(metrics.router, dependencies=protected)
     app.include_router(web.router)
+    mcp_endpoint = McpEndpoint(settings, lambda: app.state.services)
+    app.add_route(MCP_PATH, mcp_endpoint, methods=["GET", "POST", "DELETE"], include_in_schema=False)
 
     @app.get("/v1/openapi.json", include_in_schema=False, dependencies=protected)
     async def openapi() -> JSONResponse:

@@ -1,4 +1,5 @@
-"""Named dependencies of the routes; tests swap them with `app.dependency_overrides`.
+"""Named dependencies of the routes: each resolves one part of the app's `Services` (built at start-up, or
+given to `create_app` by a test).
 
 They are `async def` although none awaits: FastAPI runs a plain `def` dependency in a worker thread,
 and a chat request resolves four of them before its first token (a thread round trip each, several
@@ -16,17 +17,16 @@ from ingest.jobs import JobRegistry
 from ingest.pipeline import IngestPipeline
 from rag.answering.answerer import Answerer
 from rag.api.services import Services
-from rag.store.catalog import DocumentCatalog
-from rag.core.config import Settings
 from rag.clients.embedding import EmbeddingClient
+from rag.core.config import Settings
 from rag.core.errors import Unauthorized
+from rag.store.catalog import DocumentCatalog
 from rag.store.lexical import LexicalIndex
-from rag.clients.llm import LlamaServerClient
-from rag.store.chunks import ChunkStore
 
 
 async def get_services(request: Request) -> Services:
-    return request.app.state.services
+    services: Services = request.app.state.services
+    return services
 
 
 ServicesDep = Annotated[Services, Depends(get_services)]
@@ -36,20 +36,8 @@ async def get_app_settings(services: ServicesDep) -> Settings:
     return services.settings
 
 
-async def get_llm(services: ServicesDep) -> LlamaServerClient:
-    return services.llm
-
-
 async def get_embedder(services: ServicesDep) -> EmbeddingClient:
     return services.embedder
-
-
-async def get_store(services: ServicesDep) -> ChunkStore:
-    return services.store
-
-
-async def get_lexical(services: ServicesDep) -> LexicalIndex:
-    return services.lexical
 
 
 async def get_catalog(services: ServicesDep) -> DocumentCatalog:
@@ -64,26 +52,32 @@ async def get_jobs(services: ServicesDep) -> JobRegistry:
     return services.jobs
 
 
+async def get_lexical(services: ServicesDep) -> LexicalIndex:
+    return services.lexical
+
+
 async def get_answerer(services: ServicesDep) -> Answerer:
     return services.answerer()
 
 
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
-LLMDep = Annotated[LlamaServerClient, Depends(get_llm)]
 EmbedderDep = Annotated[EmbeddingClient, Depends(get_embedder)]
-StoreDep = Annotated[ChunkStore, Depends(get_store)]
-LexicalDep = Annotated[LexicalIndex, Depends(get_lexical)]
 CatalogDep = Annotated[DocumentCatalog, Depends(get_catalog)]
 PipelineDep = Annotated[IngestPipeline, Depends(get_pipeline)]
 JobsDep = Annotated[JobRegistry, Depends(get_jobs)]
 AnswererDep = Annotated[Answerer, Depends(get_answerer)]
+LexicalDep = Annotated[LexicalIndex, Depends(get_lexical)]
 
 
 async def require_api_key(request: Request, settings: SettingsDep) -> None:
-    """When RAG_API_KEY is set, every /v1 route needs `Authorization: Bearer <key>`."""
+    """When RAG_API_KEY is set, every /v1 route (and /mcp) needs `Authorization: Bearer <key>`."""
+    check_api_key(request.headers.get("authorization", ""), settings)
+
+
+def check_api_key(header: str, settings: Settings) -> None:
+    """Unauthorized unless `header` (an Authorization header) carries RAG_API_KEY, when one is set."""
     if settings.api_key is None:
         return
-    header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     expected = settings.api_key.get_secret_value()
     if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), expected.encode()):

@@ -4,12 +4,12 @@ Two layers: `ChatBodyLimit` caps the bytes of a chat request's body while it str
 body-limit middleware, on the chat and embeddings paths only: uploads have their own, larger limit), so a
 40 MB question or a million messages is refused before JSON parsing builds them; `check_messages` then
 bounds the parsed messages (count, characters each, characters of the question) and refuses lone UTF-16
-surrogates, which no backend can encode; `check_embedding_inputs` does the same for embedding inputs.
+surrogates, which no backend can encode (the same per-text rule as embedding inputs:
+`rag.core.embeddings_api`).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 from starlette.datastructures import Headers
@@ -18,10 +18,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rag.api.errors import error_response
 from rag.core.config import Settings
-from rag.core.errors import FileTooLarge, InvalidRequest, LimitExceeded, TooManyInputs
+from rag.core.embeddings_api import check_text
+from rag.core.errors import FileTooLarge, LimitExceeded
 
 BOUNDED_PATHS = frozenset({"/v1/chat", "/v1/chat/completions", "/v1/embeddings"})
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class ChatBodyLimit:
@@ -57,7 +57,7 @@ def check_messages(messages: Sequence[dict[str, str]], settings: Settings) -> No
             limit=settings.max_messages,
         )
     for index, message in enumerate(messages):
-        _check_text(f"message {index}", message["content"], settings)
+        check_text(f"message {index}", message["content"], settings.max_message_chars)
     question = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
     if len(question) > settings.max_question_chars:
         raise LimitExceeded(
@@ -65,27 +65,3 @@ def check_messages(messages: Sequence[dict[str, str]], settings: Settings) -> No
             "(RAG_MAX_QUESTION_CHARS)",
             limit=settings.max_question_chars,
         )
-
-
-def check_embedding_inputs(texts: Sequence[str], settings: Settings) -> None:
-    """413 for more inputs than the embedding server takes or a text over the message bound; 400 for bad text."""
-    if len(texts) > settings.embed_max_inputs:
-        raise TooManyInputs(
-            f"{len(texts):,} inputs; at most {settings.embed_max_inputs:,} per request (RAG_EMBED_MAX_INPUTS)",
-            limit=settings.embed_max_inputs,
-        )
-    for index, text in enumerate(texts):
-        if not text:
-            raise InvalidRequest(f"input {index} is empty; every input must be a non-empty string")
-        _check_text(f"input {index}", text, settings)
-
-
-def _check_text(name: str, text: str, settings: Settings) -> None:
-    """413 for a text over RAG_MAX_MESSAGE_CHARS, 400 for one with a lone surrogate; `name` says which."""
-    if len(text) > settings.max_message_chars:
-        raise LimitExceeded(
-            f"{name} has {len(text):,} characters; at most {settings.max_message_chars:,} (RAG_MAX_MESSAGE_CHARS)",
-            limit=settings.max_message_chars,
-        )
-    if _SURROGATE.search(text):
-        raise InvalidRequest(f"{name} contains a lone UTF-16 surrogate (not valid Unicode text)")

@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import GaugeMetricFamily
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from rag.answering.events import Budget, Done, Event, NoSourcesDone
 from rag.core.errors import Busy
 
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -69,25 +70,24 @@ class Metrics:
 
     # Observations from an answer's events.
 
-    def observe_event(self, name: str, data: dict[str, Any]) -> None:
-        if name == "budget" and data.get("limit"):
-            self.budget_use.observe(float(data.get("used") or 0) / float(data["limit"]))
-        elif name == "done":
-            self._observe_done(data)
+    def observe_event(self, event: Event) -> None:
+        if isinstance(event, Budget) and event.limit:
+            self.budget_use.observe(event.used / event.limit)
+        elif isinstance(event, Done | NoSourcesDone):
+            self._observe_done(event)
 
-    def _observe_done(self, done: dict[str, Any]) -> None:
-        self.answers.labels(str(done.get("finish_reason") or "unknown")).inc()
-        for key, metric in (("queue_ms", self.queue_wait), ("ttft_ms", self.ttft)):
-            if done.get(key) is not None:
-                metric.observe(float(done[key]) / 1000)
-        if done.get("retrieval_ms") is not None:
-            self.retrieval.labels("total").observe(float(done["retrieval_ms"]) / 1000)
-        speed = (done.get("timings") or {}).get("predicted_per_second")
+    def _observe_done(self, done: Done | NoSourcesDone) -> None:
+        self.answers.labels(str(done.finish_reason or "unknown")).inc()
+        queue_ms = done.queue_ms if isinstance(done, Done) else None
+        for value, metric in ((queue_ms, self.queue_wait), (done.ttft_ms, self.ttft)):
+            if value is not None:
+                metric.observe(value / 1000)
+        self.retrieval.labels("total").observe(done.retrieval_ms / 1000)
+        speed = done.timings.get("predicted_per_second")
         if speed:
             self.tokens_per_s.observe(float(speed))
-        usage = done.get("usage") or {}
-        self.completion_tokens.inc(int(usage.get("completion_tokens") or 0))
-        self.prompt_tokens.inc(int(usage.get("prompt_tokens") or 0))
+        self.completion_tokens.inc(int(done.usage.get("completion_tokens") or 0))
+        self.prompt_tokens.inc(int(done.usage.get("prompt_tokens") or 0))
 
     def observe_ingest(self, results: list[Any]) -> None:
         for result in results:
@@ -122,7 +122,7 @@ class MetricsMiddleware:
         """The matched route's full template ("/v1/documents/{doc_id}"): the route's own template after
         the prefix it was included under (what the path has before the route's rendered part)."""
         route = scope.get("route")
-        template = getattr(route, "path_format", None) or getattr(route, "path", None)
+        template: str | None = getattr(route, "path_format", None) or getattr(route, "path", None)
         if not template:
             return "unmatched"
         rendered = template
@@ -184,10 +184,9 @@ class _ObservedAnswer(_Proxy):
         super().__init__(inner)
         self._metrics = metrics
 
-    async def events(self) -> AsyncIterator[Any]:
+    async def events(self) -> AsyncIterator[Event]:
         async for event in self._inner.events():
-            if event.name != "token":
-                self._metrics.observe_event(event.name, event.data)
+            self._metrics.observe_event(event)
             yield event
 
 
@@ -197,15 +196,15 @@ class _TimedMethod(_Proxy):
     def __init__(self, inner: Any, method: str, histogram: Any) -> None:
         super().__init__(inner)
         original = getattr(inner, method)
-        if _is_async(original):
-            async def timed(*args: Any, **kwargs: Any) -> Any:
-                with histogram.time():
-                    return await original(*args, **kwargs)
-        else:
-            def timed(*args: Any, **kwargs: Any) -> Any:
-                with histogram.time():
-                    return original(*args, **kwargs)
-        setattr(self, method, timed)
+        async def timed_async(*args: Any, **kwargs: Any) -> Any:
+            with histogram.time():
+                return await original(*args, **kwargs)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            with histogram.time():
+                return original(*args, **kwargs)
+
+        setattr(self, method, timed_async if _is_async(original) else timed)
 
 
 def _is_async(function: Any) -> bool:

@@ -8,7 +8,6 @@ import logging
 import shutil
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from ingest.jobs import JobRegistry
 from ingest.pipeline import IngestPipeline
@@ -40,7 +39,6 @@ class Services:
     ingest: IngestPipeline | None = None  # built on first use when not given
     jobs: JobRegistry = field(default_factory=JobRegistry)
     answering: Answerer | None = None  # built on first use when not given
-    extras: dict[str, Any] = field(default_factory=dict)
     started: int = field(default_factory=lambda: int(time.time()))  # `created` of /v1/models
 
     def pipeline(self) -> IngestPipeline:

@@ -15,6 +15,7 @@ import httpx
 import numpy as np
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
+from rag.core.embeddings_api import EmbeddingsUsage
 from rag.core.errors import EmbedderUnavailable, UpstreamError
 
 RETRIED_STATUSES = frozenset({408, 429, 502, 503, 504})  # loading, overloaded or restarting: worth a retry
@@ -102,7 +103,8 @@ class EmbeddingClient:
         return _vectors(await self._post_embeddings(texts), texts)
 
     async def embed_one(self, text: str) -> np.ndarray:
-        return (await self.embed([text]))[0]
+        vector: np.ndarray = (await self.embed([text]))[0]
+        return vector
 
     async def health(self) -> dict[str, Any]:
         try:
@@ -113,14 +115,15 @@ class EmbeddingClient:
             return {"state": "ok", **{k: v for k, v in response.json().items() if k != "status"}}  # dimensions: an int
         return {"state": "loading" if response.status_code == 503 else "down", "reason": f"HTTP {response.status_code}"}
 
-    async def embed_with_usage(self, texts: list[str]) -> tuple[np.ndarray, dict[str, int]]:
+    async def embed_with_usage(self, texts: list[str]) -> tuple[np.ndarray, EmbeddingsUsage]:
         """Like `embed` for a non-empty list, with the server's usage (`prompt_tokens`, `total_tokens`,
         and `truncated_inputs`: the inputs longer than the model reads, embedded from their start)."""
         body = await self._post_embeddings(texts)
         usage = (body.get("usage") if isinstance(body, dict) else None) or {}
         prompt = int(usage.get("prompt_tokens") or 0)
         truncated = int(usage.get("truncated_inputs") or 0)
-        return _vectors(body, texts), {"prompt_tokens": prompt, "total_tokens": prompt, "truncated_inputs": truncated}
+        return _vectors(body, texts), EmbeddingsUsage(prompt_tokens=prompt, total_tokens=prompt,
+                                                      truncated_inputs=truncated)
 
     async def _post_embeddings(self, texts: list[str]) -> Any:
         """The server's JSON answer for `texts` (base64 vectors), retried as the class says; typed errors."""

@@ -6,10 +6,11 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import httpx
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 from rag.core.errors import ContextOverflow, LLMUnavailable, UpstreamError
 
@@ -62,7 +63,8 @@ class LlamaServerClient:
             api_key="none",
             max_retries=0,
             timeout=timeout,
-            http_client=httpx.AsyncClient(timeout=timeout, transport=transport),
+            # openai 3 types its client as httpx2's; an httpx client (for the injectable transport) serves it alike.
+            http_client=httpx.AsyncClient(timeout=timeout, transport=transport),  # type: ignore[arg-type]
         )
 
     async def aclose(self) -> None:
@@ -102,15 +104,18 @@ class LlamaServerClient:
                            model_path=data.get("model_path"))
 
     async def slots(self) -> list[dict[str, Any]]:
-        return (await self._request("GET", "/slots")).json()
+        slots: list[dict[str, Any]] = (await self._request("GET", "/slots")).json()
+        return slots
 
     async def tokenize(self, content: str, *, add_special: bool = False) -> list[int]:
         response = await self._request("POST", "/tokenize", json={"content": content, "add_special": add_special})
-        return response.json()["tokens"]
+        tokens: list[int] = response.json()["tokens"]
+        return tokens
 
     async def apply_template(self, messages: list[Message]) -> str:
         response = await self._request("POST", "/apply-template", json={"messages": messages})
-        return response.json()["prompt"]
+        prompt: str = response.json()["prompt"]
+        return prompt
 
     async def count_chat_tokens(self, messages: list[Message]) -> int:
         """Exact prompt tokens of a chat: the server's own template, then its own tokenizer."""
@@ -129,7 +134,7 @@ class LlamaServerClient:
         """Yield text deltas, then one StreamEnd. Closing the iterator closes the upstream request."""
         request = self._openai.chat.completions.create(
             model=self.model,
-            messages=messages,  # type: ignore[arg-type]
+            messages=_openai_messages(messages),
             max_tokens=max_tokens,
             temperature=temperature,
             stream=True,
@@ -201,7 +206,7 @@ class LlamaServerClient:
         try:
             completion = await self._openai.chat.completions.create(
                 model=self.model,
-                messages=messages,  # type: ignore[arg-type]
+                messages=_openai_messages(messages),
                 max_tokens=max_tokens,
                 temperature=temperature,
                 extra_body={"cache_prompt": True},
@@ -236,3 +241,8 @@ def _map_openai_error(exc: openai.APIError, base_url: str) -> Exception:
             return LLMUnavailable("llama-server is loading its model")
         return UpstreamError(f"llama-server answered {exc.status_code}", upstream=str(error)[:300])
     return UpstreamError(f"llama-server failed: {exc}")
+
+
+def _openai_messages(messages: list[Message]) -> list[ChatCompletionMessageParam]:
+    """Our {"role", "content"} messages as the SDK's types name them (the same dicts)."""
+    return cast("list[ChatCompletionMessageParam]", messages)

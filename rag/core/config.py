@@ -105,6 +105,8 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(default=50 * 1024 * 1024, ge=1)
     parse_timeout_s: float = Field(default=60.0, gt=0)
     parse_memory_mb: int = Field(default=1024, ge=64)
+    # Cited pages shown as images: the widest a rendered page may be, in pixels (rendered in the parser worker).
+    page_image_max_width: int = Field(default=1600, ge=200, le=4000)
 
     # OCR of scanned PDF pages and images (ingest/ocr_pool.py): one niced worker, one thread.
     max_ocr_pages: int = Field(default=200, ge=1)

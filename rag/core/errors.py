@@ -13,6 +13,7 @@
     ├── NotFound (404)
     │   └── ModelNotFound (404)            a model name this API does not serve (OpenAI's error shape)
     ├── Busy (429)                         the generation queue is full or waited too long
+    ├── ClientClosed (499)                 the client went away before its answer was ready
     ├── StoreLocked (409)                  another process holds the embedded Chroma store
     ├── Conflict (409)                     another request is indexing or deleting this document
     │   ├── EmbedderMismatch (409)         the embedder is not the model that built the collection
@@ -105,6 +106,11 @@ class Busy(RagError):
         self.retry_after = retry_after
 
 
+class ClientClosed(RagError):
+    # nginx's code for a client that closed the connection: nobody is left to read the reply.
+    status, code = 499, "client_closed"
+
+
 class StoreLocked(RagError):
     status, code = 409, "store_locked"
 
@@ -154,3 +160,15 @@ class TooManyCollections(Conflict):
 class StoreDamaged(StoreUnavailable):
     code = "store_damaged"
     retry_after = None  # it never clears by itself: a client should not retry, an operator must repair
+
+
+class BackupInvalid(InvalidRequest):
+    """A backup folder that cannot be restored: a file missing or changed, another embedder, a newer schema."""
+
+    code = "backup_invalid"
+
+
+class StoreTooNew(Conflict):
+    """A SQLite file of the store written by a newer version of this code."""
+
+    code = "store_too_new"

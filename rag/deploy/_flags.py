@@ -60,7 +60,7 @@ class Flags:
                    cache_type_v=get("-ctv", "f16"), batch=int(get("-b", 2048)), ubatch=int(get("-ub", 512)),
                    flash_attn=get("-fa", "auto") != "off", gpu_layers=int(get("-ngl", -1)) if "-ngl" in values else None,
                    swa_full="--swa-full" in args,
-                   cache_ram_mib=int(get("--cache-ram")) if "--cache-ram" in values else None)
+                   cache_ram_mib=int(values["--cache-ram"]) if "--cache-ram" in values else None)
 
     def profile(self, name: str, description: str, model: str | None = None) -> ServerProfile:
         return ServerProfile(

@@ -111,6 +111,7 @@ def write_gguf(
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     alignment = writer.data_alignment
+    assert writer.fout is not None  # open since write_header_to_file
     fout = writer.fout[0]
     writer.write_padding(fout, fout.tell())
     patterns: dict[str, bytes] = {}

@@ -38,27 +38,41 @@ def quant_mix(
             yield name, shape, "F32"
             continue
         t = base
-        layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
         if name == "output.weight":
             t = "Q8_0" if base == "Q8_0" else "Q6_K"
-        elif name == "token_embd.weight":
-            t = base
         elif name.endswith(("attn_v.weight", "attn_qkv.weight")):
-            if ftype == "IQ4_XS" and n_gqa >= 4:
-                t = "Q5_K"
-            elif ftype in ("Q4_K_M", "Q5_K_M") and _use_more_bits(i_attn_v, n_attn_v):
-                t = "Q6_K"
-            elif ftype == "Q4_K_S" and i_attn_v < 4:
-                t = "Q5_K"
+            t = _attn_v_type(ftype, base, n_gqa, i_attn_v, n_attn_v)
             i_attn_v += 1
         elif "ffn_down" in name:
-            if ftype in ("Q4_K_M", "Q5_K_M") and _use_more_bits(layer, n_layer):
-                t = "Q6_K"
-            elif ftype == "Q4_K_S" and layer < n_layer // 8:
-                t = "Q5_K"
-            elif ftype == "IQ4_XS" and layer < n_layer // 8 and not imatrix:
-                t = "Q5_K"
-        block = BLOCK_SIZES[t][0]
-        if shape[0] % block:
-            t = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "IQ4_XS": "IQ4_NL"}.get(t, "F16")
-        yield name, shape, t
+            layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
+            t = _ffn_down_type(ftype, base, layer, n_layer, imatrix)
+        yield name, shape, _fitting(t, shape)
+
+
+def _attn_v_type(ftype: str, base: str, n_gqa: int, i: int, n: int) -> str:
+    """The type of the i-th of n attention value (or fused qkv) tensors."""
+    if ftype == "IQ4_XS" and n_gqa >= 4:
+        return "Q5_K"
+    if ftype in ("Q4_K_M", "Q5_K_M") and _use_more_bits(i, n):
+        return "Q6_K"
+    if ftype == "Q4_K_S" and i < 4:
+        return "Q5_K"
+    return base
+
+
+def _ffn_down_type(ftype: str, base: str, layer: int, n_layer: int, imatrix: bool) -> str:
+    """The type of a layer's feed-forward down projection."""
+    if ftype in ("Q4_K_M", "Q5_K_M") and _use_more_bits(layer, n_layer):
+        return "Q6_K"
+    if ftype == "Q4_K_S" and layer < n_layer // 8:
+        return "Q5_K"
+    if ftype == "IQ4_XS" and layer < n_layer // 8 and not imatrix:
+        return "Q5_K"
+    return base
+
+
+def _fitting(t: str, shape: tuple[int, ...]) -> str:
+    """`t`, or llama-quantize's fallback when the rows are not a whole number of its blocks."""
+    if shape[0] % BLOCK_SIZES[t][0]:
+        return {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "IQ4_XS": "IQ4_NL"}.get(t, "F16")
+    return t

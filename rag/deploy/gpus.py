@@ -133,7 +133,8 @@ class PrefillPrediction:
 
     @property
     def total_s(self) -> tuple[float, float]:
-        return tuple(round(m + d + r, 3) for m, d, r in zip(self.matmul_s, self.dequant_s, self.rest_s))
+        (m0, m1), (d0, d1), (r0, r1) = self.matmul_s, self.dequant_s, self.rest_s
+        return round(m0 + d0 + r0, 3), round(m1 + d1 + r1, 3)
 
     @property
     def tok_s(self) -> tuple[float, float]:
@@ -167,5 +168,7 @@ def predict_prefill(gpu: GPU, tokens: int, matmul_params: int, weight_bytes: int
                     matmul, dequant = anchor_matmul * anchor.tensor_tflops / gpu.tensor_tflops, 0.0
                 ends.append((matmul + dequant + anchor_rest * ratio, matmul, dequant, anchor_rest * ratio))
     fast, slow = min(ends), max(ends)
-    pair = lambda k: (round(fast[k], 3), round(slow[k], 3))  # noqa: E731
+    def pair(k: int) -> tuple[float, float]:
+        return round(fast[k], 3), round(slow[k], 3)
+
     return PrefillPrediction(tokens, pair(1), pair(2), pair(3))

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -205,7 +206,8 @@ def plan_parts(settings: Settings) -> list[Part]:
              f"{settings.llm_model} (profile {profile.name})", logs / "llama-server.log"),
         Part("embedder", [python, "-m", "rag.cli", "serve-embeddings"], f"{settings.embed_url}/health",
              settings.embed_port, embed.hostname or "127.0.0.1",
-             f"{settings.embed_model} on {placement.device or 'its default device'} ({placement.reason})",
+             # {device}: what the server chose, from its /health (the placement may leave the choice to it)
+             f"{settings.embed_model} on {{device}} ({placement.reason})",
              logs / "embedder.log", env=embed_env),
         Part("api", [python, "-m", "rag.cli", "serve-api"], f"{settings.api_url}/health", settings.api_port,
              settings.api_host, f"web page and API over {settings.data_dir}", logs / "api.log",
@@ -213,18 +215,37 @@ def plan_parts(settings: Settings) -> list[Part]:
     ]
 
 
-def wait_ready(part: Part) -> None:
+def wait_ready(part: Part) -> dict[str, Any]:
+    """The part's /health body once it answers 200 (an empty dict for a body that is not a JSON object)."""
     deadline = time.monotonic() + part.ready_timeout_s
     while time.monotonic() < deadline:
         if not part.alive():
             raise LaunchError(f"{part.name} exited during start-up; last log lines:\n{part.tail()}")
         try:
-            if httpx.get(part.health_url, timeout=2.0).status_code == 200:
-                return
+            response = httpx.get(part.health_url, timeout=2.0)
+            if response.status_code == 200:
+                return _json_object(response)
         except httpx.TransportError:
             pass
         time.sleep(0.25)
     raise LaunchError(f"{part.name} was not ready after {part.ready_timeout_s:.0f} s; last log lines:\n{part.tail()}")
+
+
+def _json_object(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def ready_text(part: Part, health: dict[str, Any]) -> str:
+    """What the ready line says of a part: its `model` text with `{key}` filled from its /health."""
+    text = part.model
+    for key, value in health.items():
+        if isinstance(value, str | int | float):
+            text = text.replace(f"{{{key}}}", str(value))
+    return text
 
 
 class Stopped(BaseException):
@@ -261,7 +282,7 @@ class RestartPolicy:
     stable_after_s: float = 60.0  # a part up this long has recovered: its count starts again
 
     def delay(self, restarts: int) -> float:
-        return min(self.max_delay_s, self.first_delay_s * 2 ** max(0, restarts - 1))
+        return min(self.max_delay_s, self.first_delay_s * 2.0 ** max(0, restarts - 1))
 
 
 class Stack:
@@ -297,8 +318,8 @@ class Stack:
             self.check_ports()
             for part in self.parts:
                 self._start(part)
-                wait_ready(part)
-                self.echo(f"{part.name:<13} ready   {part.health_url.rsplit('/health', 1)[0]:<28} {part.model}")
+                health = wait_ready(part)
+                self.echo(f"{part.name:<13} ready   {part.health_url.rsplit('/health', 1)[0]:<28} {ready_text(part, health)}")
         except BaseException:
             self.stop()
             raise

@@ -76,7 +76,8 @@ PUBLISHED_GIB: dict[str, float] = {
 
 def _qwen35_layer_tensors(h: Qwen35Hparams, il: int) -> list[tuple[str, tuple[int, ...]]]:
     p = f"blk.{il}."
-    out = [(p + "attn_norm.weight", (h.n_embd,)), (p + "post_attention_norm.weight", (h.n_embd,))]
+    out: list[tuple[str, tuple[int, ...]]] = [(p + "attn_norm.weight", (h.n_embd,)),
+                                              (p + "post_attention_norm.weight", (h.n_embd,))]
     if h.is_recurrent(il):
         key_dim = h.ssm_d_state * h.ssm_n_group
         value_dim = h.ssm_d_state * h.ssm_dt_rank
@@ -137,7 +138,7 @@ def qwen35_metadata(h: Qwen35Hparams, ftype: str = "Q4_K_M") -> dict[str, Any]:
 
 def qwen35_model(h: Qwen35Hparams = QWEN36_27B, ftype: str = "Q4_K_M", name: str = "Qwen3.6-27B") -> ModelSpec:
     """The model as llama-quantize would write it for `ftype` (no MTP head, untied output)."""
-    shapes = [("token_embd.weight", (h.n_embd, h.n_vocab))]
+    shapes: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (h.n_embd, h.n_vocab))]
     for il in range(h.n_layer):
         shapes += _qwen35_layer_tensors(h, il)
     shapes += [("output_norm.weight", (h.n_embd,)), ("output.weight", (h.n_embd, h.n_vocab))]

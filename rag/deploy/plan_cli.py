@@ -31,8 +31,8 @@ def load_model(spec: str) -> tuple[ModelSpec, int]:
         raise click.BadParameter(f"{spec} is neither a file nor a described model ({known})", param_hint="MODEL")
     try:
         return read_gguf(path), 0
-    except (GGUFFormatError, ValueError, OSError) as exc:
-        raise click.BadParameter(f"cannot read {spec}: {exc}", param_hint="MODEL") from None
+    except (GGUFFormatError, ValueError, OSError) as exc:  # the file is there, but holds nothing to plan
+        raise click.ClickException(f"cannot plan {spec}: {exc}") from None
 
 
 @click.command("plan")

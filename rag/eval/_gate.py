@@ -42,7 +42,7 @@ def unmeasured(current: dict[str, float], baseline: dict[str, float]) -> list[st
 
 def read_baseline(path: Path) -> dict[str, Any]:
     try:
-        baseline = json.loads(path.read_text(encoding="utf-8"))
+        baseline: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
         baseline["scores"]  # noqa: B018 - shape check
     except (ValueError, KeyError, TypeError) as exc:
         raise InvalidRequest(f"{path} is not the --json output of rag eval: {exc}") from None

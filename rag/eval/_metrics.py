@@ -125,6 +125,8 @@ def answer_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "unsupported_sentences": (sum(r["unsupported"] for r in records) / total_sentences
                                   if (total_sentences := sum(r["sentences"] for r in records)) else None),
         "at_token_limit": sum(bool(r.get("at_token_limit")) for r in records) / n,
+        "empty_first_attempt": sum(bool(r.get("retried")) for r in records) / n,
+        "no_answer": sum(bool(r.get("no_answer")) for r in records) / n,
         "failed": sum("error" in r for r in records),
         "ttft_ms": latency_summary([r["ttft_ms"] for r in records if r.get("ttft_ms") is not None]),
         "total_ms": latency_summary([r["total_ms"] for r in records]),

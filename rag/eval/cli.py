@@ -18,7 +18,8 @@ from typing import Any
 
 import click
 
-from rag.core.config import Settings, get_settings, settings_error_line
+from rag.core.command_line import load_settings
+from rag.core.config import Settings
 from rag.core.errors import StoreLocked
 from rag.core.provenance import summary
 from rag.eval.harness import (
@@ -88,15 +89,6 @@ class RichProgress:
             click.echo(f"{name}: {done + n}/{total}", err=True)
 
 
-def _settings() -> Settings:
-    from pydantic import ValidationError
-
-    try:
-        return get_settings()
-    except ValidationError as exc:
-        raise click.ClickException(settings_error_line(exc)) from None
-
-
 def _open_parts(settings: Settings) -> Any:
     from rag.api.services import build_services
 
@@ -154,6 +146,8 @@ def render_table(result: dict[str, Any]) -> None:
             f"{answers['at_token_limit']:.3f}  whole answer p50 {answers['total_ms'].get('p50')} ms  "
             f"style {answers['prompt_style']}"
         )
+        console.print(f"empty answers: {answers['empty_first_attempt']:.3f} at the first attempt, "
+                      f"{answers['no_answer']:.3f} after the retry")
 
 
 def _gate(result: dict[str, Any], baseline_path: Path, max_drop: float) -> bool:
@@ -204,7 +198,7 @@ def eval_command(dataset: Path, collection: str | None, keep: bool, modes: str, 
     DATASET is SQuAD JSON: data[].paragraphs[].{context, qas[].{question, answers[].text}}. Each
     paragraph is indexed as a document through the normal ingestion pipeline.
     """
-    settings = _settings()
+    settings = load_settings()
     chosen = tuple(m.strip() for m in modes.split(",") if m.strip())
     if not chosen or any(m not in MODES for m in chosen):
         raise click.BadParameter(f"choose among {', '.join(MODES)}", param_hint="--modes")

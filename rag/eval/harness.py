@@ -27,7 +27,9 @@ per answer sentence after generation); `attributed_holds_answer` the share of at
 hold the answer as the model wrote it (was the right chunk found for what was said);
 `supported_source` the share of answers with a model-cited or attributed chunk that is answer-bearing;
 `unsupported_sentences` the share of answer sentences no chunk supports; `at_token_limit` the share of
-answers cut by max_tokens.
+answers cut by max_tokens; `empty_first_attempt` the share whose first generation held no letter or digit
+(the answer before its retry: rag.answering.no_answer), `no_answer` the share still empty after it (their
+text is the fixed "the model gave no answer" line).
 
 `scores` is the flat dict of gated metrics; all are better higher except those in LOWER_IS_BETTER.
 `provenance` (the commit or version, the date, the machine and its load average as the run started) and
@@ -44,8 +46,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from rag.answering.events import AnswerDocument, Done
 from rag.answering.retrieval import MODES
 from rag.core.config import Settings
 from rag.core.errors import InvalidRequest
@@ -67,6 +70,9 @@ from rag.eval._metrics import (
 )
 from rag.eval._report import plot_latency, plot_recall, report_markdown, write_report
 from rag.eval._squad import EvalQuestion, EvalSet, read_squad
+
+if TYPE_CHECKING:
+    from rag.answering.answerer import Answer, NoSourcesAnswer
 
 __all__ = [
     "DEPTH", "KS", "LOWER_IS_BETTER", "MODES", "EvalOptions", "EvalProgress", "EvalQuestion", "EvalSet",
@@ -360,30 +366,22 @@ class Evaluation:
         await asyncio.to_thread(drop)
 
 
-async def _one_answer(answer: Any, run: _QuestionRun, started: float) -> dict[str, Any]:
+async def _one_answer(answer: Answer | NoSourcesAnswer, run: _QuestionRun, started: float) -> dict[str, Any]:
     """Consume one answer's events into what the metrics need."""
-    parts: list[str] = []
-    texts: dict[str, tuple[str, str]] = {}  # chunk_id -> (doc_id, text)
-    record: dict[str, Any] = {"cited": [], "attributed": [], "invalid": 0, "sentences": 0, "unsupported": 0}
-    async for event in answer.events():
-        if event.name == "token":
-            parts.append(event.data["text"])
-        elif event.name == "sources":
-            texts = {s["chunk_id"]: (s["doc_id"], s["text"]) for s in event.data["sources"]}
-        elif event.name == "citations":
-            for c in event.data["citations"]:
-                record["cited" if c.get("kind", "model") == "model" else "attributed"].append(
-                    texts.get(c["chunk_id"], (c["doc_id"], "")))
-            record["invalid"] = len(event.data["invalid"])
-            sentences = event.data.get("sentences", [])
-            record["sentences"] = len(sentences)
-            record["unsupported"] = sum(not s["supported"] for s in sentences)
-        elif event.name == "done":
-            record["ttft_ms"] = event.data.get("ttft_ms")
-            record["queue_ms"] = event.data.get("queue_ms")
-            record["no_sources"] = event.data.get("finish_reason") == "no_sources"
-            record["at_token_limit"] = event.data.get("finish_reason") == "length"
-    text = strip_citations("".join(parts))
+    document = await AnswerDocument.collect(answer.events())
+    texts = {s.chunk_id: (s.doc_id, s.text) for s in document.sources}  # chunk_id -> (doc_id, text)
+    citations, done = document.citations, document.done
+    record: dict[str, Any] = {"cited": [], "attributed": []}
+    for c in citations.citations:
+        record["cited" if c.kind == "model" else "attributed"].append(texts.get(c.chunk_id, (c.doc_id, "")))
+    record.update(
+        invalid=len(citations.invalid), sentences=len(citations.sentences),
+        unsupported=sum(not s.supported for s in citations.sentences), ttft_ms=done.ttft_ms,
+        queue_ms=done.queue_ms if isinstance(done, Done) else None, no_sources=done.finish_reason == "no_sources",
+        at_token_limit=done.finish_reason == "length",
+        no_answer=isinstance(done, Done) and done.no_answer, retried=isinstance(done, Done) and done.retried,
+    )
+    text = strip_citations(document.answer)
     golds = run.question.answers
     record.update(
         qid=run.question.qid,

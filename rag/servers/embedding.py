@@ -10,14 +10,14 @@ model: the embedded default serves all-MiniLM-L6-v2, the GPU deployment bge-m3.
 from __future__ import annotations
 
 import asyncio
-import base64
+import functools
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, HTTPException, Request
@@ -26,12 +26,21 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from rag.core.config import Settings
+from rag.core.disconnect import unless_disconnected
+from rag.core.embeddings_api import (
+    EmbeddingsResponse,
+    EmbeddingsUsage,
+    EncodingFormat,
+    check_embedding_inputs,
+    embeddings_response,
+)
+from rag.core.errors import RagError
 
 
 class EmbeddingRequest(BaseModel):
     input: str | list[str]
     model: str | None = None
-    encoding_format: Literal["float", "base64"] = "float"
+    encoding_format: EncodingFormat = "float"
     dimensions: int | None = None
 
 
@@ -115,7 +124,7 @@ class MicroBatcher:
             texts = [t for p in batch for t in p.texts]
             abandoned = self._current = threading.Event()
             for p in batch:
-                p.future.add_done_callback(lambda _, b=batch, e=abandoned: _abandon_if_all_cancelled(b, e))
+                p.future.add_done_callback(functools.partial(_abandon_if_all_cancelled, batch, abandoned))
             try:
                 vectors = await loop.run_in_executor(self._executor, self._encode, texts, abandoned)
             except Abandoned:  # every caller went away (or the server stops): nobody reads a result
@@ -134,7 +143,7 @@ class MicroBatcher:
                 start += len(p.texts)
 
 
-def _abandon_if_all_cancelled(batch: list[_Pending], abandoned: threading.Event) -> None:
+def _abandon_if_all_cancelled(batch: list[_Pending], abandoned: threading.Event, _: object = None) -> None:
     if all(p.future.cancelled() for p in batch):
         abandoned.set()
 
@@ -177,8 +186,12 @@ class SentenceEmbedder:
         self.workers = 1 if on_cuda else self.threads
         torch.set_num_threads(self.threads if on_cuda else 1)
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="forward") if self.workers > 1 else None
-        self.max_seq_length = int(self.model.max_seq_length)
-        self.dimensions = int(self.model.get_embedding_dimension() or 0)
+        max_seq_length = self.model.max_seq_length
+        if max_seq_length is None:
+            raise ValueError(f"the model at {model_path} states no max_seq_length")
+        self.max_seq_length = int(max_seq_length)
+        dimension = self.model.get_embedding_dimension()
+        self.dimensions = int(dimension) if dimension is not None else 0
         # Counting runs beside an encode. Calling the model's own tokenizer with other truncation and padding
         # options rewrites its shared Rust state mid-encode ("expected sequence of length 194 at dim 1 (got
         # 193)" under 16 concurrent requests): counts use a copy of it that nothing reconfigures.
@@ -236,38 +249,12 @@ class SentenceEmbedder:
         return [len(e.ids) for e in self._counter.encode_batch(texts, add_special_tokens=True)]
 
 
-def _encode_vector(vector: np.ndarray, fmt: str) -> list[float] | str:
-    if fmt == "base64":
-        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
-    return vector.tolist()
-
-
-def _valid_unicode(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-async def _unless_gone(request: Request, work: Any) -> np.ndarray:
-    """The result of `work`; cancelled (and an HTTP 499 for nobody) if the client disconnects first."""
-    task = asyncio.ensure_future(work)
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-        if done:
-            return task.result()
-        if await request.is_disconnected():
-            task.cancel()
-            raise HTTPException(499, "the client closed the connection")
-
-
 def create_embedding_app(settings: Settings, embedder: SentenceEmbedder | None = None) -> FastAPI:
     """The embedding server's app; the model loads at start-up unless one is given."""
     state: dict[str, Any] = {}
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         model = embedder or SentenceEmbedder.from_settings(settings)
         wait_s = settings.embed_max_wait_ms / 1000
         bulk = MicroBatcher(model.encode, max_batch=settings.embed_max_batch, max_wait_s=wait_s, name="bulk")
@@ -289,6 +276,10 @@ def create_embedding_app(settings: Settings, embedder: SentenceEmbedder | None =
             status_code=exc.status_code,
             content={"error": {"message": exc.detail, "type": "invalid_request_error", "code": exc.status_code}},
         )
+
+    @app.exception_handler(RagError)
+    async def _refused(request: Request, exc: RagError) -> JSONResponse:
+        return await _error(request, HTTPException(exc.status, exc.message))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -316,29 +307,18 @@ def create_embedding_app(settings: Settings, embedder: SentenceEmbedder | None =
         return {"object": "list", "data": [entry]}
 
     @app.post("/v1/embeddings")
-    async def embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any]:
+    async def embeddings(body: EmbeddingRequest, request: Request) -> EmbeddingsResponse:
         texts = [body.input] if isinstance(body.input, str) else list(body.input)
-        if not texts or any(t == "" for t in texts):
-            raise HTTPException(400, "input must be a non-empty string or a list of non-empty strings")
-        if len(texts) > settings.embed_max_inputs:
-            raise HTTPException(
-                413, f"{len(texts)} inputs in one request; the limit is {settings.embed_max_inputs} (RAG_EMBED_MAX_INPUTS)"
-            )
-        broken = next((i for i, t in enumerate(texts) if not _valid_unicode(t)), None)
-        if broken is not None:
-            raise HTTPException(400, f"input {broken} is not valid Unicode (it holds a lone UTF-16 surrogate)")
+        check_embedding_inputs(texts, max_inputs=settings.embed_max_inputs)
         model: SentenceEmbedder = state["model"]
         # A query's count is cheaper than the hop to a thread (the event loop waits ~0.1 ms for it).
         short = len(texts) <= SHORT_REQUEST
         counts = model.token_counts(texts) if short else await asyncio.to_thread(model.token_counts, texts)
-        vectors = await _unless_gone(request, state["queries" if short else "bulk"].submit(texts))
-        used = [min(c, model.max_seq_length) for c in counts]
+        batcher: MicroBatcher = state["queries" if short else "bulk"]
+        vectors = await unless_disconnected(batcher.submit(texts), request.is_disconnected, poll_s=DISCONNECT_POLL_S)
+        used = sum(min(c, model.max_seq_length) for c in counts)
         truncated = sum(c > model.max_seq_length for c in counts)
-        data = [
-            {"object": "embedding", "index": i, "embedding": _encode_vector(v, body.encoding_format)}
-            for i, v in enumerate(vectors)
-        ]
-        usage = {"prompt_tokens": sum(used), "total_tokens": sum(used), "truncated_inputs": int(truncated)}
-        return {"object": "list", "data": data, "model": settings.embed_model, "usage": usage}
+        usage = EmbeddingsUsage(prompt_tokens=used, total_tokens=used, truncated_inputs=truncated)
+        return embeddings_response(vectors, body.encoding_format, settings.embed_model, usage)
 
     return app

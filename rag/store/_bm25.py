@@ -9,6 +9,7 @@ import shutil
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import cast
 
 import tantivy
 
@@ -82,7 +83,8 @@ class Bm25Index:
     def document_counts(self, collection: str, doc_ids: Iterable[str]) -> dict[str, int]:
         searcher = self._index.searcher()
         return {
-            d: searcher.search(tantivy.Query.term_query(self._schema, "doc_key", collection + _SEP + d), 1).count
+            # tantivy's stub leaves out SearchResult.count (set unless count=False)
+            d: searcher.search(tantivy.Query.term_query(self._schema, "doc_key", collection + _SEP + d), 1).count  # type: ignore[attr-defined]
             for d in doc_ids
         }
 
@@ -97,8 +99,8 @@ class Bm25Index:
         hits = searcher.search(Q.boolean_query(clauses), k, count=False).hits
         if not hits:
             return []
-        rowids = searcher.fast_field_values("rowid", [address for _, address in hits])
-        return [(score, rowid) for (score, _), rowid in zip(hits, rowids)]
+        rowids = cast(list[int], searcher.fast_field_values("rowid", [address for _, address in hits]))  # an int field
+        return [(float(score), rowid) for (score, _), rowid in zip(hits, rowids)]
 
     def idf(self, terms: Iterable[str], prior_docs: int = 1000) -> dict[str, float]:
         """BM25's inverse document frequency of each term over the whole index (all collections).

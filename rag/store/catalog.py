@@ -15,17 +15,22 @@ transaction (`mark_indexed`); the old version's chunks are deleted after. A proc
 
 The same bytes under two sources are one document (its id is the content's hash, its chunks stored
 once) with two names: the row's own source and name, and a row of `document_names` for each other
-one. Listings show every name; retiring or deleting one name keeps the content while another names it.
+one. Retiring or deleting one name keeps the content while another names it.
+
+What a user counts as a document is one content of a collection, indexed, with its names beneath it
+(`documents`, `counts`); a failed file is a failure, counted and listed apart (`state="failed"`), never
+as a document. The API, `rag store check`, `ingest --json` and the web page all take these numbers.
 """
 
 from __future__ import annotations
 
+import builtins
 import os
 import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -36,7 +41,10 @@ from filelock import FileLock, Timeout
 
 from rag.core.config import COLLECTION_NAME
 from rag.core.errors import Conflict, InvalidRequest, NotFound, TooManyCollections
+from rag.store.schema import Step, migrate, run_script
 from rag.store.sqlite import BUSY_TIMEOUT_S, write_transaction
+
+IsLive = Callable[[str | None], bool]  # whether the owner token of a row belongs to a running process
 
 State = Literal["pending", "indexed", "failed", "deleting"]
 Claim = Literal["claimed", "indexed", "busy"]
@@ -69,6 +77,8 @@ CREATE TABLE IF NOT EXISTS document_names (
 );
 CREATE INDEX IF NOT EXISTS document_names_by_source ON document_names (collection, source);
 """
+_STEPS: list[Step] = [("documents and their names", lambda db: run_script(db, _SCHEMA))]
+
 
 def check_collection(name: str) -> str:
     """`name` if Chroma accepts it as a collection name; InvalidRequest otherwise."""
@@ -86,6 +96,14 @@ _NAMED = f"""(
            n.created_at, d.indexed_at
     FROM document_names n JOIN documents d ON d.collection = n.collection AND d.doc_id = n.doc_id
 )"""
+
+
+@dataclass(frozen=True)
+class DocumentCounts:
+    """A collection's documents (indexed contents, however many names each has) and its failures."""
+
+    documents: int = 0
+    failed: int = 0
 
 
 def _iso(ts: float | None) -> str | None:
@@ -107,9 +125,11 @@ class DocumentRecord:
     created_at: float
     indexed_at: float | None
 
-    def to_api(self) -> dict[str, Any]:
+    def to_api(self, names: list[tuple[str, str]] | None = None) -> dict[str, Any]:
         """The API's view: `source` is the display name (as in the chunks' metadata), `source_key` what
-        identifies the file across versions (the CLI's path, an upload's name or server id)."""
+        identifies the file across versions (the CLI's path, an upload's name or server id); `names`
+        every name of the content, its own first."""
+        names = names or [(self.source, self.name)]
         return {
             "id": self.doc_id,
             "source": self.name,
@@ -122,6 +142,7 @@ class DocumentRecord:
             "error": self.error,
             "created_at": _iso(self.created_at),
             "indexed_at": _iso(self.indexed_at),
+            "names": [{"source": name, "source_key": source} for source, name in names],
         }
 
 
@@ -182,7 +203,7 @@ class DocumentCatalog:
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_S)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        migrate(self._db, path, _STEPS)
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -207,7 +228,7 @@ class DocumentCatalog:
     def list(
         self, collection: str, offset: int = 0, limit: int = 50, state: State | None = None
     ) -> list[DocumentRecord]:
-        """Every name of the collection's documents (content under two names is listed twice)."""
+        """Every name of the collection's rows, one row per name (what `ingest --sync` compares with files)."""
         sql = f"SELECT {_COLUMNS} FROM {_NAMED} WHERE collection = ?"
         params: list[Any] = [collection]
         if state:
@@ -216,21 +237,54 @@ class DocumentCatalog:
         sql += " ORDER BY created_at, doc_id LIMIT ? OFFSET ?"
         return self._rows(sql, [*params, limit, offset])
 
-    def count(self, collection: str, state: State | None = None) -> int:
-        sql, params = f"SELECT count(*) FROM {_NAMED} WHERE collection = ?", [collection]
-        if state:
-            sql += " AND state = ?"
-            params.append(state)
-        with self._lock:
-            return int(self._db.execute(sql, params).fetchone()[0])
+    def documents(self, collection: str, offset: int = 0, limit: int = 50, state: State = "indexed") -> list[DocumentRecord]:
+        """The collection's contents in `state`, oldest first, one row each (its own name; `names` has all)."""
+        return self._rows(
+            f"SELECT {_COLUMNS} FROM documents WHERE collection = ? AND state = ? "
+            "ORDER BY created_at, doc_id LIMIT ? OFFSET ?",
+            (collection, state, limit, offset),
+        )
 
-    def by_source(self, collection: str, source: str) -> list[DocumentRecord]:
+    def counts(self) -> dict[str, DocumentCounts]:
+        """Every collection with a row: its documents (indexed contents) and its failures."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT collection, sum(state = 'indexed'), sum(state = 'failed') FROM documents GROUP BY collection"
+            ).fetchall()
+        return {name: DocumentCounts(int(n or 0), int(f or 0)) for name, n, f in sorted(rows)}
+
+    def count_in(self, collection: str, state: State = "indexed") -> int:
+        """How many contents of the collection are in `state` (indexed: its documents)."""
+        with self._lock:
+            return int(self._db.execute(
+                "SELECT count(*) FROM documents WHERE collection = ? AND state = ?", (collection, state)
+            ).fetchone()[0])
+
+    def names_of(self, collection: str, doc_ids: Iterable[str]) -> dict[str, list[tuple[str, str]]]:
+        """(source, display name) of every name of each document: its own first, then the others by age."""
+        found: dict[str, list[tuple[str, str]]] = {}
+        wanted = list(dict.fromkeys(doc_ids))
+        for start in range(0, len(wanted), 500):
+            part = wanted[start : start + 500]
+            marks = ",".join("?" * len(part))
+            with self._lock:
+                rows = self._db.execute(
+                    f"SELECT doc_id, source, name, 0, created_at FROM documents WHERE collection = ? AND doc_id IN ({marks}) "
+                    f"UNION ALL SELECT doc_id, source, name, 1, created_at FROM document_names "
+                    f"WHERE collection = ? AND doc_id IN ({marks}) ORDER BY 1, 4, 5",
+                    (collection, *part, collection, *part),
+                ).fetchall()
+            for doc_id, source, name, _, _ in rows:
+                found.setdefault(doc_id, []).append((source, name))
+        return found
+
+    def by_source(self, collection: str, source: str) -> builtins.list[DocumentRecord]:
         return self._rows(
             f"SELECT {_COLUMNS} FROM {_NAMED} WHERE collection = ? AND source = ? ORDER BY created_at",
             (collection, source),
         )
 
-    def names(self, collection: str, doc_id: str) -> list[str]:
+    def names(self, collection: str, doc_id: str) -> builtins.list[str]:
         """The sources that name a document: its own first, then the others by age."""
         with self._lock:
             rows = self._db.execute(
@@ -241,13 +295,9 @@ class DocumentCatalog:
             ).fetchall()
         return [r[0] for r in rows]
 
-    def collections(self) -> list[tuple[str, int]]:
-        """Every collection with a row, and how many of its documents' names are indexed."""
-        with self._lock:
-            rows = self._db.execute(
-                f"SELECT collection, sum(state = 'indexed') FROM {_NAMED} GROUP BY collection ORDER BY collection"
-            ).fetchall()
-        return [(name, int(n or 0)) for name, n in rows]
+    def collections(self) -> builtins.list[tuple[str, int]]:
+        """Every collection with a row, and how many documents (indexed contents) it holds."""
+        return [(name, c.documents) for name, c in self.counts().items()]
 
     def check_room(self, collection: str, limit: int) -> None:
         """TooManyCollections when `collection` would be new and `limit` collections exist already."""
@@ -284,7 +334,7 @@ class DocumentCatalog:
             found.update(r[0] for r in rows)
         return found
 
-    def leftovers(self, is_live: Any) -> list[DocumentRecord]:
+    def leftovers(self, is_live: IsLive) -> builtins.list[DocumentRecord]:
         """Pending and deleting rows whose owner is gone: their chunks may be half written or half deleted."""
         rows = self._rows(f"SELECT {_COLUMNS} FROM documents WHERE state IN ('pending', 'deleting')")
         return [r for r in rows if not is_live(r.owner)]
@@ -292,7 +342,7 @@ class DocumentCatalog:
     # Writes.
 
     def claim(
-        self, collection: str, doc_id: str, *, source: str, name: str, size: int, owner: str, is_live: Any
+        self, collection: str, doc_id: str, *, source: str, name: str, size: int, owner: str, is_live: IsLive
     ) -> tuple[Claim, DocumentRecord | None]:
         """Mark a document pending for `owner`, unless it is indexed already or another live owner has it.
 
@@ -314,7 +364,7 @@ class DocumentCatalog:
             )
         return "claimed", before
 
-    def mark_indexed(self, collection: str, doc_id: str, *, chunks: int, pages: int | None, owner: str) -> list[str]:
+    def mark_indexed(self, collection: str, doc_id: str, *, chunks: int, pages: int | None, owner: str) -> builtins.list[str]:
         """Make the document searchable and retire every other indexed version of its source, atomically.
 
         Returns the retired documents' ids (now `deleting`, owned by `owner`): delete their chunks, then
@@ -331,13 +381,13 @@ class DocumentCatalog:
             )
             return self._retire(db, collection, source, keep=doc_id, owner=owner)
 
-    def retire_source(self, collection: str, source: str, *, keep: str, owner: str) -> list[str]:
+    def retire_source(self, collection: str, source: str, *, keep: str, owner: str) -> builtins.list[str]:
         """Retire the indexed versions of `source` other than `keep` (whose content is indexed already)."""
         with self._write() as db:
             return self._retire(db, collection, source, keep=keep, owner=owner)
 
     @classmethod
-    def _retire(cls, db: sqlite3.Connection, collection: str, source: str, *, keep: str, owner: str) -> list[str]:
+    def _retire(cls, db: sqlite3.Connection, collection: str, source: str, *, keep: str, owner: str) -> builtins.list[str]:
         """Take the name `source` from every indexed document but `keep`; those left unnamed go."""
         named = db.execute(
             "SELECT doc_id FROM documents WHERE collection = ? AND source = ? AND doc_id != ? AND state = 'indexed' "
@@ -410,7 +460,7 @@ class DocumentCatalog:
                 (error[:2000], collection, doc_id),
             )
 
-    def mark_deleting(self, collection: str, doc_id: str, *, owner: str, is_live: Any) -> DocumentRecord | None:
+    def mark_deleting(self, collection: str, doc_id: str, *, owner: str, is_live: IsLive) -> DocumentRecord | None:
         """Take a document out of search before its chunks are deleted; None if it does not exist.
 
         Raises `DocumentBusy` when a live process is indexing or deleting it.

@@ -14,6 +14,7 @@ from filelock import FileLock, Timeout
 
 from rag.core.config import Settings
 from rag.core.errors import BackendUnavailable, NotFound, StoreDamaged, StoreLocked, StoreUnavailable
+from rag.store.record import Vectors
 
 HNSW = {"space": "cosine", "ef_construction": 200, "ef_search": 200}
 REPAIR_HINT = "stop the API and run `rag store repair`"
@@ -174,7 +175,7 @@ class ChunkStore:
         self,
         collection: str,
         ids: list[str],
-        embeddings: list[list[float]],
+        embeddings: Vectors | list[list[float]],
         documents: list[str],
         metadatas: list[dict[str, Any]],
     ) -> None:

@@ -37,6 +37,7 @@ from rag.store import record
 from rag.store._bm25 import FORMAT, Bm25Index
 from rag.store._tokenizer import STOPWORDS_EN, Tokenizer, cjk_fraction, lexical_tokens
 from rag.store.record import EmbedderIdentity
+from rag.store.schema import Step, migrate, run_script
 from rag.store.sqlite import BUSY_TIMEOUT_S, write_transaction
 
 __all__ = ["STOPWORDS_EN", "LexicalHit", "LexicalIndex", "Tokenizer", "cjk_fraction", "lexical_tokens"]
@@ -67,6 +68,16 @@ DROP TABLE IF EXISTS chunks_fts;
 """
 
 
+def _chunks_with_context_and_record(db: sqlite3.Connection) -> None:
+    run_script(db, _SCHEMA)
+    if "context" not in {row[1] for row in db.execute("PRAGMA table_info(chunks)")}:
+        db.execute("ALTER TABLE chunks ADD COLUMN context TEXT NOT NULL DEFAULT ''")
+    record.add_columns(db)
+
+
+_STEPS: list[Step] = [("chunks with their context, metadata, vectors and embedders", _chunks_with_context_and_record)]
+
+
 class LexicalIndex:
     """BM25 search over chunks of every collection. `path` is the SQLite file; the index lies beside it."""
 
@@ -77,10 +88,7 @@ class LexicalIndex:
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_S)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
-        if "context" not in {row[1] for row in self._db.execute("PRAGMA table_info(chunks)")}:
-            self._db.execute("ALTER TABLE chunks ADD COLUMN context TEXT NOT NULL DEFAULT ''")
-        record.add_columns(self._db)
+        migrate(self._db, path, _STEPS)
         # Searches read through their own connection: under WAL they never wait for a write.
         self._reader = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
@@ -139,7 +147,7 @@ class LexicalIndex:
             self._bm25.delete_collection(writer, collection)
         return n
 
-    def set_vectors(self, collection: str, vectors: Iterable[tuple[str, Any, dict | None]]) -> None:
+    def set_vectors(self, collection: str, vectors: Iterable[tuple[str, Any, dict[str, Any] | None]]) -> None:
         """Store (chunk_id, vector, metadata) of existing chunks; a stored metadata is kept. The text,
         so the search index, is unchanged."""
         rows = [(record.encode_vector(v), record.encode_metadata(m), collection, cid) for cid, v, m in vectors]
@@ -191,7 +199,7 @@ class LexicalIndex:
             ).fetchall()
         return {doc_id: (int(n), int(v)) for doc_id, n, v in rows}
 
-    def records(self, collection: str, batch: int = 500) -> Iterator[list[tuple[str, str, str, dict, list[float] | None]]]:
+    def records(self, collection: str, batch: int = 500) -> Iterator[list[tuple[str, str, str, dict[str, Any], list[float] | None]]]:
         """The collection's chunks as (chunk_id, doc_id, text, metadata, vector or None), in batches."""
         reader = sqlite3.connect(str(self._path), check_same_thread=False)
         try:
@@ -222,6 +230,18 @@ class LexicalIndex:
 
     # Reads.
 
+    def chunks(self, collection: str, chunk_ids: Iterable[str]) -> dict[str, tuple[str, dict[str, Any]]]:
+        """The record's text and metadata of the chunks that exist among `chunk_ids`, by id."""
+        ids = list(chunk_ids)[:1000]
+        if not ids:
+            return {}
+        with self._read_lock:
+            rows = self._reader.execute(
+                f"SELECT chunk_id, text, metadata FROM chunks WHERE collection = ? AND chunk_id IN ({','.join('?' * len(ids))})",
+                (collection, *ids),
+            ).fetchall()
+        return {cid: (text, record.decode_metadata(meta) or {}) for cid, text, meta in rows}
+
     def count_document(self, collection: str, doc_id: str) -> int:
         return self._count("SELECT count(*) FROM chunks WHERE collection = ? AND doc_id = ?", (collection, doc_id))
 
@@ -246,6 +266,14 @@ class LexicalIndex:
                 )
             }
         return [LexicalHit(*found[rowid], score) for score, rowid in hits if rowid in found]
+
+    def document_chunks(self, collection: str, doc_id: str) -> list[tuple[str, dict]]:
+        """A document's chunks as (text, metadata), in the order they were written."""
+        with self._read_lock:
+            rows = self._reader.execute(
+                "SELECT text, metadata FROM chunks WHERE collection = ? AND doc_id = ? ORDER BY id", (collection, doc_id)
+            ).fetchall()
+        return [(text, record.decode_metadata(meta)) for text, meta in rows]
 
     def idf(self, terms: Iterable[str], prior_docs: int = 1000) -> dict[str, float]:
         """BM25's inverse document frequency of each term over the whole index (all collections).
@@ -329,8 +357,8 @@ class LexicalIndex:
                 return
         with self._writer() as writer:
             writer.delete_all_documents()
-            rows = self._db.execute("SELECT id, collection, doc_id, text, context FROM chunks")
-            for batch in _batches(rows, 2000):
+            cursor = self._db.execute("SELECT id, collection, doc_id, text, context FROM chunks")
+            for batch in _batches(cursor, 2000):
                 for rowid, collection, doc_id, text, context in batch:
                     self._bm25.add(writer, rowid, collection, doc_id, self._tokens(text, context))
             self._db.execute(
@@ -338,12 +366,12 @@ class LexicalIndex:
             )
 
 
-def _with_context(row: tuple[Any, ...]) -> tuple[str, str, str, str, dict | None, Any]:
+def _with_context(row: tuple[Any, ...]) -> tuple[str, str, str, str, dict[str, Any] | None, Any]:
     chunk_id, doc_id, text, *rest = row
     rest += [None] * (3 - len(rest))
     return chunk_id, doc_id, text, rest[0] or "", rest[1], rest[2]
 
 
-def _batches(cursor: sqlite3.Cursor, size: int) -> Iterator[list[tuple]]:
+def _batches(cursor: sqlite3.Cursor, size: int) -> Iterator[list[tuple[Any, ...]]]:
     while batch := cursor.fetchmany(size):
         yield batch

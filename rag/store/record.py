@@ -19,10 +19,14 @@ import hashlib
 import json
 import math
 import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
+
+from rag.store.schema import run_script
 
 SAME_MODEL_COSINE = 0.999
 
@@ -44,14 +48,18 @@ def encode_vector(vector: Any) -> bytes:
     return np.asarray(vector, dtype=np.float16).tobytes()
 
 
-def rounded(vectors: Any) -> np.ndarray:
+Vectors = npt.NDArray[np.float32]  # (n, d): one row per text
+
+
+def rounded(vectors: Vectors | Sequence[Sequence[float]]) -> Vectors:
     """Vectors as the record keeps them, as an (n, d) float32 array. Chroma gets these same values, so
     an index rebuilt from the record ranks exactly like the one written at ingestion."""
     return np.asarray(vectors, dtype=np.float16).astype(np.float32)
 
 
 def decode_vector(blob: bytes) -> list[float]:
-    return np.frombuffer(blob, dtype=np.float16).astype(np.float32).tolist()
+    values: list[float] = np.frombuffer(blob, dtype=np.float16).astype(np.float32).tolist()
+    return values
 
 
 def encode_metadata(metadata: dict[str, Any] | None) -> str | None:
@@ -64,7 +72,7 @@ def decode_metadata(text: str | None) -> dict[str, Any]:
 
 def add_columns(db: sqlite3.Connection) -> None:
     """Bring an older record up to this schema (its chunks then have no vector until re-embedded)."""
-    db.executescript(SCHEMA)
+    run_script(db, SCHEMA)
     have = {row[1] for row in db.execute("PRAGMA table_info(chunks)")}
     for name, kind in CHUNK_COLUMNS.items():
         if name not in have:
@@ -82,7 +90,7 @@ class EmbedderIdentity:
     probe: tuple[float, ...]
 
     @classmethod
-    def of(cls, model: str, probe_text: str, probe: list[float]) -> "EmbedderIdentity":
+    def of(cls, model: str, probe_text: str, probe: Sequence[float] | Vectors) -> EmbedderIdentity:
         norm = math.sqrt(sum(x * x for x in probe))
         return cls(model, len(probe), abs(norm - 1.0) < 1e-3, probe_text, tuple(float(x) for x in probe))
 
@@ -95,7 +103,7 @@ class EmbedderIdentity:
         norm = "normalized" if self.normalized else "not normalized"
         return f"{self.model} ({self.dimensions}-d, {norm}, fingerprint {self.fingerprint})"
 
-    def same_as(self, other: "EmbedderIdentity") -> bool:
+    def same_as(self, other: EmbedderIdentity) -> bool:
         if self.dimensions != other.dimensions or self.normalized != other.normalized:
             return False
         a, b = np.asarray(self.probe), np.asarray(other.probe)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rag.core.errors import StoreUnavailable
-from rag.store.catalog import DocumentCatalog
+from rag.store.catalog import DocumentCatalog, DocumentCounts
 from rag.store.chunks import HNSW, persistent_client
 from rag.store.lexical import LexicalIndex
 from rag.store.probe import ChromaProbe, export_vectors, probe_chroma
@@ -38,13 +38,14 @@ Embed = Callable[[list[str]], list[list[float]]]
 @dataclass
 class CollectionCheck:
     name: str
-    documents: int  # indexed documents in the catalog
+    documents: int  # documents: indexed contents in the catalog (DocumentCatalog.counts)
     catalog_chunks: int
     record_chunks: int  # chunks of indexed documents in the record
     record_vectors: int  # of those, with a stored vector
     chroma: int | None  # vectors in Chroma; None when it cannot be read
     chroma_state: str  # ok, damaged, missing
     not_in_record: list[str] = field(default_factory=list)  # indexed documents whose chunks the record lacks
+    failed: int = 0  # files that failed, kept in the catalog with their reason (not documents)
 
     @property
     def problems(self) -> list[str]:
@@ -62,7 +63,8 @@ class CollectionCheck:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "collection": self.name, "documents": self.documents, "catalog_chunks": self.catalog_chunks,
+            "collection": self.name, "documents": self.documents, "failed": self.failed,
+            "catalog_chunks": self.catalog_chunks,
             "record_chunks": self.record_chunks, "record_vectors": self.record_vectors, "chroma": self.chroma,
             "chroma_state": self.chroma_state, "problems": self.problems,
         }
@@ -110,9 +112,11 @@ def _check_collection(name: str, catalog: DocumentCatalog, lexical: LexicalIndex
     state = "damaged" if name in probe.damaged else "ok" if name in probe.counts else "missing"
     if probe.unreadable is not None:
         state = "damaged"
+    counts = catalog.counts().get(name, DocumentCounts())
     return CollectionCheck(
         name=name,
-        documents=len(indexed),
+        documents=counts.documents,
+        failed=counts.failed,
         catalog_chunks=sum(indexed.values()),
         record_chunks=sum(n for n, _ in record),
         record_vectors=sum(v for _, v in record),

@@ -9,24 +9,25 @@ question too long, a backend down, the queue full) is an HTTP error instead, wit
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 from sse_starlette import EventSourceResponse
 from sse_starlette.sse import SendTimeoutError
 from starlette.background import BackgroundTask
 
-from rag.answering.answerer import Answer, ChatQuery
+from rag.answering.answerer import Answer, ChatQuery, NoSourcesAnswer
+from rag.answering.events import AnswerDocument, Event
+from rag.answering.prompt import Message
 from rag.api.deps import AnswererDep, SettingsDep
 from rag.api.errors import error_body
 from rag.api.limits import check_messages
 from rag.core.config import Settings
+from rag.core.disconnect import unless_disconnected
 from rag.core.errors import RagError
 from rag.store.catalog import check_collection
 
@@ -38,7 +39,6 @@ PING_S = 10
 # stalled client cannot hold a generation slot and its buffered tokens indefinitely.
 SEND_TIMEOUT_S = 30.0
 DISCONNECT_POLL_S = 0.25
-CLIENT_CLOSED = 499  # nginx's code for a client that closed the connection; nobody is left to read it
 
 T = TypeVar("T")
 
@@ -58,7 +58,7 @@ class ChatRequest(BaseModel):
     temperature: float | None = Field(default=None, ge=0, le=2)
 
 
-def chat_query(messages: list[dict[str, str]], settings: Settings, *, collection: str | None, top_k: int | None,
+def chat_query(messages: list[Message], settings: Settings, *, collection: str | None, top_k: int | None,
                max_tokens: int | None, doc_ids: list[str] | None, temperature: float | None) -> ChatQuery:
     """A ChatQuery with the settings' defaults filled in (shared with the OpenAI-compatible route)."""
     check_messages(messages, settings)
@@ -72,53 +72,36 @@ def chat_query(messages: list[dict[str, str]], settings: Settings, *, collection
     )
 
 
-async def collect(answer: Answer) -> dict[str, Any]:
-    """The whole answer as one document: the events' payloads under their names."""
-    result: dict[str, Any] = {}
-    parts: list[str] = []
-    async for event in answer.events():
-        if event.name == "token":
-            parts.append(event.data["text"])
-        elif event.name == "sources":
-            result["sources"] = event.data["sources"]
-            result["search"] = {k: v for k, v in event.data.items() if k != "sources"}  # the query searched
-        elif event.name == "citations":
-            result["citations"] = event.data
-        else:
-            result[event.name] = event.data
-    return {"answer": "".join(parts), **result}
+async def collect(answer: Answer | NoSourcesAnswer,
+                  on_event: Callable[[Event], Awaitable[None]] | None = None) -> AnswerDocument:
+    """The whole answer as one document; `on_event` sees each event as it comes (the MCP `ask` tool
+    reports progress from it)."""
+
+    async def events() -> AsyncIterator[Event]:
+        async for event in answer.events():
+            if on_event is not None:
+                await on_event(event)
+            yield event
+
+    return await AnswerDocument.collect(events())
 
 
-async def _sse(answer: Answer) -> AsyncIterator[dict[str, str]]:
+async def _sse(answer: Answer | NoSourcesAnswer) -> AsyncIterator[dict[str, str]]:
     try:
         async for event in answer.events():
-            yield {"event": event.name, "data": json.dumps(event.data, ensure_ascii=False)}
+            yield {"event": event.name, "data": event.model_dump_json()}
     except Exception as exc:  # the stream has begun: the failure becomes its last event
         if not isinstance(exc, RagError):
             log.exception("chat stream failed", exc_info=exc)
         yield {"event": "error", "data": json.dumps(error_body(exc)["error"], ensure_ascii=False)}
 
 
-async def unless_disconnected(request: Request, answer: Answer, work: Awaitable[T]) -> T | Response:
-    """Await a whole (non-streamed) answer, but stop generating if the client goes away meanwhile.
-
-    A streamed answer learns of a disconnect from sse-starlette; a plain request is not cancelled by the
-    server, so without this an SDK that timed out would keep the llama-server slot busy to max_tokens.
-    """
-    task = asyncio.ensure_future(work)
+async def whole(request: Request, answer: Answer | NoSourcesAnswer, work: Awaitable[T]) -> T:
+    """Await a whole (non-streamed) answer, but stop generating if the client goes away meanwhile (a
+    streamed answer learns of that from sse-starlette); the generation slot is given back either way."""
     try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                log.info("client went away: generation stopped")
-                return Response(status_code=CLIENT_CLOSED)
+        return await unless_disconnected(work, request.is_disconnected, poll_s=DISCONNECT_POLL_S)
     finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
         answer.close()
 
 
@@ -126,7 +109,7 @@ class _AnswerStream(EventSourceResponse):
     """The SSE response of one answer: a reader that stops reading is cut off after SEND_TIMEOUT_S, and
     the generation slot is given back and the generation stopped however the stream ends."""
 
-    def __init__(self, answer: Answer, events: AsyncIterator[dict[str, str]]) -> None:
+    def __init__(self, answer: Answer | NoSourcesAnswer, events: AsyncIterator[dict[str, str]]) -> None:
         super().__init__(events, ping=PING_S, send_timeout=SEND_TIMEOUT_S, background=BackgroundTask(answer.close))
         self.answer = answer
         self.events = events
@@ -143,18 +126,31 @@ class _AnswerStream(EventSourceResponse):
                 await aclose()
 
 
-def event_stream(answer: Answer, events: AsyncIterator[dict[str, str]]) -> EventSourceResponse:
+def event_stream(answer: Answer | NoSourcesAnswer, events: AsyncIterator[dict[str, str]]) -> EventSourceResponse:
     """An SSE response that gives the generation slot back however the stream ends (even unstarted)."""
     return _AnswerStream(answer, events)
 
 
-@router.post("/chat")
-async def chat(body: ChatRequest, request: Request, answerer: AnswererDep, settings: SettingsDep) -> Any:
+STREAMED: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "With `stream` (the default): server-sent events `sources` (the document's `sources` "
+        "with its `search` fields beside them), `budget`, `token` (`{\"text\": ...}`)..., `citations` and `done` "
+        "(as the document's fields of those names), or `error`. With `\"stream\": false`: the whole answer as one "
+        "JSON document.",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    }
+}
+
+
+@router.post("/chat", response_model=AnswerDocument, responses=STREAMED)
+async def chat(
+    body: ChatRequest, request: Request, answerer: AnswererDep, settings: SettingsDep
+) -> AnswerDocument | EventSourceResponse:
     query = chat_query(
-        [m.model_dump() for m in body.messages], settings, collection=body.collection, top_k=body.top_k,
-        max_tokens=body.max_tokens, doc_ids=body.doc_ids, temperature=body.temperature,
+        [{"role": m.role, "content": m.content} for m in body.messages], settings, collection=body.collection,
+        top_k=body.top_k, max_tokens=body.max_tokens, doc_ids=body.doc_ids, temperature=body.temperature,
     )
     answer = await answerer.start(query)
     if body.stream:
         return event_stream(answer, _sse(answer))
-    return await unless_disconnected(request, answer, collect(answer))
+    return await whole(request, answer, AnswerDocument.collect(answer.events()))

@@ -115,14 +115,20 @@ async def list_documents(
     collection: CollectionQuery = None,
     offset: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-    state: Annotated[str | None, Query(pattern="^(pending|indexed|failed|deleting)$")] = None,
+    state: Annotated[str, Query(pattern="^(pending|indexed|failed|deleting)$",
+                                description="indexed: the documents; failed: the files that failed.")] = "indexed",
 ) -> dict[str, Any]:
-    """The documents of a collection, oldest first, a page at a time."""
+    """The documents of a collection (one per content, its names beneath it), oldest first, a page at a
+    time; `failed` counts the failures, listed apart with `state=failed`."""
     name = check_collection(collection or settings.collection)
-    records, total = await asyncio.to_thread(
-        lambda: (catalog.list(name, offset, limit, state), catalog.count(name, state))  # type: ignore[arg-type]
-    )
-    return {"documents": [r.to_api() for r in records], "total": total, "offset": offset, "limit": limit}
+
+    def read() -> dict[str, Any]:
+        records = catalog.documents(name, offset, limit, state)  # type: ignore[arg-type]
+        names = catalog.names_of(name, [r.doc_id for r in records])
+        return {"documents": [r.to_api(names.get(r.doc_id)) for r in records],
+                "total": catalog.count_in(name, state), "failed": catalog.count_in(name, "failed")}  # type: ignore[arg-type]
+
+    return {**await asyncio.to_thread(read), "offset": offset, "limit": limit}
 
 
 @router.get("/documents/{doc_id}")
@@ -131,7 +137,7 @@ async def get_document(doc_id: str, settings: SettingsDep, catalog: CatalogDep, 
     record = await asyncio.to_thread(catalog.get, name, doc_id)
     if record is None:
         raise NotFound(f"no document {doc_id} in collection {name}")
-    return record.to_api()
+    return record.to_api((await asyncio.to_thread(catalog.names_of, name, [doc_id])).get(doc_id))
 
 
 @router.delete("/documents/{doc_id}", status_code=204)
@@ -154,6 +160,6 @@ async def delete_document(
 
 @router.get("/collections")
 async def list_collections(catalog: CatalogDep) -> dict[str, Any]:
-    """Every collection with documents, and how many of them are indexed."""
-    rows = await asyncio.to_thread(catalog.collections)
-    return {"collections": [{"name": name, "documents": n} for name, n in rows]}
+    """Every collection with a row: its documents (indexed contents) and its failed files."""
+    counts = await asyncio.to_thread(catalog.counts)
+    return {"collections": [{"name": name, "documents": c.documents, "failed": c.failed} for name, c in counts.items()]}

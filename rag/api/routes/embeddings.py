@@ -9,17 +9,15 @@ when it is the model's own, since the model cannot shorten its vectors. Token ar
 
 from __future__ import annotations
 
-import base64
-from typing import Annotated, Any, Literal
+from typing import Annotated
 
-import numpy as np
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from rag.api.deps import EmbedderDep, SettingsDep
-from rag.api.limits import check_embedding_inputs
 from rag.api.routes.models import check_embedding_model
 from rag.clients.embedding import EmbeddingClient
+from rag.core.embeddings_api import EmbeddingsResponse, EncodingFormat, check_embedding_inputs, embeddings_response
 from rag.core.errors import EmbedderUnavailable, InvalidRequest
 
 router = APIRouter()
@@ -31,7 +29,7 @@ class EmbeddingsRequest(BaseModel):
     # (seconds of the event loop and a 60 MB error body for a 2 MB request).
     input: str | Annotated[list[str], Field(fail_fast=True)]
     model: str | None = None
-    encoding_format: Literal["float", "base64"] = "float"
+    encoding_format: EncodingFormat = "float"
     dimensions: int | None = Field(default=None, ge=1)
 
 
@@ -49,21 +47,11 @@ async def check_dimensions(embedder: EmbeddingClient, dimensions: int | None) ->
         )
 
 
-def _encoded(vector: np.ndarray, encoding_format: str) -> list[float] | str:
-    if encoding_format == "base64":
-        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
-    return vector.tolist()
-
-
 @router.post("/embeddings")
-async def create_embeddings(body: EmbeddingsRequest, settings: SettingsDep, embedder: EmbedderDep) -> dict[str, Any]:
+async def create_embeddings(body: EmbeddingsRequest, settings: SettingsDep, embedder: EmbedderDep) -> EmbeddingsResponse:
     model = check_embedding_model(settings, body.model)
     texts = [body.input] if isinstance(body.input, str) else body.input
-    if not texts:
-        raise InvalidRequest("input must be a non-empty string or a list of non-empty strings")
-    check_embedding_inputs(texts, settings)
+    check_embedding_inputs(texts, max_inputs=settings.embed_max_inputs, max_chars=settings.max_message_chars)
     await check_dimensions(embedder, body.dimensions)
     vectors, usage = await embedder.embed_with_usage(texts)
-    data = [{"object": "embedding", "index": i, "embedding": _encoded(v, body.encoding_format)}
-            for i, v in enumerate(vectors)]
-    return {"object": "list", "data": data, "model": model, "usage": usage}
+    return embeddings_response(vectors, body.encoding_format, model, usage)

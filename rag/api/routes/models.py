@@ -7,9 +7,10 @@ paths. `created` is when this API started: the models have no creation time of t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Literal
 
 from fastapi import APIRouter
+from pydantic import BaseModel
 
 from rag.api.deps import ServicesDep
 from rag.core.config import Settings
@@ -18,13 +19,29 @@ from rag.core.errors import ModelNotFound
 router = APIRouter()
 
 
-def model_entries(settings: Settings, created: int) -> list[dict[str, Any]]:
+class ServedBy(BaseModel):
+    role: Literal["chat", "embeddings"]
+    url: str
+
+
+class ModelEntry(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "rag-stack"
+    rag: ServedBy
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelEntry]
+
+
+def model_entries(settings: Settings, created: int) -> list[ModelEntry]:
     """The generator first, then the embedding model."""
     return [
-        {"id": settings.llm_model, "object": "model", "created": created, "owned_by": "rag-stack",
-         "rag": {"role": "chat", "url": settings.llm_url}},
-        {"id": settings.embed_model, "object": "model", "created": created, "owned_by": "rag-stack",
-         "rag": {"role": "embeddings", "url": settings.embed_url}},
+        ModelEntry(id=settings.llm_model, created=created, rag=ServedBy(role="chat", url=settings.llm_url)),
+        ModelEntry(id=settings.embed_model, created=created, rag=ServedBy(role="embeddings", url=settings.embed_url)),
     ]
 
 
@@ -51,13 +68,13 @@ def check_embedding_model(settings: Settings, name: str | None) -> str:
 
 
 @router.get("/models")
-async def list_models(services: ServicesDep) -> dict[str, Any]:
-    return {"object": "list", "data": model_entries(services.settings, services.started)}
+async def list_models(services: ServicesDep) -> ModelList:
+    return ModelList(data=model_entries(services.settings, services.started))
 
 
 @router.get("/models/{model_id:path}")
-async def get_model(model_id: str, services: ServicesDep) -> dict[str, Any]:
+async def get_model(model_id: str, services: ServicesDep) -> ModelEntry:
     for entry in model_entries(services.settings, services.started):
-        if entry["id"] == model_id:
+        if entry.id == model_id:
             return entry
     raise ModelNotFound(f"The model {shown(model_id)} does not exist.")

@@ -18,15 +18,19 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
+from sse_starlette import EventSourceResponse
+from typing_extensions import NotRequired, TypedDict
 
-from rag.answering.answerer import Answer, Event
+from rag.answering.answerer import Answer, NoSourcesAnswer
+from rag.answering.events import Budget, Citations, Collected, Done, NoSourcesDone, SourceEntry
+from rag.answering.prompt import Message
 from rag.api.deps import AnswererDep, SettingsDep
 from rag.api.errors import error_body
-from rag.api.routes.chat import chat_query, event_stream, unless_disconnected
+from rag.api.routes.chat import chat_query, event_stream, whole
 from rag.api.routes.models import check_chat_model
 from rag.core.errors import InvalidRequest, RagError
 
@@ -37,7 +41,7 @@ router = APIRouter()
 class OpenAIMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: str
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[dict[str, Any]] | None = None  # content parts: OpenAI's, free-form beyond `type`/`text`
 
 
 class StreamOptions(BaseModel):
@@ -59,6 +63,66 @@ class CompletionRequest(BaseModel):
     doc_ids: list[str] | None = None
 
 
+class Rag(BaseModel):
+    """Our part of a completion: the sources, the budget, the checked citations and our timings."""
+
+    ignored_system_messages: int
+    sources: list[SourceEntry]
+    budget: Budget
+    citations: Citations
+    done: Done | NoSourcesDone
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length"]
+
+
+class ChatCompletion(BaseModel):
+    """A whole completion in OpenAI's shape, with `rag` beside it."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+    rag: Rag
+
+
+class Delta(TypedDict, total=False):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChunkChoice(TypedDict):
+    index: int
+    delta: Delta
+    finish_reason: Literal["stop", "length"] | None
+
+
+class CompletionChunk(TypedDict):
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: NotRequired[dict[str, int] | None]
+    rag: NotRequired[dict[str, Any]]
+
+
 def _text(content: str | list[dict[str, Any]] | None) -> str:
     if content is None or isinstance(content, str):
         return content or ""
@@ -68,7 +132,7 @@ def _text(content: str | list[dict[str, Any]] | None) -> str:
     return "".join(parts)
 
 
-def chat_messages(messages: list[OpenAIMessage]) -> tuple[list[dict[str, str]], int]:
+def chat_messages(messages: list[OpenAIMessage]) -> tuple[list[Message], int]:
     """User and assistant messages as our chat; the count of system/developer messages left out."""
     kept, ignored = [], 0
     for message in messages:
@@ -82,67 +146,66 @@ def chat_messages(messages: list[OpenAIMessage]) -> tuple[list[dict[str, str]], 
 
 
 class _Completion:
-    """Builds the OpenAI-shaped objects of one completion."""
+    """Builds the OpenAI-shaped objects of one completion from the answer's events."""
 
     def __init__(self, model: str, ignored_system: int, *, include_usage: bool = False) -> None:
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.include_usage = include_usage
         self.created = int(time.time())
         self.model = model
-        self.rag: dict[str, Any] = {"ignored_system_messages": ignored_system}
-        self.text: list[str] = []
+        self.ignored_system = ignored_system
+        self.answer = Collected()
 
-    def absorb(self, event: Event) -> str | None:
-        """Keep an event's payload; return its text when it is a token."""
-        if event.name == "token":
-            self.text.append(event.data["text"])
-            return event.data["text"]
-        self.rag[event.name] = event.data["sources"] if event.name == "sources" else event.data
-        return None
+    def rag(self) -> Rag:
+        document = self.answer.document()
+        return Rag(ignored_system_messages=self.ignored_system, sources=document.sources, budget=document.budget,
+                   citations=document.citations, done=document.done)
 
     @property
-    def finish_reason(self) -> str:
-        reason = self.rag.get("done", {}).get("finish_reason")
-        return reason if reason in ("stop", "length") else "stop"
+    def finish_reason(self) -> Literal["stop", "length"]:
+        reason = self.answer.done.finish_reason if self.answer.done else None
+        return "length" if reason == "length" else "stop"
 
     @property
-    def usage(self) -> dict[str, int]:
-        usage = self.rag.get("done", {}).get("usage") or {}
+    def usage(self) -> Usage:
+        usage = self.answer.done.usage if self.answer.done else {}
         prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
-    def chunk(self, delta: dict[str, Any], finish_reason: str | None = None, **extra: Any) -> str:
-        return self._chunk([{"index": 0, "delta": delta, "finish_reason": finish_reason}], **extra)
+    def chunk(self, delta: Delta, finish_reason: Literal["stop", "length"] | None = None, *,
+              rag: Rag | None = None) -> str:
+        body = self._chunk([{"index": 0, "delta": delta, "finish_reason": finish_reason}])
+        if rag is not None:
+            body["rag"] = rag.model_dump(mode="json")
+        return json.dumps(body, ensure_ascii=False)
 
     def usage_chunk(self) -> str:
         """OpenAI's last chunk with `include_usage`: no choices, the whole request's usage."""
-        return self._chunk([], usage=self.usage)
+        body = self._chunk([])
+        body["usage"] = self.usage.model_dump()
+        return json.dumps(body, ensure_ascii=False)
 
-    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> str:
-        body = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                "choices": choices}
+    def _chunk(self, choices: list[ChunkChoice]) -> CompletionChunk:
+        body: CompletionChunk = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                                 "model": self.model, "choices": choices}
         if self.include_usage:
             body["usage"] = None
-        return json.dumps({**body, **extra}, ensure_ascii=False)
+        return body
 
-    def response(self) -> dict[str, Any]:
-        return {
-            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(self.text)},
-                         "finish_reason": self.finish_reason}],
-            "usage": self.usage,
-            "rag": self.rag,
-        }
+    def response(self) -> ChatCompletion:
+        message = AssistantMessage(content=self.answer.text)
+        return ChatCompletion(id=self.id, created=self.created, model=self.model, usage=self.usage, rag=self.rag(),
+                              choices=[Choice(message=message, finish_reason=self.finish_reason)])
 
 
-async def _chunks(answer: Answer, completion: _Completion) -> AsyncIterator[dict[str, str]]:
+async def _chunks(answer: Answer | NoSourcesAnswer, completion: _Completion) -> AsyncIterator[dict[str, str]]:
     try:
         yield {"data": completion.chunk({"role": "assistant", "content": ""})}
         async for event in answer.events():
-            text = completion.absorb(event)
+            text = completion.answer.absorb(event)
             if text:
                 yield {"data": completion.chunk({"content": text})}
-        yield {"data": completion.chunk({}, completion.finish_reason, rag=completion.rag)}
+        yield {"data": completion.chunk({}, completion.finish_reason, rag=completion.rag())}
         if completion.include_usage:
             yield {"data": completion.usage_chunk()}
         yield {"data": "[DONE]"}
@@ -152,15 +215,24 @@ async def _chunks(answer: Answer, completion: _Completion) -> AsyncIterator[dict
         yield {"data": json.dumps(error_body(exc), ensure_ascii=False)}
 
 
-async def _whole(answer: Answer, completion: _Completion) -> dict[str, Any]:
+async def _whole(answer: Answer | NoSourcesAnswer, completion: _Completion) -> ChatCompletion:
     async for event in answer.events():
-        completion.absorb(event)
+        completion.answer.absorb(event)
     return completion.response()
 
 
-@router.post("/chat/completions")
+STREAMED: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "With `stream`: OpenAI's `chat.completion.chunk` server-sent events, the last chunk with "
+        "choices carrying `rag`, then `[DONE]`. Without: one `chat.completion`.",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    }
+}
+
+
+@router.post("/chat/completions", response_model=ChatCompletion, responses=STREAMED)
 async def chat_completions(body: CompletionRequest, request: Request, answerer: AnswererDep,
-                           settings: SettingsDep) -> Any:
+                           settings: SettingsDep) -> ChatCompletion | EventSourceResponse:
     model = check_chat_model(settings, body.model)
     messages, ignored = chat_messages(body.messages)
     query = chat_query(
@@ -173,4 +245,4 @@ async def chat_completions(body: CompletionRequest, request: Request, answerer: 
     completion = _Completion(model, ignored, include_usage=include_usage)
     if body.stream:
         return event_stream(answer, _chunks(answer, completion))
-    return await unless_disconnected(request, answer, _whole(answer, completion))
+    return await whole(request, answer, _whole(answer, completion))

@@ -22,6 +22,7 @@ MEDIA_TYPES = {
     ".svg": "image/svg+xml",
     ".png": "image/png",
     ".txt": "text/plain; charset=utf-8",
+    ".json": "application/json; charset=utf-8",
 }
 
 # The page builds every node from text; this policy is the second wall: no inline or remote script,
@@ -30,7 +31,7 @@ CONTENT_SECURITY_POLICY = "; ".join([
     "default-src 'self'",
     "script-src 'self'",
     "style-src 'self'",
-    "img-src 'self' data:",
+    "img-src 'self' data: blob:",  # blob: the cited page, fetched with the key and shown by the page itself
     "connect-src 'self'",
     "object-src 'none'",
     "base-uri 'none'",
@@ -48,9 +49,9 @@ HEADERS = {
 router = APIRouter(include_in_schema=False)
 
 
-def static_file(name: str) -> FileResponse:
-    """One file of the flat static folder; no dot-files, no sub-paths, only known types."""
-    path = STATIC_DIR / name
+def static_file(name: str, folder: Path = STATIC_DIR) -> FileResponse:
+    """One file of the flat static folder (or of its locales); no dot-files, no sub-paths, only known types."""
+    path = folder / name
     if "/" in name or "\\" in name or name.startswith(".") or path.suffix not in MEDIA_TYPES or not path.is_file():
         raise NotFound(f"no static file {name!r}")
     return FileResponse(path, media_type=MEDIA_TYPES[path.suffix], headers=HEADERS)
@@ -64,3 +65,11 @@ def index() -> FileResponse:
 @router.get("/static/{name}")
 def static(name: str) -> FileResponse:
     return static_file(name)
+
+
+@router.get("/static/locales/{name}")
+def locale(name: str) -> FileResponse:
+    """The page's strings in one language (`en.json`, `zh-CN.json`)."""
+    if not name.endswith(".json"):
+        raise NotFound(f"no locale {name!r}")
+    return static_file(name, STATIC_DIR / "locales")

@@ -1,5 +1,7 @@
 // Calls to the API: the key (asked for once after a 401, kept in sessionStorage), and errors in words.
 
+import { t } from "./i18n.js";
+
 const KEY_STORAGE = "rag.apiKey";
 
 let askKey = async () => null; // set by the page: shows the key dialog, resolves to the key or null
@@ -25,7 +27,7 @@ export function authHeaders() {
 
 // One dialog for all the requests that got a 401 at the same moment. `sentKey`: the key that was refused.
 export async function keyAfter401(sentKey) {
-  const message = sentKey ? "That key was not accepted: try again." : "This server needs an API key.";
+  const message = sentKey ? t("key.refused") : t("key.needed");
   pendingAsk ??= askKey(message).finally(() => { pendingAsk = null; });
   const key = await pendingAsk;
   if (key) saveKey(key);
@@ -72,32 +74,25 @@ export function errorFromBody(status, text, statusText = "") {
   } catch (_) {
     // not JSON: a proxy's page or an empty body
   }
-  return new ApiError(status, "http_error", statusText || `the server answered HTTP ${status}`);
+  return new ApiError(status, "http_error", statusText || t("error.http", { status }));
 }
 
-const LEADS = {
-  unauthorized: "The API key is missing or wrong",
-  busy: "The server is busy",
-  llm_unavailable: "The language model is not available",
-  embedder_unavailable: "The embedding server is not available",
-  store_unavailable: "The document store is not available",
-  backend_unavailable: "A backend is not available",
-  question_too_long: "The question is too long",
-  exceed_context_size: "The prompt did not fit the model's context",
-  too_large: "Too large",
-  unsupported_file_type: "Unsupported file type",
-  document_rejected: "Nothing to index",
-  not_found: "Not found",
-};
+// The error codes with a lead of their own in the locale files ("error.lead.<code>").
+const LEADS = new Set([
+  "unauthorized", "busy", "llm_unavailable", "embedder_unavailable", "store_unavailable", "backend_unavailable",
+  "question_too_long", "exceed_context_size", "too_large", "unsupported_file_type", "document_rejected", "not_found",
+]);
 
-// One sentence for the user: a lead for the known codes, the API's own message, the status.
+// One sentence for the user: a lead in the page's language for the known codes, the API's own message
+// (in its words), the status; one locale message holds them all, so each language orders them its way.
 export function describeError(error) {
-  if (error instanceof TypeError) return "Could not reach the API (network error).";
+  if (error instanceof TypeError) return t("error.network");
   if (!(error instanceof ApiError)) return String(error && error.message ? error.message : error);
-  let lead = LEADS[error.code];
+  let lead = LEADS.has(error.code) ? t(`error.lead.${error.code}`) : null;
   if (lead && error.message.toLowerCase().startsWith(lead.toLowerCase())) lead = null; // said already
-  const retry = error.code === "busy" && error.detail && error.detail.retry_after
-    ? ` Try again in ${error.detail.retry_after} s.` : "";
-  const status = error.status ? ` (HTTP ${error.status})` : "";
-  return `${lead ? `${lead}: ` : ""}${error.message}${status}.${retry}`.replace(/\.\.(\s|$)/, ".$1");
+  const message = error.message.replace(/[.。]\s*$/, "");
+  const key = `error.${lead ? "lead" : "plain"}${error.status ? "Status" : ""}`;
+  const sentence = t(key, { lead, message, status: error.status });
+  const seconds = error.code === "busy" && error.detail && error.detail.retry_after;
+  return seconds ? t("error.withRetry", { error: sentence, seconds }) : sentence;
 }

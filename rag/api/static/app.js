@@ -2,12 +2,15 @@
 
 import { apiKey, saveKey, setKeyPrompt } from "./api.js";
 import { initChat } from "./chat.js";
+import { LANGUAGES, chooseLanguage, formatNumber, preferredLanguage, t, useLanguage } from "./i18n.js";
 import { initLibrary, library, refreshLibrary } from "./library.js";
 
 const $ = (id) => document.getElementById(id);
 
 const HEALTH_LOADING_MS = 2000;
 const HEALTH_READY_MS = 15000;
+
+let lastHealth = ["unknown", null]; // shown again in a newly chosen language
 
 async function pollHealth() {
   let state = "unreachable";
@@ -19,6 +22,7 @@ async function pollHealth() {
   } catch (_) {
     // the API itself is down or restarting: say so and keep polling
   }
+  lastHealth = [state, body];
   showHealth(state, body);
   setTimeout(pollHealth, state === "ok" ? HEALTH_READY_MS : HEALTH_LOADING_MS);
 }
@@ -28,17 +32,22 @@ function showHealth(state, body) {
   box.dataset.state = state;
   const backends = (body && body.backends) || {};
   const notOk = Object.entries(backends).filter(([, b]) => b.state !== "ok")
-    .map(([name, b]) => `${name} ${b.state}${b.reason ? ` (${b.reason})` : ""}`);
+    .map(([name, b]) => t(b.reason ? "health.backendReason" : "health.backend", { name, state: b.state, reason: b.reason }));
+  const list = notOk.join(t("list.separator"));
   if (state === "ok") {
     const llm = backends.llm || {};
     const model = llm.model ? llm.model.split("/").pop() : ""; // a path when the server has no alias
-    box.textContent = `Ready${model ? ` · ${model}` : ""}${llm.n_ctx ? ` · ${llm.n_ctx.toLocaleString("en-US")}-token context` : ""}`;
+    box.textContent = model && llm.n_ctx
+      ? t("health.readyModel", { model, context: formatNumber(llm.n_ctx) })
+      : t("health.ready");
   } else if (state === "loading") {
-    box.textContent = `The backends are loading (${notOk.join(", ")}); questions wait until they are ready.`;
+    box.textContent = t("health.loading", { backends: list });
   } else if (state === "down") {
-    box.textContent = `A backend is down: ${notOk.join(", ")}.`;
+    box.textContent = t("health.down", { backends: list });
+  } else if (state === "unknown") {
+    box.textContent = t("health.checking");
   } else {
-    box.textContent = "The API does not answer; retrying…";
+    box.textContent = t("health.unreachable");
   }
   // Only a loading model blocks asking: a down backend answers with an error that says why.
   $("send").disabled = state === "loading";
@@ -47,7 +56,7 @@ function showHealth(state, body) {
 // The key dialog: opened after a 401 (or with the header button); resolves to the key or null.
 function promptKey(reason) {
   const dialog = $("key-dialog");
-  $("key-reason").textContent = reason || "Enter the API key of this server.";
+  $("key-reason").textContent = reason || t("key.enter");
   $("key-input").value = apiKey() || "";
   return new Promise((resolve) => {
     dialog.addEventListener("close", () => {
@@ -71,7 +80,7 @@ function initKeyDialog() {
     $("key-dialog").close("cancel");
   });
   $("key-button").addEventListener("click", async () => {
-    const key = await promptKey("The key is kept in this tab only (session storage).");
+    const key = await promptKey(t("key.kept"));
     if (key) {
       saveKey(key);
       refreshLibrary();
@@ -83,11 +92,24 @@ function initKeyDialog() {
 function showCollectionHint() {
   const empty = library.indexed === 0;
   $("empty-hint").hidden = !empty;
-  $("empty-hint").textContent = empty
-    ? `The collection “${library.collection}” is empty: upload documents first, or answers will have no sources.`
-    : "";
+  $("empty-hint").textContent = empty ? t("chat.emptyCollection", { collection: library.collection }) : "";
 }
 
+// The language switch: each language named in its own; a choice re-renders what the page shows now
+// (answers already given stay in the language they were written in) and is kept for the next visit.
+function initLanguageSwitch() {
+  const select = $("language");
+  for (const [code, name] of Object.entries(LANGUAGES)) select.add(new Option(name, code));
+  select.value = document.documentElement.lang;
+  select.addEventListener("change", async () => {
+    await chooseLanguage(select.value);
+    showHealth(...lastHealth);
+    refreshLibrary();
+  });
+}
+
+await useLanguage(preferredLanguage());
+initLanguageSwitch();
 initKeyDialog();
 initLibrary(showCollectionHint);
 initChat();

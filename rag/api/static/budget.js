@@ -1,6 +1,6 @@
 // The prompt budget of one answer: a bar over the context window and, on demand, the per-chunk table.
 
-const fmt = (n) => Number(n || 0).toLocaleString("en-US");
+import { formatNumber as fmt, known, t } from "./i18n.js";
 
 function el(tag, className, text) {
   const node = document.createElement(tag);
@@ -15,13 +15,13 @@ function segments(b) {
   const other = Math.max(0, b.used - b.system - b.history - b.question - chunkTotal);
   const free = Math.max(0, b.n_ctx - b.used - b.reserve);
   return [
-    { kind: "system", label: "system prompt", tokens: b.system },
-    { kind: "history", label: "earlier turns", tokens: b.history },
-    ...b.chunks.map((c) => ({ kind: "chunk", label: `${c.id}${c.cut ? " (cut)" : ""}`, tokens: c.tokens })),
-    { kind: "question", label: "question", tokens: b.question },
-    { kind: "other", label: "template", tokens: other },
-    { kind: "free", label: "unused", tokens: free },
-    { kind: "reserve", label: "answer reserve", tokens: b.reserve },
+    { kind: "system", label: t("budget.system"), tokens: b.system },
+    { kind: "history", label: t("budget.history"), tokens: b.history },
+    ...b.chunks.map((c) => ({ kind: "chunk", label: c.cut ? t("budget.chunkCut", { id: c.id }) : c.id, tokens: c.tokens })),
+    { kind: "question", label: t("budget.question"), tokens: b.question },
+    { kind: "other", label: t("budget.template"), tokens: other },
+    { kind: "free", label: t("budget.unused"), tokens: free },
+    { kind: "reserve", label: t("budget.reserve"), tokens: b.reserve },
   ].filter((s) => s.tokens > 0);
 }
 
@@ -29,32 +29,37 @@ export function renderBudget(b) {
   const box = el("div", "budget");
   if (!b.n_ctx || !b.limit) {
     // Nothing retrieved: the API answers without building a prompt.
-    box.append(el("p", "budget-summary", "Budget: no prompt was built (no sources to pack)."));
+    box.append(el("p", "budget-summary", t("budget.none")));
     return box;
   }
   const chunkTotal = b.chunks.reduce((sum, c) => sum + c.tokens, 0);
-  const dropped = b.dropped.length ? ` · ${b.dropped.length} dropped` : "";
-  box.append(el("p", "budget-summary", `Budget: ${fmt(b.used)} of ${fmt(b.limit)} prompt tokens · `
-    + `${b.chunks.length} chunk${b.chunks.length === 1 ? "" : "s"} ${fmt(chunkTotal)}${dropped}`), bar(b));
+  const summary = {
+    used: fmt(b.used), limit: fmt(b.limit), count: b.chunks.length, tokens: fmt(chunkTotal), dropped: b.dropped.length,
+  };
+  box.append(el("p", "budget-summary", t(b.dropped.length ? "budget.summaryDropped" : "budget.summary", summary)), bar(b));
 
   const more = el("details", "budget-details");
-  more.append(el("summary", "", "Budget details"));
+  more.append(el("summary", "", t("budget.details")));
   box.append(more);
   const facts = el("ul", "budget-facts");
   for (const [label, value] of [
-    ["context window", b.n_ctx], ["prompt limit", b.limit], ["used", b.used], ["system prompt", b.system],
-    ["earlier turns", b.history], ["question", b.question], ["chunks", chunkTotal], ["answer reserve", b.reserve],
-  ]) facts.append(el("li", "", `${label}: ${fmt(value)}`));
-  if (b.dropped_turns) facts.append(el("li", "", `earlier turns left out: ${b.dropped_turns}`));
-  if (b.kept_turns) facts.append(el("li", "", `turns kept: ${b.kept_turns}`
-    + (b.latest_turn_reserved ? ` (the latest held first: ${fmt(b.latest_turn_reserved)} tokens)` : "")));
+    ["budget.context", b.n_ctx], ["budget.limit", b.limit], ["budget.used", b.used], ["budget.system", b.system],
+    ["budget.history", b.history], ["budget.question", b.question], ["budget.chunks", chunkTotal],
+    ["budget.reserve", b.reserve],
+  ]) facts.append(el("li", "", t("budget.fact", { label: t(label), value: fmt(value) })));
+  if (b.dropped_turns) facts.append(el("li", "", t("budget.droppedTurns", { count: b.dropped_turns })));
+  if (b.kept_turns) {
+    facts.append(el("li", "", b.latest_turn_reserved
+      ? t("budget.keptTurnsReserved", { count: b.kept_turns, tokens: fmt(b.latest_turn_reserved) })
+      : t("budget.keptTurns", { count: b.kept_turns })));
+  }
   more.append(facts);
 
   if (b.chunks.length) more.append(chunkTable(b.chunks));
   if (b.dropped.length) {
-    more.append(el("p", "budget-dropped-title", "Dropped chunks"));
+    more.append(el("p", "budget-dropped-title", t("budget.droppedChunks")));
     const list = el("ul", "budget-dropped");
-    for (const d of b.dropped) list.append(el("li", "", `${d.chunk_id}: ${d.reason}`));
+    for (const d of b.dropped) list.append(el("li", "", t("budget.dropped", { chunk: d.chunk_id, reason: known(`reason.${d.reason}`, d.reason) })));
     more.append(list);
   }
   return box;
@@ -64,12 +69,13 @@ function bar(b) {
   const node = el("div", "budget-bar");
   node.setAttribute("role", "img");
   const parts = segments(b);
-  node.setAttribute("aria-label", parts.map((s) => `${s.label} ${fmt(s.tokens)}`).join(", "));
+  node.setAttribute("aria-label", parts.map((s) => t("budget.segment", { label: s.label, tokens: fmt(s.tokens) }))
+    .join(t("list.comma")));
   for (const s of parts) {
     const part = el("span", `seg seg-${s.kind}`);
     // Widths through the CSSOM: the page's policy allows no inline style attributes.
     part.style.flexGrow = String(s.tokens);
-    part.title = `${s.label}: ${fmt(s.tokens)} tokens`;
+    part.title = t("budget.segmentTitle", { label: s.label, tokens: fmt(s.tokens) });
     node.append(part);
   }
   return node;
@@ -78,7 +84,8 @@ function bar(b) {
 function chunkTable(chunks) {
   const table = el("table", "budget-chunks");
   const head = el("tr");
-  for (const title of ["Source", "Chunk", "Tokens", ""]) head.append(el("th", "", title));
+  for (const title of ["budget.source", "budget.chunk", "budget.tokens"]) head.append(el("th", "", t(title)));
+  head.append(el("th", "", ""));
   head.querySelectorAll("th").forEach((th) => th.setAttribute("scope", "col"));
   table.append(el("thead"));
   table.tHead.append(head);
@@ -86,7 +93,7 @@ function chunkTable(chunks) {
   for (const c of chunks) {
     const row = el("tr");
     row.append(el("td", "", c.id), el("td", "chunk-id", c.chunk_id), el("td", "num", fmt(c.tokens)),
-      el("td", "", c.cut ? "cut to fit" : ""));
+      el("td", "", c.cut ? t("budget.cutToFit") : ""));
     body.append(row);
   }
   table.append(body);

@@ -2,9 +2,11 @@
 
 import { ApiError, apiFetch, describeError, errorFrom } from "./api.js";
 import { renderBudget } from "./budget.js";
+import { t } from "./i18n.js";
 import { announce, library } from "./library.js";
 import { renderMarkdown } from "./markdown.js";
 import { readEvents } from "./sse.js";
+import { clearPlace, showInPlace } from "./viewer.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -53,7 +55,7 @@ function el(tag, className, text) {
 
 function messageView(role) {
   const item = el("li", `message ${role}`);
-  item.append(el("p", "role", role === "user" ? "You" : "Assistant"));
+  item.append(el("p", "role", t(role === "user" ? "chat.you" : "chat.assistant")));
   const body = el("div", role === "user" ? "question-text" : "answer markdown");
   item.append(body);
   $("messages").append(item);
@@ -81,13 +83,13 @@ async function ask() {
   const view = messageView("assistant");
   answers += 1;
   view.item.id = `answer-${answers}`;
-  view.status = el("p", "status", "Searching the documents…");
+  view.status = el("p", "status", t("chat.searching"));
   view.status.setAttribute("role", "status");
   view.item.append(view.status);
   view.item.scrollIntoView({ block: "nearest" });
   const answer = {
     controller: new AbortController(), view, user, text: "", sources: new Map(), citations: null,
-    state: "streaming", frame: 0,
+    state: "streaming", frame: 0, collection: library.collection,
   };
   current = answer;
   sourceMaps.set(view.item, answer.sources);
@@ -106,7 +108,7 @@ async function ask() {
       handle(answer, event.event, JSON.parse(event.data));
       if (answer.state !== "streaming") break;
     }
-    if (answer.state === "streaming") fail(answer, "The answer stream ended before it was complete.");
+    if (answer.state === "streaming") fail(answer, t("chat.streamEnded"));
   } catch (error) {
     if (answer.state === "streaming") {
       if (error.name === "AbortError") setState(answer, "stopped");
@@ -137,13 +139,14 @@ function handle(answer, type, data) {
     answer.done = data;
     setState(answer, "done");
   } else if (type === "error") {
-    fail(answer, `The answer failed. ${describeError(new ApiError(null, data.code, data.message))}`);
+    fail(answer, t("chat.answerFailed", { error: describeError(new ApiError(null, data.code, data.message)) }));
   }
 }
 
 function addText(answer, text) {
   answer.text += text;
-  if (answer.view.status.textContent !== "Writing…") answer.view.status.textContent = "Writing…";
+  const writing = t("chat.writing");
+  if (answer.view.status.textContent !== writing) answer.view.status.textContent = writing;
   // One render per frame, however fast tokens come.
   if (!answer.frame) {
     answer.frame = requestAnimationFrame(() => {
@@ -169,13 +172,13 @@ function citationNode(answer, id) {
     : source;
   if (!valid) {
     const text = el("span", "cite-invalid", id);
-    text.title = "This citation names no source that was given to the model.";
+    text.title = t("chat.citationInvalid");
     return text;
   }
   const link = el("a", "cite", id);
   link.href = `#${answer.view.item.id}-${id}`;
   link.dataset.source = id;
-  link.setAttribute("aria-label", `Source ${id}: ${source.source}${source.page ? `, page ${source.page}` : ""}`);
+  link.setAttribute("aria-label", t("chat.citationLabel", { id, source: sourceLabel(source) }));
   return link;
 }
 
@@ -190,18 +193,18 @@ function replaceBox(answer, selector, box) {
 
 function showSources(answer, sources, event = {}) {
   answer.sources.clear();
-  for (const s of sources) answer.sources.set(s.id, s);
+  for (const s of sources) answer.sources.set(s.id, { ...s, collection: answer.collection });
   const box = el("details", "sources");
   const summary = el("summary", "", sources.length
-    ? `Sources (${sources.length})`
-    : "No sources: nothing in this collection matched the question");
+    ? t("chat.sources", { count: sources.length })
+    : t("chat.noSources"));
   if (event.query) summary.append(searchedLine(event));
   box.append(summary);
   const list = el("ol", "source-list");
   for (const s of sources) {
     const item = el("li");
     item.id = `${answer.view.item.id}-${s.id}`;
-    const link = el("a", "source-link", `${s.id} · ${sourceLabel(s)}`);
+    const link = el("a", "source-link", t("chat.sourceEntry", { id: s.id, source: sourceLabel(s) }));
     link.href = `#${item.id}`;
     link.dataset.source = s.id;
     item.append(link, el("span", "snippet", s.snippet || ""));
@@ -209,7 +212,7 @@ function showSources(answer, sources, event = {}) {
   }
   box.append(list);
   replaceBox(answer, "details.sources", box);
-  answer.view.status.textContent = "Waiting for the model…";
+  answer.view.status.textContent = t("chat.waiting");
 }
 
 // Both kinds of citation: the [Sn] the model wrote, and the sources found for each answer sentence
@@ -219,21 +222,22 @@ function renderGrounding(answer, data) {
   const byKind = (kind) => data.citations.filter((c) => (c.kind || "model") === kind);
   const line = (label, entries, cls) => {
     if (!entries.length) return;
-    const row = el("p", cls, `${label} `);
+    const row = el("p", cls, `${t(label)} `);
     entries.forEach((c, i) => {
-      const link = el("a", "source-link", `${c.id} · ${sourceLabel(c)}`);
+      const link = el("a", "source-link", t("chat.sourceEntry", { id: c.id, source: sourceLabel(c) }));
       link.href = `#${answer.view.item.id}-${c.id}`;
       link.dataset.source = c.id;
-      if (typeof c.support === "number") link.title = `support ${Math.round(c.support * 100)}%`;
-      row.append(...(i ? [", ", link] : [link]));
-      if (typeof c.support === "number") row.append(el("span", "support", ` (${Math.round(c.support * 100)}%)`));
+      const percent = typeof c.support === "number" ? Math.round(c.support * 100) : null;
+      if (percent !== null) link.title = t("chat.supportTitle", { percent });
+      row.append(...(i ? [t("list.comma"), link] : [link]));
+      if (percent !== null) row.append(el("span", "support", t("chat.support", { percent })));
     });
     box.append(row);
   };
-  line("Supported by:", byKind("attributed"), "attributed");
-  line("Cited by the model:", byKind("model"), "model-cited");
+  line("chat.supportedBy", byKind("attributed"), "attributed");
+  line("chat.citedByModel", byKind("model"), "model-cited");
   for (const sentence of data.sentences || []) {
-    if (!sentence.supported) box.append(el("p", "unsupported", `Not found in the sources: “${sentence.text}”`));
+    if (!sentence.supported) box.append(el("p", "unsupported", t("chat.unsupported", { text: sentence.text })));
   }
   return box;
 }
@@ -241,14 +245,14 @@ function renderGrounding(answer, data) {
 // The query retrieval actually ran: a follow-up's rewrite is shown, so a wrong one is visible.
 function searchedLine(event) {
   const line = el("span", "searched");
-  line.append(el("span", "searched-label", event.rewrite && event.rewrite !== "off"
-    ? " · searched (rewritten from the conversation): " : " · searched: "));
+  line.append(el("span", "searched-label", t(event.rewrite && event.rewrite !== "off"
+    ? "chat.searchedRewritten" : "chat.searched")));
   line.append(el("q", "searched-query", event.query));
   return line;
 }
 
 function sourceLabel(s) {
-  return `${s.source}${s.page ? `, page ${s.page}` : ""}`;
+  return s.page ? t("chat.sourcePage", { source: s.source, page: s.page }) : s.source;
 }
 
 function fail(answer, message) {
@@ -278,7 +282,7 @@ function finishTurn(answer) {
     status.textContent = doneText(answer);
     status.className = "status meta";
   } else if (answer.state === "stopped") {
-    status.textContent = "Stopped.";
+    status.textContent = t("chat.stopped");
   } else {
     status.textContent = answer.error;
     status.className = "status error";
@@ -290,7 +294,7 @@ function finishTurn(answer) {
     history.pop();
     answer.user.item.classList.add("unanswered");
   }
-  announce(answer.state === "done" ? "The answer is complete." : status.textContent);
+  announce(answer.state === "done" ? t("chat.complete") : status.textContent);
   current = null;
   answer.view.item.setAttribute("aria-busy", "false");
   const focusStop = document.activeElement === $("stop");
@@ -301,13 +305,13 @@ function finishTurn(answer) {
 function doneText(answer) {
   const d = answer.done || {};
   const parts = [];
-  if (d.finish_reason === "no_sources") parts.push("Not sent to the model: no source matched");
-  if (d.finish_reason === "length") parts.push("Cut at the answer length limit");
-  if (d.usage && d.usage.completion_tokens) parts.push(`${d.usage.completion_tokens} tokens`);
-  if (d.ttft_ms != null) parts.push(`first token after ${Math.round(d.ttft_ms)} ms`);
-  if (d.timings && d.timings.predicted_per_second) parts.push(`${d.timings.predicted_per_second.toFixed(1)} tokens/s`);
-  if (d.invalid_citations) parts.push(`${d.invalid_citations} invalid citation${d.invalid_citations === 1 ? "" : "s"} not linked`);
-  return parts.length ? parts.join(" · ") : "Done.";
+  if (d.finish_reason === "no_sources") parts.push(t("done.noSources"));
+  if (d.finish_reason === "length") parts.push(t("done.length"));
+  if (d.usage && d.usage.completion_tokens) parts.push(t("done.tokens", { count: d.usage.completion_tokens }));
+  if (d.ttft_ms != null) parts.push(t("done.ttft", { ms: Math.round(d.ttft_ms) }));
+  if (d.timings && d.timings.predicted_per_second) parts.push(t("done.rate", { rate: d.timings.predicted_per_second.toFixed(1) }));
+  if (d.invalid_citations) parts.push(t("done.invalid", { count: d.invalid_citations }));
+  return parts.length ? parts.join(t("list.separator")) : t("done.done");
 }
 
 let opener = null;
@@ -326,26 +330,28 @@ function citationClicked(event) {
 
 function openSource(source, link) {
   opener = link;
-  $("source-title").textContent = `${source.id}: ${source.source}`;
+  $("source-title").textContent = t("source.heading", { id: source.id, source: source.source });
   const meta = $("source-meta");
   meta.replaceChildren();
   for (const [term, value] of [
-    ["Document", source.source], ["Page", source.page], ["Section", source.heading],
-    ["Score", typeof source.score === "number" ? source.score.toFixed(3) : source.score],
-    ["Chunk", source.chunk_id],
+    ["source.document", source.source], ["source.page", source.page], ["source.section", source.heading],
+    ["source.score", typeof source.score === "number" ? source.score.toFixed(3) : source.score],
+    ["source.chunk", source.chunk_id],
   ]) {
     if (value === undefined || value === null || value === "") continue;
-    meta.append(el("dt", "", term), el("dd", "", String(value)));
+    meta.append(el("dt", "", t(term)), el("dd", "", String(value)));
   }
   $("source-text").textContent = source.text;
   $("source-panel").hidden = false;
   document.body.classList.add("panel-open");
   $("source-panel").focus();
+  showInPlace(source);
 }
 
 function closeSource() {
   if ($("source-panel").hidden) return;
   $("source-panel").hidden = true;
+  clearPlace();
   document.body.classList.remove("panel-open");
   if (opener && opener.isConnected) opener.focus();
   opener = null;

@@ -1,6 +1,7 @@
 // The document side: the collection selector, uploads (one file per request, with progress) and the list.
 
 import { apiJson, apiKey, authHeaders, describeError, errorFromBody, keyAfter401 } from "./api.js";
+import { formatNumber, known, t } from "./i18n.js";
 
 const PAGE = 50;
 const COLLECTION_STORAGE = "rag.collection";
@@ -37,6 +38,7 @@ export function initLibrary(onChange) {
   });
   $("more-documents").addEventListener("click", () => loadDocuments(true));
   $("documents").addEventListener("click", deleteClicked);
+  $("failures").addEventListener("click", deleteClicked);
   $("clear-uploads").addEventListener("click", () => {
     $("uploads").querySelectorAll(FINISHED).forEach((row) => row.remove());
     $("clear-uploads").hidden = true;
@@ -59,7 +61,7 @@ function addCollection(event) {
   const input = $("new-collection");
   const name = input.value.trim();
   if (!COLLECTION_NAME.test(name)) {
-    showLibraryError("A collection name has 3-512 letters, digits, '.', '_' or '-', and starts and ends with a letter or digit.");
+    showLibraryError(t("library.badName"));
     return;
   }
   input.value = "";
@@ -75,8 +77,8 @@ function addOption(name, documents) {
     option = new Option(name, name);
     select.add(option);
   }
-  // The count is of indexed documents (failed uploads are listed, but not counted as searchable).
-  option.textContent = documents === null ? name : `${name} (${documents} indexed)`;
+  // A document is one indexed content, however many names it has; failed files are not documents.
+  option.textContent = documents === null ? name : t("library.collectionOption", { name, count: documents });
 }
 
 async function loadCollections() {
@@ -91,7 +93,7 @@ async function loadCollections() {
     $("collection").value = library.collection;
   } catch (error) {
     addOption(library.collection, null);
-    showLibraryError(`Could not list the collections. ${describeError(error)}`);
+    showLibraryError(t("library.collectionsFailed", { error: describeError(error) }));
   }
 }
 
@@ -106,18 +108,35 @@ async function loadDocuments(more = false) {
   try {
     page = await apiJson(`/v1/documents?${query}`);
   } catch (error) {
-    showLibraryError(`Could not list the documents. ${describeError(error)}`);
+    showLibraryError(t("library.documentsFailed", { error: describeError(error) }));
     return;
   }
   if (collection !== library.collection) return; // the user switched meanwhile
   if (!more) list.replaceChildren();
   for (const doc of page.documents) list.append(documentItem(doc));
   shown = offset + page.documents.length;
-  $("documents-count").textContent = `${page.total} document${page.total === 1 ? "" : "s"} in “${collection}”`;
+  $("documents-count").textContent = t("library.count", { count: page.total, collection });
+  if (!more) await loadFailures(collection, page.failed);
   $("documents-empty").hidden = page.total > 0;
-  $("documents-empty").textContent = `No documents in “${collection}” yet: upload some files to ask about them.`;
+  $("documents-empty").textContent = t("library.empty", { collection });
   $("more-documents").hidden = shown >= page.total;
   showLibraryError("");
+}
+
+// Failed files, apart from the documents: each with its reason, and a delete button to clear it.
+async function loadFailures(collection, count) {
+  const list = $("failures");
+  list.replaceChildren();
+  $("failures-count").hidden = count === 0;
+  if (count === 0) return;
+  $("failures-count").textContent = t("library.failuresCount", { count, collection });
+  const query = new URLSearchParams({ collection, state: "failed", limit: PAGE });
+  try {
+    const page = await apiJson(`/v1/documents?${query}`);
+    if (collection === library.collection) for (const doc of page.documents) list.append(documentItem(doc));
+  } catch (error) {
+    showLibraryError(t("library.failuresFailed", { error: describeError(error) }));
+  }
 }
 
 function documentItem(doc) {
@@ -131,17 +150,25 @@ function documentItem(doc) {
   name.title = doc.source;
   const meta = document.createElement("span");
   meta.className = "document-meta";
-  const parts = [`${doc.chunks} chunk${doc.chunks === 1 ? "" : "s"}`];
-  if (doc.pages) parts.push(`${doc.pages} page${doc.pages === 1 ? "" : "s"}`);
+  const parts = [t("library.chunks", { count: doc.chunks })];
+  if (doc.pages) parts.push(t("library.pages", { count: doc.pages }));
   if (doc.size != null) parts.push(formatBytes(doc.size));
-  if (doc.state !== "indexed") parts.push(doc.error ? `${doc.state}: ${doc.error}` : doc.state);
-  meta.textContent = parts.join(" · ");
+  if (doc.state !== "indexed") {
+    const state = known(`state.${doc.state}`, doc.state);
+    parts.push(doc.error ? t("library.stateError", { state, error: doc.error }) : state);
+  }
+  meta.textContent = parts.join(t("list.separator"));
   const remove = document.createElement("button");
   remove.type = "button";
   remove.className = "delete";
-  remove.textContent = "Delete";
-  remove.setAttribute("aria-label", `Delete ${doc.source}`);
-  item.append(name, meta, remove);
+  remove.textContent = t("library.delete");
+  remove.setAttribute("aria-label", t("library.deleteLabel", { name: doc.source }));
+  // The same content under other names is one document: its names are shown beneath it.
+  const others = (doc.names || []).slice(1).map((n) => n.source);
+  const also = document.createElement("span");
+  also.className = "document-names";
+  also.textContent = others.length ? t("library.alsoNamed", { names: others.join(t("list.comma")) }) : "";
+  item.append(name, meta, ...(others.length ? [also] : []), remove);
   return item;
 }
 
@@ -153,13 +180,13 @@ async function deleteClicked(event) {
   const name = item.querySelector(".document-name").textContent;
   if (!button.dataset.armed) {
     button.dataset.armed = "1";
-    button.textContent = "Confirm delete";
-    button.setAttribute("aria-label", `Press again to delete ${name}`);
+    button.textContent = t("library.confirmDelete");
+    button.setAttribute("aria-label", t("library.confirmDeleteLabel", { name }));
     setTimeout(() => {
       if (!button.isConnected) return;
       delete button.dataset.armed;
-      button.textContent = "Delete";
-      button.setAttribute("aria-label", `Delete ${name}`);
+      button.textContent = t("library.delete");
+      button.setAttribute("aria-label", t("library.deleteLabel", { name }));
     }, 5000);
     return;
   }
@@ -167,9 +194,9 @@ async function deleteClicked(event) {
   const query = new URLSearchParams({ collection: library.collection });
   try {
     await apiJson(`/v1/documents/${encodeURIComponent(item.dataset.id)}?${query}`, { method: "DELETE" });
-    announce(`Deleted ${name}.`);
+    announce(t("library.deleted", { name }));
   } catch (error) {
-    showLibraryError(`Could not delete ${name}. ${describeError(error)}`);
+    showLibraryError(t("library.deleteFailed", { name, error: describeError(error) }));
   }
   await refreshLibrary();
 }
@@ -191,14 +218,14 @@ function uploadRow(file) {
   item.dataset.status = "queued";
   const name = document.createElement("span");
   name.className = "upload-name";
-  name.textContent = `${file.name} (${formatBytes(file.size)})`;
+  name.textContent = t("upload.file", { name: file.name, size: formatBytes(file.size) });
   const progress = document.createElement("progress");
   progress.max = 100;
   progress.value = 0;
-  progress.setAttribute("aria-label", `Upload of ${file.name}`);
+  progress.setAttribute("aria-label", t("upload.progressLabel", { name: file.name }));
   const status = document.createElement("span");
   status.className = "upload-status";
-  status.textContent = "Waiting…";
+  status.textContent = t("upload.waiting");
   item.append(name, progress, status);
   $("uploads").append(item);
   return { item, progress, status };
@@ -213,12 +240,11 @@ async function uploadOne(file, collection, row) {
       if (await keyAfter401(sentKey)) continue;
       return finish(row, file, "failed", describeError(error));
     }
-    if (status === 0) return finish(row, file, "failed", "Could not reach the API (network error).");
+    if (status === 0) return finish(row, file, "failed", t("error.network"));
     if (status !== 200) return finish(row, file, "failed", describeError(errorFromBody(status, body)));
     const result = JSON.parse(body).results[0];
-    if (result.status === "failed") return finish(row, file, "failed", result.reason || "failed");
-    const chunks = `${result.chunks} chunk${result.chunks === 1 ? "" : "s"}`;
-    const text = result.status === "indexed" ? `Indexed: ${chunks}.` : `Unchanged: already indexed (${chunks}).`;
+    if (result.status === "failed") return finish(row, file, "failed", result.reason || t("state.failed"));
+    const text = t(result.status === "indexed" ? "upload.indexed" : "upload.unchanged", { count: result.chunks });
     return finish(row, file, result.status, text);
   }
 }
@@ -232,19 +258,19 @@ function send(file, collection, row) {
     xhr.upload.addEventListener("progress", (event) => {
       if (!event.lengthComputable) return;
       row.progress.value = Math.round((100 * event.loaded) / event.total);
-      row.status.textContent = `Uploading ${row.progress.value}%`;
+      row.status.textContent = t("upload.percent", { percent: row.progress.value });
     });
     xhr.upload.addEventListener("load", () => {
       row.progress.removeAttribute("value"); // indeterminate while the server indexes
       row.item.dataset.status = "indexing";
-      row.status.textContent = "Indexing…";
+      row.status.textContent = t("upload.indexing");
     });
     xhr.addEventListener("loadend", () => resolve({ status: xhr.status, body: xhr.responseText }));
     const form = new FormData();
     form.append("files", file, file.name);
     form.append("collection", collection);
     row.item.dataset.status = "uploading";
-    row.status.textContent = "Uploading…";
+    row.status.textContent = t("upload.uploading");
     xhr.send(form);
   });
 }
@@ -252,9 +278,9 @@ function send(file, collection, row) {
 function finish(row, file, status, text) {
   row.item.dataset.status = status;
   row.progress.value = status === "failed" ? 0 : 100;
-  row.status.textContent = status === "failed" ? `Failed: ${text}` : text;
+  row.status.textContent = status === "failed" ? t("upload.failed", { reason: text }) : text;
   $("clear-uploads").hidden = false;
-  announce(`${file.name}: ${row.status.textContent}`);
+  announce(t("upload.announce", { name: file.name, status: row.status.textContent }));
 }
 
 function showLibraryError(text) {
@@ -267,7 +293,7 @@ export function announce(text) {
 }
 
 export function formatBytes(bytes) {
-  if (bytes < 1024) return `${bytes} B`;
-  if (bytes < 1024 * 1024) return `${(bytes / 1024).toFixed(1)} KiB`;
-  return `${(bytes / 1024 / 1024).toFixed(1)} MiB`;
+  if (bytes < 1024) return t("bytes.b", { n: formatNumber(bytes) });
+  if (bytes < 1024 * 1024) return t("bytes.kib", { n: (bytes / 1024).toFixed(1) });
+  return t("bytes.mib", { n: (bytes / 1024 / 1024).toFixed(1) });
 }

@@ -9,6 +9,8 @@
 // Inline: `code`, **bold**, *italic*, _italic_, [text](url), ![alt](src), bare URLs, and citations [S1] or [S1, S2],
 // which the caller turns into nodes (a link to the source, or plain text when the citation is invalid).
 
+import { t } from "./i18n.js";
+
 const FENCE = /^\s*(```|~~~)/;
 const HEADING = /^(#{1,6})\s+(.*?)\s*#*\s*$/;
 const ITEM = /^\s*(?:([-*+])|(\d{1,9})[.)])\s+(.*)$/;
@@ -174,7 +176,7 @@ function nested(tag, text, cite) {
 }
 
 function image(alt, url) {
-  const node = textElement("span", `[image${alt ? `: ${alt}` : ""}]`, "image-placeholder");
+  const node = textElement("span", alt ? t("markdown.image", { alt }) : t("markdown.imageNoAlt"), "image-placeholder");
   if (!ownOrigin(url)) node.append(" ", unfollowed(url));
   return node;
 }
@@ -196,7 +198,7 @@ function link(label, url, cite) {
 // A URL the model wrote to another site: text, never a link or a fetch.
 function unfollowed(url) {
   const node = textElement("span", url, "unfollowed-url");
-  node.title = "A link the model wrote to another site: not opened. Copy it only if you trust it.";
+  node.title = t("markdown.unfollowed");
   return node;
 }
 

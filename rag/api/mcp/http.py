@@ -1,0 +1,50 @@
+"""The MCP server's Streamable HTTP transport, mounted on the API at /mcp.
+
+It sits behind RAG_API_KEY like every /v1 route (a client without the key gets the API's 401), its
+request bodies are bounded by RAG_MAX_REQUEST_BYTES like the chat routes', and its `ask` takes the
+generation gate's slot like /v1/chat, since both go through the one Answerer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from mcp.server.mcpserver import MCPServer
+from starlette.datastructures import Headers
+from starlette.types import Receive, Scope, Send
+
+from rag.api.deps import check_api_key
+from rag.api.errors import error_response
+from rag.api.mcp.library import LocalLibrary
+from rag.api.mcp.server import build_server
+from rag.api.services import Services
+from rag.core.config import Settings
+from rag.core.errors import Unauthorized
+
+PATH = "/mcp"
+
+
+class McpEndpoint:
+    """ASGI app: the key check, then the SDK's session manager. `run()` belongs in the app's lifespan."""
+
+    def __init__(self, settings: Settings, services: Callable[[], Services]) -> None:
+        self.settings = settings
+        self.server: MCPServer = build_server(LocalLibrary(services), settings)
+        # Builds the session manager; the Starlette app it returns is not used: we route to the manager.
+        self.server.streamable_http_app(
+            streamable_http_path=PATH, max_request_body_size=settings.max_request_bytes, host=settings.api_host
+        )
+
+    @asynccontextmanager
+    async def run(self) -> AsyncIterator[None]:
+        async with self.server.session_manager.run():
+            yield
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            check_api_key(Headers(scope=scope).get("authorization", ""), self.settings)
+        except Unauthorized as exc:
+            await error_response(exc)(scope, receive, send)
+            return
+        await self.server.session_manager.handle_request(scope, receive, send)

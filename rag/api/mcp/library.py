@@ -1,0 +1,143 @@
+"""What the MCP tools do, over this process's services: the same retriever, answering core and catalog
+as the HTTP routes (nothing here re-implements retrieval, grounding or the "not in the documents" rule)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from rag.answering.events import Event
+from rag.api.limits import check_text
+from rag.api.mcp.payloads import (
+    AskResult,
+    CollectionEntry,
+    CollectionList,
+    DocumentEntry,
+    DocumentList,
+    SearchHit,
+    SearchResult,
+    document_uri,
+)
+from rag.api.routes.chat import chat_query, collect
+from rag.api.services import Services
+from rag.core.errors import NotFound
+from rag.store.catalog import check_collection
+
+# Called with (tokens generated so far, the text just generated) while an answer is written.
+Progress = Callable[[float, str | None], Awaitable[None]]
+
+
+class Library(Protocol):
+    async def search(self, query: str, collection: str | None, top_k: int | None) -> SearchResult: ...
+    async def ask(
+        self, question: str, collection: str | None, history: list[dict[str, str]], top_k: int | None,
+        progress: Progress,
+    ) -> AskResult: ...
+    async def documents(self, collection: str | None, offset: int, limit: int) -> DocumentList: ...
+    async def collections(self) -> CollectionList: ...
+    async def document_text(self, collection: str, doc_id: str) -> str: ...
+
+
+class LocalLibrary:
+    """The tools over a `Services` (the API's own, or one `rag mcp` opened); `services` is read per call,
+    since the API builds its services only at start-up."""
+
+    def __init__(self, services: Callable[[], Services]) -> None:
+        self._services = services
+
+    def _collection(self, name: str | None) -> str:
+        return check_collection(name) if name else self._services().settings.collection
+
+    async def search(self, query: str, collection: str | None, top_k: int | None) -> SearchResult:
+        services = self._services()
+        check_text("query", query, services.settings)
+        name = self._collection(collection)
+        hits = await services.answerer().searcher.search(query, collection=name, k=top_k or services.settings.top_k)
+        results = [
+            SearchHit(
+                chunk_id=h.chunk_id, doc_id=h.doc_id, document=str(h.metadata.get("source", "")),
+                page=h.metadata.get("page"), heading=h.metadata.get("heading"), score=round(float(h.score), 4),
+                text=h.text,
+            )
+            for h in hits
+        ]
+        return SearchResult(query=query, collection=name, results=results)
+
+    async def ask(
+        self, question: str, collection: str | None, history: list[dict[str, str]], top_k: int | None,
+        progress: Progress,
+    ) -> AskResult:
+        services = self._services()
+        query = chat_query(
+            [*history, {"role": "user", "content": question}], services.settings, collection=collection,
+            top_k=top_k, max_tokens=None, doc_ids=None, temperature=None,
+        )
+        answer = await services.answerer().start(query)
+        tokens = 0
+
+        async def on_event(event: Event) -> None:
+            nonlocal tokens
+            if event.name == "token":
+                tokens += 1
+                await progress(tokens, event.data["text"])
+
+        try:
+            body = (await collect(answer, on_event)).model_dump(mode="json")
+        finally:
+            answer.close()
+        return ask_result(body, query.collection)
+
+    async def documents(self, collection: str | None, offset: int, limit: int) -> DocumentList:
+        catalog = self._services().catalog
+        name = self._collection(collection)
+        records, total = await asyncio.to_thread(lambda: (catalog.list(name, offset, limit), catalog.count(name)))
+        entries = [
+            DocumentEntry(id=r.doc_id, name=r.name, collection=name, state=r.state, chunks=r.chunks, pages=r.pages,
+                          uri=document_uri(name, r.doc_id))
+            for r in records
+        ]
+        return DocumentList(collection=name, total=total, documents=entries)
+
+    async def collections(self) -> CollectionList:
+        rows = await asyncio.to_thread(self._services().catalog.collections)
+        return CollectionList(collections=[CollectionEntry(name=n, documents=count) for n, count in rows])
+
+    async def document_text(self, collection: str, doc_id: str) -> str:
+        services = self._services()
+        name = check_collection(collection)
+        record = await asyncio.to_thread(services.catalog.get, name, doc_id)
+        if record is None or record.state != "indexed":
+            raise NotFound(f"no indexed document {doc_id} in collection {name}")
+        return stitched(await asyncio.to_thread(services.lexical.document_chunks, name, doc_id))
+
+
+def ask_result(body: dict[str, Any], collection: str) -> AskResult:
+    """The tool's answer from /v1/chat's whole-answer document (routes.chat.collect)."""
+    done = body.get("done", {})
+    return AskResult(
+        answer=body["answer"], collection=collection, query=body["search"]["query"],
+        rewrite=body["search"]["rewrite"], sources=body["sources"], citations=body["citations"]["citations"],
+        unsupported_sentences=int(done.get("unsupported_sentences") or 0), no_sources=done.get("no_sources"),
+    )
+
+
+def stitched(chunks: list[tuple[str, dict[str, Any]]]) -> str:
+    """A document's text from its chunks: exact slices of the extracted text (metadata `start`/`end`)
+    that overlap, so each is taken from where the previous one ended. Chunks without offsets are joined."""
+    parts: list[str] = []
+    covered = -1
+    for text, meta in sorted(chunks, key=lambda c: (int(c[1].get("start", 0)), int(c[1].get("chunk_index", 0)))):
+        start, end = meta.get("start"), meta.get("end")
+        if start is None or end is None:
+            parts.append(("\n\n" if parts else "") + text)
+            continue
+        start, end = int(start), int(end)
+        if end <= covered:
+            continue
+        if start >= covered:
+            parts.append(("\n\n" if parts and start > covered else "") + text)
+        else:
+            parts.append(text[covered - start:])
+        covered = end
+    return "".join(parts)

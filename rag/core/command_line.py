@@ -1,0 +1,45 @@
+"""What every command of ours does alike: settings that fail as one line, and one error path.
+
+Expected failures (invalid settings, a click usage error, any `RagError`) end as one line on stderr and
+a non-zero exit; `RAG_DEBUG=1` shows the traceback of a `RagError` instead. The `rag` and `ingest`
+entry points and the command modules beneath them (`rag eval`) share this, so none imports another.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from rag.core.config import Settings, get_settings, settings_error_line
+from rag.core.errors import RagError
+
+
+def load_settings() -> Settings:
+    """The settings, or a one-line click error naming the invalid one."""
+    from pydantic import ValidationError
+
+    try:
+        return get_settings()
+    except ValidationError as exc:
+        raise click.ClickException(settings_error_line(exc)) from None
+
+
+def run_cli(command: click.Command) -> None:
+    """Run a command of ours: expected failures are one line and exit 1; RAG_DEBUG=1 shows the traceback."""
+    try:
+        code = command.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except RagError as exc:
+        if os.environ.get("RAG_DEBUG") == "1":
+            raise
+        click.echo(f"error: {exc.message}", err=True)
+        sys.exit(1)
+    if isinstance(code, int) and code:
+        sys.exit(code)

@@ -1,0 +1,274 @@
+"""`rag store backup` and `rag store restore`: the record and the catalog taken at one moment, with a
+manifest, and put back into an empty data dir with Chroma and BM25 rebuilt from the record.
+
+One moment: the backup opens a write transaction (`BEGIN IMMEDIATE`) on both SQLite files, which makes
+every other writer wait (the API's connections wait up to 30 s), then copies each file with SQLite's
+online backup API through a second connection: readers are not blocked under WAL, and what they read is
+the state both files had when the writers stopped. An upload being indexed at that moment is in the copy
+as a `pending` document, which the next start removes, as after a crash. Chroma and the BM25 index are
+derived and rebuilt on restore; `--with-indexes` copies them too, only while no process holds the store
+(Chroma's files cannot be copied consistently under a running API).
+
+Safe to kill: a backup is written into `.<DEST>.partial` beside DEST and renamed at the end; a
+previous backup at DEST is moved to `.<DEST>.previous` first and removed once the new one is in place,
+and put back when a killed run left DEST missing. A restore writes `restore.json` into the data dir
+first; run again, it goes on where it stopped (the copy, then the repair's resumable rebuild).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from rag.core.errors import BackupInvalid
+from rag.store.schema import LATEST, user_version
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+RECORD_FILES = ("catalog.sqlite", "lexical.sqlite")
+INDEX_DIRS = ("chroma", "lexical.tantivy")
+RESTORE_MARK = "restore.json"
+_CHUNK = 1 << 20
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(_CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _version() -> str:
+    try:
+        return metadata.version("rag-stack")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+@contextmanager
+def writers_held(data_dir: Path, timeout_s: float = 30.0) -> Iterator[None]:
+    """Hold the write lock of both SQLite files: no writer commits until the block ends."""
+    with ExitStack() as stack:
+        for name in RECORD_FILES:
+            db = sqlite3.connect(
+                str(data_dir / name), isolation_level=None, timeout=timeout_s
+            )
+            stack.callback(db.close)
+            db.execute("BEGIN IMMEDIATE")
+            stack.callback(db.execute, "ROLLBACK")
+        yield
+
+
+def _copy_sqlite(source: Path, target: Path) -> None:
+    src = sqlite3.connect(str(source))
+    dst = sqlite3.connect(str(target))
+    try:
+        src.backup(dst)
+        dst.execute(
+            "PRAGMA journal_mode=DELETE"
+        )  # one self-contained file, no -wal beside it
+    finally:
+        dst.close()
+        src.close()
+
+
+def _collections(lexical: Path, catalog: Path) -> dict[str, Any]:
+    """Per collection of the copy: documents, chunks, vectors and the embedder that made them."""
+    out: dict[str, Any] = {}
+    cat = sqlite3.connect(f"file:{catalog}?mode=ro", uri=True)
+    lex = sqlite3.connect(f"file:{lexical}?mode=ro", uri=True)
+    try:
+        for name, docs, chunks in cat.execute(
+            "SELECT collection, COUNT(*), COALESCE(SUM(chunks), 0) FROM documents WHERE state = 'indexed' GROUP BY collection"
+        ):
+            out[name] = {"documents": docs, "chunks": chunks}
+        for name, rows, vectors in lex.execute(
+            "SELECT collection, COUNT(*), COUNT(vector) FROM chunks GROUP BY collection"
+        ):
+            out.setdefault(name, {"documents": 0, "chunks": 0}).update(
+                record_chunks=rows, record_vectors=vectors
+            )
+        for name, model, dims, normalized in lex.execute(
+            "SELECT collection, model, dimensions, normalized FROM embedders"
+        ):
+            out.setdefault(name, {"documents": 0, "chunks": 0})["embedder"] = {
+                "model": model,
+                "dimensions": dims,
+                "normalized": bool(normalized),
+            }
+    finally:
+        lex.close()
+        cat.close()
+    return out
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in [*root.rglob("*"), root]:
+        if path.is_file() or path.is_dir():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def _previous(dest: Path) -> Path:
+    return dest.with_name(f".{dest.name}.previous")
+
+
+def backup_store(
+    data_dir: Path, dest: Path, *, with_indexes: bool = False
+) -> dict[str, Any]:
+    """Write a backup of the store at `data_dir` into `dest`; returns its manifest. The caller holds the
+    store's lock when `with_indexes` (no process writes Chroma meanwhile)."""
+    for name in RECORD_FILES:
+        if not (data_dir / name).exists():
+            raise BackupInvalid(
+                f"no store to back up: {data_dir / name} does not exist"
+            )
+    dest = dest.absolute()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if not dest.exists() and _previous(dest).exists():
+        _previous(dest).rename(dest)  # a run killed between its two renames
+    partial = dest.with_name(f".{dest.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)  # a killed run's leftovers
+    partial.mkdir()
+    started = time.time()
+    with writers_held(data_dir):
+        taken_at = time.time()
+        for name in RECORD_FILES:
+            _copy_sqlite(data_dir / name, partial / name)
+    if with_indexes:
+        for name in INDEX_DIRS:
+            if (data_dir / name).exists():
+                shutil.copytree(data_dir / name, partial / name)
+    files = {
+        str(p.relative_to(partial)): {"bytes": p.stat().st_size, "sha256": sha256(p)}
+        for p in sorted(partial.rglob("*"))
+        if p.is_file()
+    }
+    manifest = {
+        "format": FORMAT,
+        "taken_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(taken_at)),
+        "source": str(data_dir),
+        "rag_stack": _version(),
+        "sqlite": sqlite3.sqlite_version,
+        "schema": {name: user_version(partial / name) for name in RECORD_FILES},
+        "with_indexes": with_indexes,
+        "collections": _collections(
+            partial / "lexical.sqlite", partial / "catalog.sqlite"
+        ),
+        "files": files,
+        "seconds": round(time.time() - started, 3),
+    }
+    (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    _fsync_tree(partial)
+    if dest.exists():
+        shutil.rmtree(_previous(dest), ignore_errors=True)
+        dest.rename(_previous(dest))
+    partial.rename(dest)
+    shutil.rmtree(_previous(dest), ignore_errors=True)
+    return manifest
+
+
+# Restore.
+
+
+def read_manifest(src: Path, embed_model: str) -> dict[str, Any]:
+    """The backup's manifest, once every file it lists is there with its checksum, every collection's
+    embedder is `embed_model` and no schema is newer than this code's; else BackupInvalid with the reason."""
+    path = src / MANIFEST
+    if not path.is_file():
+        raise BackupInvalid(f"{src} is not a backup: it has no {MANIFEST}")
+    try:
+        manifest = json.loads(path.read_text())
+    except ValueError as exc:
+        raise BackupInvalid(f"{path} is not valid JSON: {exc}") from None
+    if manifest.get("format") != FORMAT:
+        raise BackupInvalid(
+            f"{path} has backup format {manifest.get('format')!r}; this version reads {FORMAT}"
+        )
+    for name in RECORD_FILES:
+        if name not in manifest.get("files", {}):
+            raise BackupInvalid(f"the backup's manifest lists no {name}")
+    for name, want in manifest["files"].items():
+        file = src / name
+        if not file.is_file():
+            raise BackupInvalid(f"the backup lacks {name}, which its manifest lists")
+        if file.stat().st_size != want["bytes"] or sha256(file) != want["sha256"]:
+            raise BackupInvalid(
+                f"{name} in the backup does not match its checksum in the manifest: the copy is damaged"
+            )
+    for name, version in manifest.get("schema", {}).items():
+        if version > LATEST[name]:
+            raise BackupInvalid(
+                f"{name} in the backup has schema version {version}; this version of rag-stack reads up to {LATEST[name]}: upgrade it first"
+            )
+    for name, info in manifest.get("collections", {}).items():
+        model = (info.get("embedder") or {}).get("model")
+        if model is not None and model != embed_model:
+            raise BackupInvalid(
+                f"collection {name!r} in the backup was embedded with {model}, but RAG_EMBED_MODEL is {embed_model}: "
+                f"set RAG_EMBED_MODEL={model} (and its RAG_EMBED_MODEL_PATH) to restore it"
+            )
+    return manifest
+
+
+def store_contents(data_dir: Path) -> list[str]:
+    """What a restore would replace in `data_dir`."""
+    return [name for name in (*RECORD_FILES, *INDEX_DIRS) if (data_dir / name).exists()]
+
+
+def restore_files(
+    src: Path, data_dir: Path, manifest: dict[str, Any], *, force: bool = False
+) -> list[str]:
+    """Put the backup's record and catalog (and its indexes, if it has them) into `data_dir`. Refused
+    when the data dir holds a store, unless `force` (the replaced files are moved into
+    `replaced-<time>/` there) or this is the same restore run again. Returns what was replaced."""
+    mark = data_dir / RESTORE_MARK
+    data_dir.mkdir(parents=True, exist_ok=True)
+    ours = (
+        mark.exists()
+        and json.loads(mark.read_text()).get("taken_at") == manifest["taken_at"]
+    )
+    present = [] if ours else store_contents(data_dir)
+    if present and not force:
+        raise BackupInvalid(
+            f"{data_dir} already holds a store ({', '.join(present)}); restore into an empty data dir, "
+            "or pass --force to replace those (they are moved into replaced-<time>/ there)"
+        )
+    if present:
+        aside = data_dir / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+        aside.mkdir()
+        for name in present:
+            (data_dir / name).rename(aside / name)
+        for name in RECORD_FILES:
+            for extra in (f"{name}-wal", f"{name}-shm"):
+                if (data_dir / extra).exists():
+                    (data_dir / extra).rename(aside / extra)
+    mark.write_text(
+        json.dumps({"taken_at": manifest["taken_at"], "source": str(src)}) + "\n"
+    )
+    for name in sorted(manifest["files"]):
+        target = data_dir / name
+        if ours and target.exists():
+            continue  # copied by the interrupted run (a rename is the last step of each copy)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        part = target.with_name(target.name + ".part")
+        shutil.copyfile(src / name, part)
+        part.rename(target)
+    return present
+
+
+def finish_restore(data_dir: Path) -> None:
+    (data_dir / RESTORE_MARK).unlink(missing_ok=True)

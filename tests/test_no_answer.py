@@ -1,0 +1,62 @@
+"""Never a blank answer: a reply with nothing usable is retried (completion style), else said in words."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from rag.answering.no_answer import usable
+from rag.core.config import Settings
+from tests.chat_helpers import ask, chat_events, changed, parse_sse, serve, upload
+
+LIGHTHOUSE = {"lighthouse.txt": "The lighthouse keeper lives on Skerry Island. She lights the lamp at dusk.\n"}
+NO_ANSWER = "The model gave no answer; see the sources (lighthouse.txt)."
+
+
+@pytest.mark.parametrize("text", ["", "  \n", "...", " - ", "「」", "—?"])
+def test_blanks_and_punctuation_are_no_answer(text: str):
+    assert not usable(text)
+
+
+@pytest.mark.parametrize("text", ["1887", "十八棵", "a", " (b)"])
+def test_a_letter_or_digit_of_any_script_is_an_answer(text: str):
+    assert usable(text)
+
+
+def test_a_completion_that_ends_its_line_at_once_is_tried_again_and_answers(forced_llama_server, backend_settings: Settings):
+    # The server's grammar makes every first attempt a newline (what the base model sometimes writes
+    # first): the newline stop ends it with no text. The retry's own grammar overrides the server's.
+    forced = forced_llama_server("\n")
+    with serve(changed(backend_settings, llm_url=forced.url)) as url:
+        upload(url, LIGHTHOUSE)
+        events = chat_events(url, ask("Where does the lighthouse keeper live?", max_tokens=16))
+    tokens = [e.data["text"] for e in events if e.event == "token"]
+    done = next(e.data for e in events if e.event == "done")
+    assert done["style"] == "completion" and done["retried"] is True and done["no_answer"] is False
+    assert tokens and all(usable(t) for t in tokens[:1]) and usable("".join(tokens))
+    assert "".join(tokens) != NO_ANSWER
+
+
+def test_nothing_usable_is_said_in_words_naming_the_sources_on_every_endpoint(
+    forced_llama_server, backend_settings: Settings,
+):
+    # A chat-style reply of punctuation alone: no retry in that style, so the fixed line stands in.
+    forced = forced_llama_server(" . . .")
+    with serve(changed(backend_settings, llm_url=forced.url, llm_prompt_style="chat")) as url:
+        upload(url, LIGHTHOUSE)
+        question = ask("Where does the lighthouse keeper live?", max_tokens=16)
+        events = chat_events(url, question)
+        whole = httpx.post(f"{url}/v1/chat", json={**question, "stream": False}, timeout=300).json()
+        openai_body = {"model": "gemma-3-270m-q4_k_m", "messages": question["messages"], "max_tokens": 16}
+        completion = httpx.post(f"{url}/v1/chat/completions", json=openai_body, timeout=300).json()
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json={**openai_body, "stream": True}, timeout=300) as r:
+            chunks = [e.data for e in parse_sse(r.iter_lines()) if e.data != "[DONE]"]
+    assert [e.data["text"] for e in events if e.event == "token"] == [NO_ANSWER]  # the dots never reach a client
+    done = next(e.data for e in events if e.event == "done")
+    assert done["no_answer"] is True and done["style"] == "chat"
+    citations = next(e.data for e in events if e.event == "citations")
+    assert citations["citations"] == [] and citations["sentences"] == []  # our own line claims nothing
+    assert [s["source"] for s in next(e.data for e in events if e.event == "sources")["sources"]] == ["lighthouse.txt"]
+    assert whole["answer"] == NO_ANSWER and whole["done"]["no_answer"] is True
+    assert completion["choices"][0]["message"]["content"] == NO_ANSWER
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices")) == NO_ANSWER

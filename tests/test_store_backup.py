@@ -1,0 +1,310 @@
+"""`rag store backup` and `rag store restore` on a real store (Chroma, the BM25 index, the record): a
+backup taken while another process holds the store and writes to it, a wiped data dir, a restore: the
+same documents and the same top-10; a killed backup leaves the previous one; bad backups are refused
+with the reason before anything is written."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ingest.pipeline import SourceFile
+from rag.cli import cli
+from rag.core.config import Settings, get_settings
+from rag.store import backup as backup_module
+from rag.store.catalog import DocumentCatalog
+from rag.store.chunks import ChunkStore
+from tests.ingest_helpers import HashEmbedder, open_pipeline, paragraph_chunks
+
+COLLECTIONS = {"alpha": range(12), "beta": range(12, 15)}
+
+
+def _forget_chroma() -> None:
+    from chromadb.api.shared_system_client import SharedSystemClient
+
+    SharedSystemClient.clear_system_cache()
+
+
+def _files(folder: Path, numbers: range) -> list[SourceFile]:
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i in numbers:
+        path = folder / f"f{i}.txt"
+        path.write_text(
+            "\n\n".join(
+                f"file {i} paragraph {j} about topic {i}-{j}." for j in range(40)
+            )
+        )
+        out.append(SourceFile(path, str(path), path.name))
+    return out
+
+
+def _close(pipeline) -> None:
+    pipeline.lexical.close()
+    pipeline.catalog.close()
+    pipeline.lease.release()
+    _forget_chroma()
+
+
+def _state(settings: Settings, queries: np.ndarray) -> tuple[dict, dict]:
+    """Every collection's documents (id, name, chunks) and each query's top 10 chunk ids."""
+    catalog = DocumentCatalog(settings.data_dir / "catalog.sqlite")
+    docs = {
+        c: sorted((r.doc_id, r.name, r.chunks) for r in catalog.list(c))
+        for c in COLLECTIONS
+    }
+    catalog.close()
+    store = ChunkStore.open(settings)
+    top = {
+        c: [[h.id for h in store.query(c, q.tolist(), 10)] for q in queries]
+        for c in COLLECTIONS
+    }
+    _forget_chroma()
+    return docs, top
+
+
+@pytest.fixture
+def store(isolated_env: Path, tmp_path: Path) -> tuple[Settings, np.ndarray]:
+    get_settings.cache_clear()  # the CLI reads this test's RAG_DATA_DIR
+    settings = Settings(data_dir=isolated_env, embed_batch=64)
+    pipeline = open_pipeline(settings, HashEmbedder(), paragraph_chunks)
+    for name, numbers in COLLECTIONS.items():
+        asyncio.run(pipeline.run(_files(tmp_path / "in", numbers), name))
+    _close(pipeline)
+    queries = np.random.default_rng(3).normal(size=(30, 16)).astype(np.float32)
+    return settings, queries / np.linalg.norm(queries, axis=1, keepdims=True)
+
+
+def _rag(*args: str):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def test_backup_wipe_restore_gives_the_same_documents_and_top_10(
+    store, tmp_path: Path
+) -> None:
+    settings, queries = store
+    before = _state(settings, queries)
+    dest = tmp_path / "backups" / "rag"
+    result = _rag("store", "backup", str(dest))
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((dest / "manifest.json").read_text())
+    assert (
+        manifest["collections"]["alpha"]["chunks"] == 480
+        and manifest["collections"]["beta"]["documents"] == 3
+    )
+    assert manifest["collections"]["alpha"]["embedder"]["model"] == settings.embed_model
+    assert manifest["schema"] == {"catalog.sqlite": 1, "lexical.sqlite": 1}
+    assert set(manifest["files"]) == {
+        "catalog.sqlite",
+        "lexical.sqlite",
+    }  # the indexes are rebuilt
+    for name, f in manifest["files"].items():
+        assert backup_module.sha256(dest / name) == f["sha256"]
+
+    shutil.rmtree(settings.data_dir)
+    result = _rag("store", "restore", str(dest))
+    assert result.exit_code == 0, result.output
+    assert (
+        "consistent" in result.output
+        and "BM25 index: 600 of the record's 600 chunks" in result.output
+    )
+    assert not (settings.data_dir / "restore.json").exists()
+    assert _state(settings, queries) == before
+
+
+def test_with_indexes_the_restore_uses_the_copied_indexes(
+    store, tmp_path: Path
+) -> None:
+    settings, queries = store
+    before = _state(settings, queries)
+    dest = tmp_path / "full"
+    assert _rag("store", "backup", str(dest), "--with-indexes").exit_code == 0
+    assert any(
+        name.startswith("chroma/")
+        for name in json.loads((dest / "manifest.json").read_text())["files"]
+    )
+    shutil.rmtree(settings.data_dir)
+    result = _rag("store", "restore", str(dest))
+    assert result.exit_code == 0, result.output
+    assert not list(settings.data_dir.glob("chroma.damaged-*"))  # nothing was rebuilt
+    assert _state(settings, queries) == before
+
+
+def test_a_backup_while_another_process_holds_the_store_and_writes(
+    store, tmp_path: Path
+) -> None:
+    """The other process (as the API would) holds the store's lock and ingests; the backup still works
+    and its copy is consistent; --with-indexes is refused, since Chroma is being written."""
+    settings, _ = store
+    hold = (
+        "import sys, time; from pathlib import Path; from rag.store.chunks import StoreLock; "
+        "lock = StoreLock(Path(sys.argv[1])); lock.acquire('rag serve-api'); print('held', flush=True); time.sleep(60)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold, str(settings.data_dir)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        refused = _rag("store", "backup", str(tmp_path / "b"), "--with-indexes")
+        assert (
+            refused.exit_code == 1
+            and "held by rag serve-api" in refused.output
+            and "without --with-indexes" in refused.output
+        )
+
+        pipeline = open_pipeline(settings, HashEmbedder(), paragraph_chunks)
+        writer = threading.Thread(
+            target=lambda: asyncio.run(
+                pipeline.run(_files(tmp_path / "more", range(20, 30)), "alpha")
+            )
+        )
+        writer.start()
+        result = _rag("store", "backup", str(tmp_path / "b"))
+        writer.join()
+        _close(pipeline)
+        assert result.exit_code == 0, result.output
+    finally:
+        holder.kill()
+        holder.wait()
+    shutil.rmtree(settings.data_dir)
+    result = _rag("store", "restore", str(tmp_path / "b"))
+    assert result.exit_code == 0 and "consistent" in result.output, result.output
+
+
+def test_a_killed_backup_leaves_the_previous_one(
+    store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings, _ = store
+    dest = tmp_path / "rag"
+    assert _rag("store", "backup", str(dest)).exit_code == 0
+    first = (dest / "manifest.json").read_text()
+
+    def killed(root: Path) -> None:
+        raise KeyboardInterrupt  # stands for a kill after the copy, before the rename
+
+    monkeypatch.setattr(backup_module, "_fsync_tree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        backup_module.backup_store(settings.data_dir, dest)
+    assert (dest / "manifest.json").read_text() == first
+    monkeypatch.undo()
+    assert _rag("store", "backup", str(dest)).exit_code == 0
+    assert (dest / "manifest.json").read_text() != first
+    assert (
+        not (tmp_path / ".rag.partial").exists()
+        and not (tmp_path / ".rag.previous").exists()
+    )
+
+
+@pytest.fixture
+def backup(store, tmp_path: Path) -> tuple[Settings, Path]:
+    settings, _ = store
+    dest = tmp_path / "rag"
+    assert _rag("store", "backup", str(dest)).exit_code == 0
+    shutil.rmtree(settings.data_dir)
+    return settings, dest
+
+
+def _edit_manifest(dest: Path, change) -> None:
+    path = dest / "manifest.json"
+    manifest = json.loads(path.read_text())
+    change(manifest)
+    path.write_text(json.dumps(manifest))
+
+
+def _refused(dest: Path, *reason: str) -> None:
+    result = CliRunner().invoke(cli, ["store", "restore", str(dest)])
+    assert result.exit_code == 1
+    said = getattr(result.exception, "message", "") or result.output
+    for part in reason:
+        assert part in said
+
+
+def test_a_backup_with_a_missing_file_is_refused(backup) -> None:
+    settings, dest = backup
+    (dest / "catalog.sqlite").unlink()
+    _refused(dest, "lacks catalog.sqlite")
+    assert not (settings.data_dir / "lexical.sqlite").exists()
+
+
+def test_a_backup_with_a_changed_file_is_refused(backup) -> None:
+    _, dest = backup
+    db = sqlite3.connect(str(dest / "lexical.sqlite"))
+    db.execute("UPDATE chunks SET text = 'changed' WHERE id = 1")
+    db.commit()
+    db.close()
+    _refused(dest, "lexical.sqlite", "does not match its checksum")
+
+
+def test_a_backup_of_another_embedder_is_refused_with_the_setting_to_change(
+    backup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings, dest = backup
+    monkeypatch.setenv("RAG_EMBED_MODEL", "bge-m3")
+    get_settings.cache_clear()
+    _refused(dest, "embedded with all-MiniLM-L6-v2", "RAG_EMBED_MODEL is bge-m3")
+    assert not settings.data_dir.exists()
+
+
+def test_a_backup_of_a_newer_schema_is_refused(backup) -> None:
+    _, dest = backup
+    _edit_manifest(dest, lambda m: m["schema"].update({"lexical.sqlite": 9}))
+    _refused(dest, "schema version 9", "reads up to 1")
+
+
+def test_a_restore_into_a_store_is_refused_unless_forced(
+    backup, tmp_path: Path
+) -> None:
+    settings, dest = backup
+    assert _rag("store", "restore", str(dest)).exit_code == 0
+    catalog_before = (settings.data_dir / "catalog.sqlite").read_bytes()
+    _refused(
+        dest,
+        "already holds a store",
+        "catalog.sqlite, lexical.sqlite, chroma, lexical.tantivy",
+        "--force",
+    )
+    assert (settings.data_dir / "catalog.sqlite").read_bytes() == catalog_before
+    result = _rag("store", "restore", str(dest), "--force")
+    assert (
+        result.exit_code == 0
+        and "replaced catalog.sqlite, lexical.sqlite, chroma, lexical.tantivy"
+        in result.output
+    )
+    (aside,) = settings.data_dir.glob("replaced-*")
+    assert (aside / "catalog.sqlite").exists() and "consistent" in result.output
+
+
+def test_an_interrupted_restore_goes_on_when_run_again(
+    backup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings, dest = backup
+    from rag.store import repair
+
+    real = repair._rebuild
+
+    def stop(*args, **kwargs):
+        raise RuntimeError(
+            "killed"
+        )  # stands for a kill after the copy, during the rebuild
+
+    monkeypatch.setattr(repair, "_rebuild", stop)
+    assert isinstance(
+        CliRunner().invoke(cli, ["store", "restore", str(dest)]).exception, RuntimeError
+    )
+    assert (settings.data_dir / "restore.json").exists()
+    monkeypatch.setattr(repair, "_rebuild", real)
+    _forget_chroma()
+    result = _rag("store", "restore", str(dest))  # no --force: it is the same restore
+    assert result.exit_code == 0 and "consistent" in result.output, result.output
