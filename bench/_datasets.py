@@ -18,7 +18,7 @@ DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 DEFAULTS = {"squad": DATA / "squad-v1.1-dev-slice.json", "cmrc": DATA / "cmrc2018-trial.json"}
 HELP = {
     "squad": "SQuAD v1.1 dev in SQuAD's JSON format [default: tests/data's first 6 articles; bench/README.md's "
-             "numbers come from the whole dev set]",
+    "numbers come from the whole dev set]",
     "cmrc": "the CMRC 2018 trial set in SQuAD's JSON format [default: tests/data's copy]",
 }
 _chosen = dict(DEFAULTS)

@@ -14,17 +14,23 @@ from typing import Any
 
 MODEL_SETTINGS = (
     "RAG_MODELS_DIR",
-    "RAG_LLM_MODEL", "RAG_LLM_MODEL_PATH", "RAG_LLM_PROFILE", "RAG_LLM_THREADS", "RAG_LLM_SERVER_BIN",
+    "RAG_LLM_MODEL",
+    "RAG_LLM_MODEL_PATH",
+    "RAG_LLM_PROFILE",
+    "RAG_LLM_THREADS",
+    "RAG_LLM_SERVER_BIN",
     "RAG_LLM_PROMPT_STYLE",
-    "RAG_EMBED_MODEL", "RAG_EMBED_MODEL_PATH", "RAG_EMBED_DEVICE", "RAG_EMBED_THREADS",
+    "RAG_EMBED_MODEL",
+    "RAG_EMBED_MODEL_PATH",
+    "RAG_EMBED_DEVICE",
+    "RAG_EMBED_THREADS",
 )
 
 
 def server_env(data_dir: Path, leave_out: Iterable[str] = (), **extra: str) -> dict[str, str]:
     """This process's environment for a server in `data_dir`: of the RAG_* settings only the model ones."""
     skip = set(leave_out)
-    env = {k: v for k, v in os.environ.items()
-           if (not k.startswith("RAG_") or k in MODEL_SETTINGS) and k not in skip}
+    env = {k: v for k, v in os.environ.items() if (not k.startswith("RAG_") or k in MODEL_SETTINGS) and k not in skip}
     env.update(RAG_DATA_DIR=str(data_dir), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **extra)
     return env
 
@@ -37,5 +43,6 @@ def start_generator(workdir: Path) -> Any:
 
     settings = Settings(data_dir=workdir)
     model = settings.llm_model_path or ensure_bundled_generator(
-        settings.model_copy(update={"models_dir": settings.models_dir or cache_dir() / "models"}))
+        settings.model_copy(update={"models_dir": settings.models_dir or cache_dir() / "models"})
+    )
     return start_llama_server(model, workdir, profile=settings.llm_profile, alias=settings.llm_model)

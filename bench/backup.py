@@ -28,9 +28,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._provenance import header, write_json
-from bench.scale import COLLECTION, Parts, _catalog_indexed, _records
-from rag.core.config import Settings
+from bench._provenance import header, write_json  # noqa: E402 (after the path set-up above)
+from bench.scale import COLLECTION, Parts, _catalog_indexed, _records  # noqa: E402 (after the path set-up above)
+from rag.core.config import Settings  # noqa: E402 (after the path set-up above)
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -93,9 +93,7 @@ def measure(size: int, workdir: Path) -> dict[str, Any]:
     repair_store(settings.data_dir, settings.chroma_path)
     forget_chroma()
     rebuilt = time.perf_counter() - t0
-    report = check_store(
-        settings.data_dir, settings.chroma_path
-    )  # opening the record rebuilds BM25
+    report = check_store(settings.data_dir, settings.chroma_path)  # opening the record rebuilds BM25
     finish_restore(settings.data_dir)
     restore_s = time.perf_counter() - t0
     assert report.consistent, report.to_dict()

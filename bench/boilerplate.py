@@ -100,9 +100,15 @@ def measure(root: Path) -> dict:
             else:
                 kept_chars += len(text.replace(" ", ""))
     return {
-        "files_loaded": files, "files_refused": failed, "html_pages": pages, "html_chunks": chunks,
-        "boilerplate_chunks": bad, "boilerplate_share": round(bad / max(chunks, 1), 4),
-        "content_chars_in_other_chunks": kept_chars, "chunks_with_ansi_or_control": dirty, "examples": examples,
+        "files_loaded": files,
+        "files_refused": failed,
+        "html_pages": pages,
+        "html_chunks": chunks,
+        "boilerplate_chunks": bad,
+        "boilerplate_share": round(bad / max(chunks, 1), 4),
+        "content_chars_in_other_chunks": kept_chars,
+        "chunks_with_ansi_or_control": dirty,
+        "examples": examples,
     }
 
 
@@ -115,8 +121,9 @@ def main(argv: list[str] | None = None) -> None:
     print(header(), flush=True)
     started = time.perf_counter()
     result = measure(args.root)
-    result.update(label=args.label, root=str(args.root), seconds=round(time.perf_counter() - started, 1),
-                  provenance=provenance())
+    result.update(
+        label=args.label, root=str(args.root), seconds=round(time.perf_counter() - started, 1), provenance=provenance()
+    )
     runs = json.loads(args.json.read_text()) if args.json.exists() else {}
     runs[args.label] = result
     args.json.parent.mkdir(parents=True, exist_ok=True)

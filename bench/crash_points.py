@@ -36,13 +36,19 @@ def clean_env(data_dir: Path) -> dict[str, str]:
 
 
 def table(result: PathResult) -> list[str]:
-    lines = [f"{'path':<5} {'target':>6} {'delay':>6} {'killed at':>9} {'left':>5} {'indexed':>8} {'restart':>8}  result"]
+    lines = [
+        f"{'path':<5} {'target':>6} {'delay':>6} {'killed at':>9} {'left':>5} {'indexed':>8} {'restart':>8}  result"
+    ]
     for k in result.kills:
         at = "ended" if k.at is None else str(k.at)
-        lines.append(f"{k.path:<5} {k.target:>6} {k.delay_s:>5.2f}s {at:>9} {k.left:>5} {k.after:>8} "
-                     f"{k.restart_s:>7.1f}s  {'; '.join(k.problems) or 'consistent'}")
-    lines.append(f"{result.path:<5} re-run to the end: {result.final_documents} documents indexed, "
-                 f"{'; '.join(result.final) or 'every file exactly once, all counts agree'} ({result.wall_s:.0f} s)")
+        lines.append(
+            f"{k.path:<5} {k.target:>6} {k.delay_s:>5.2f}s {at:>9} {k.left:>5} {k.after:>8} "
+            f"{k.restart_s:>7.1f}s  {'; '.join(k.problems) or 'consistent'}"
+        )
+    lines.append(
+        f"{result.path:<5} re-run to the end: {result.final_documents} documents indexed, "
+        f"{'; '.join(result.final) or 'every file exactly once, all counts agree'} ({result.wall_s:.0f} s)"
+    )
     return lines
 
 
@@ -73,13 +79,21 @@ def main() -> None:
             embedder.stop()
     failures = sum(bool(k.problems) for r in results for k in r.kills) + sum(bool(r.final) for r in results)
     hits = sum(k.at is not None for r in results for k in r.kills)
-    print(f"{hits} of {sum(len(r.kills) for r in results)} kills hit a running ingest; "
-          f"{failures} inconsistent states")
-    write_json(args.out, {
-        "date": time.strftime("%Y-%m-%d %H:%M"), "files": args.files, "kills_per_path": args.kills, "seed": args.seed,
-        "load_average": loads, "inconsistent": failures, "kills_that_hit": hits,
-        "paths": [asdict(r) for r in results],
-    }, indent=1)
+    print(f"{hits} of {sum(len(r.kills) for r in results)} kills hit a running ingest; {failures} inconsistent states")
+    write_json(
+        args.out,
+        {
+            "date": time.strftime("%Y-%m-%d %H:%M"),
+            "files": args.files,
+            "kills_per_path": args.kills,
+            "seed": args.seed,
+            "load_average": loads,
+            "inconsistent": failures,
+            "kills_that_hit": hits,
+            "paths": [asdict(r) for r in results],
+        },
+        indent=1,
+    )
     sys.exit(1 if failures else 0)
 
 

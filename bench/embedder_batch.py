@@ -71,7 +71,9 @@ def main() -> None:
     model = SentenceTransformer(path, device="cpu")
     served = SentenceEmbedder.from_settings(Settings(), device="cpu")
     forward = served.batch_size
-    print(f"{len(texts)} chunks of {args.paragraphs} SQuAD paragraphs; {cores} cores; all-in-one-call encodes sort all texts")
+    print(
+        f"{len(texts)} chunks of {args.paragraphs} SQuAD paragraphs; {cores} cores; all-in-one-call encodes sort all texts"
+    )
 
     print("\nforward batch (SentenceTransformer.encode, torch on every core), texts/s per round:")
     torch.set_num_threads(cores)
@@ -90,8 +92,10 @@ def main() -> None:
         team_rates = [rate(team, requests) for _ in range(args.rounds)]
         torch.set_num_threads(1)
         worker_rates = [rate(served.encode, requests) for _ in range(args.rounds)]
-        print(f"  {label:<28} team of {cores} threads {max(team_rates):6.1f}   {served.workers} single-thread workers "
-              f"{max(worker_rates):6.1f}   workers / team {max(worker_rates) / max(team_rates):.2f}")
+        print(
+            f"  {label:<28} team of {cores} threads {max(team_rates):6.1f}   {served.workers} single-thread workers "
+            f"{max(worker_rates):6.1f}   workers / team {max(worker_rates) / max(team_rates):.2f}"
+        )
 
     print(f"\nrequests of {BATCH} texts, forward batch {forward}, texts/s (best of {args.rounds}):")
     measure("idle cores")

@@ -18,12 +18,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._provenance import header  # noqa: E402
 from bench import _datasets as datasets  # noqa: E402
+from bench._provenance import header  # noqa: E402
 from bench._servers import server_env  # noqa: E402
 from rag.clients.embedding import EmbeddingClient  # noqa: E402
 from tests.servers import start_embedding_server  # noqa: E402
-
 
 
 def chunk_texts(n: int, tokenizer, tokens: int = 200) -> list[str]:

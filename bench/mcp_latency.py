@@ -42,8 +42,13 @@ def percentile(values: list[float], p: float) -> float:
 
 
 async def chat_retrieval_ms(http: httpx.AsyncClient, api: str, question: str, top_k: int) -> float:
-    body = {"messages": [{"role": "user", "content": question}], "stream": False, "max_tokens": 1,
-            "temperature": 0, "top_k": top_k}
+    body = {
+        "messages": [{"role": "user", "content": question}],
+        "stream": False,
+        "max_tokens": 1,
+        "temperature": 0,
+        "top_k": top_k,
+    }
     response = await http.post(f"{api}/v1/chat", json=body)
     response.raise_for_status()
     return float(response.json()["done"]["retrieval_ms"])
@@ -60,9 +65,11 @@ async def mcp_search_ms(client: Client, question: str, top_k: int) -> float:
 
 async def measure(api: str, questions: list[str], top_k: int, rng: random.Random) -> list[dict[str, Any]]:
     runs = []
-    async with httpx.AsyncClient(timeout=300) as http, httpx2.AsyncClient(timeout=300) as http2, Client(
-        streamable_http_client(f"{api}/mcp", http_client=http2)
-    ) as client:
+    async with (
+        httpx.AsyncClient(timeout=300) as http,
+        httpx2.AsyncClient(timeout=300) as http2,
+        Client(streamable_http_client(f"{api}/mcp", http_client=http2)) as client,
+    ):
         for question in questions[:5]:  # warm-up: the first searches load indexes and caches
             await chat_retrieval_ms(http, api, question, top_k)
             await mcp_search_ms(client, question, top_k)
@@ -116,7 +123,9 @@ def main(argv: list[str] | None = None) -> None:
         try:
             files = [("files", (name, text.encode(), "text/plain")) for name, text in docs.items()]
             check_upload(httpx.post(f"{api.url}/v1/documents", files=files, timeout=600), len(docs))
-            print(f"indexed {len(docs)} SQuAD articles; {len(questions)} questions, top_k {args.top_k}", file=sys.stderr)
+            print(
+                f"indexed {len(docs)} SQuAD articles; {len(questions)} questions, top_k {args.top_k}", file=sys.stderr
+            )
             runs = asyncio.run(measure(api.url, questions, args.top_k, rng))
         finally:
             for server in reversed(started):
@@ -124,12 +133,24 @@ def main(argv: list[str] | None = None) -> None:
     result = summary(runs)
     load_end = [round(x, 2) for x in os.getloadavg()]
     print(f"load average at start {load_start}, at end {load_end} (2 cores)")
-    print(f"/v1/chat retrieval_ms      p50 {result['chat_retrieval_ms_p50']:.1f}   p95 {result['chat_retrieval_ms_p95']:.1f}")
+    print(
+        f"/v1/chat retrieval_ms      p50 {result['chat_retrieval_ms_p50']:.1f}   p95 {result['chat_retrieval_ms_p95']:.1f}"
+    )
     print(f"MCP search (client)        p50 {result['mcp_search_ms_p50']:.1f}   p95 {result['mcp_search_ms_p95']:.1f}")
-    print(f"added per question         p50 {result['added_ms_p50']:.1f}   p95 {result['added_ms_p95']:.1f}   "
-          f"p95 - p95 {result['added_p95_of_p95s_ms']:.1f} ms (target <= 10)")
-    write_json(args.json, {"summary": result, "load_avg": {"start": load_start, "end": load_end},
-                           "articles": args.articles, "top_k": args.top_k, "runs": runs})
+    print(
+        f"added per question         p50 {result['added_ms_p50']:.1f}   p95 {result['added_ms_p95']:.1f}   "
+        f"p95 - p95 {result['added_p95_of_p95s_ms']:.1f} ms (target <= 10)"
+    )
+    write_json(
+        args.json,
+        {
+            "summary": result,
+            "load_avg": {"start": load_start, "end": load_end},
+            "articles": args.articles,
+            "top_k": args.top_k,
+            "runs": runs,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -19,10 +19,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench._provenance import header, write_json
 from bench import _datasets as datasets
-from bench.retrieval_quality import (COLLECTION, EmbeddingCache, _AllIndexed, _CachedEmbedder, build_indexes,
-                                     load_corpus, make_splitter, sentence_encoder)
+from bench._provenance import header, write_json
+from bench.retrieval_quality import (
+    COLLECTION,
+    EmbeddingCache,
+    _AllIndexed,
+    _CachedEmbedder,
+    build_indexes,
+    load_corpus,
+    make_splitter,
+    sentence_encoder,
+)
 from rag.answering.retrieval import Retriever
 from rag.core.config import Settings
 from rag.store.lexical import Tokenizer
@@ -48,8 +56,10 @@ def pack(hits: list[tuple[str, float, int]], share: float, budget: int) -> list[
 
 async def retrieve(corpus, qvectors, store, lexical, workdir: Path, k: int) -> list[list[tuple[str, float]]]:
     retriever = Retriever(_CachedEmbedder(corpus, qvectors), store, lexical, _AllIndexed(), Settings(data_dir=workdir))
-    return [[(c.chunk_id, c.score) for c in await retriever.search(q.text, collection=COLLECTION, k=k)]
-            for q in corpus.questions]
+    return [
+        [(c.chunk_id, c.score) for c in await retriever.search(q.text, collection=COLLECTION, k=k)]
+        for q in corpus.questions
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -75,25 +85,38 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="rag-cutoff-") as tmp:
         store, lexicals = build_indexes(corpus, vectors, Path(tmp), {"stem+stop+title": (Tokenizer(), True)})
         runs = asyncio.run(retrieve(corpus, qvectors, store, lexicals["stem+stop+title"], Path(tmp), args.top_k))
-    tokens = {cid: len(tokenizer(text, add_special_tokens=False)["input_ids"]) for cid, (_, text) in corpus.chunks.items()}
+    tokens = {
+        cid: len(tokenizer(text, add_special_tokens=False)["input_ids"]) for cid, (_, text) in corpus.chunks.items()
+    }
     curve = []
     for share in SHARES:
         packed = [pack([(c, s, tokens[c]) for c, s in hits], share, args.budget) for hits in runs]
-        found = [any(any(a in corpus.chunks[c][1] for a in q.answers) for c in ids)
-                 for q, ids in zip(corpus.questions, packed)]
+        found = [
+            any(any(a in corpus.chunks[c][1] for a in q.answers) for c in ids)
+            for q, ids in zip(corpus.questions, packed)
+        ]
         used = [sum(tokens[c] + LABEL_TOKENS for c in ids) for ids in packed]
-        curve.append({"share": share, "recall": round(sum(found) / len(found), 4),
-                      "tokens_mean": round(statistics.mean(used)), "tokens_median": statistics.median(used),
-                      "sources_mean": round(statistics.mean(len(ids) for ids in packed), 2)})
+        curve.append(
+            {
+                "share": share,
+                "recall": round(sum(found) / len(found), 4),
+                "tokens_mean": round(statistics.mean(used)),
+                "tokens_median": statistics.median(used),
+                "sources_mean": round(statistics.mean(len(ids) for ids in packed), 2),
+            }
+        )
     base = curve[0]
     print(f"SQuAD dev, {len(corpus.questions)} questions, top_k {args.top_k}, {args.budget} source tokens")
     print(f"{'share':>6} {'recall':>7} {'vs 0':>6} {'tokens (mean)':>14} {'median':>7} {'sources':>8}")
     for row in curve:
-        print(f"{row['share']:6.2f} {row['recall']:7.4f} {row['recall'] - base['recall']:+6.4f} "
-              f"{row['tokens_mean']:14d} {row['tokens_median']:7.0f} {row['sources_mean']:8.2f}")
+        print(
+            f"{row['share']:6.2f} {row['recall']:7.4f} {row['recall'] - base['recall']:+6.4f} "
+            f"{row['tokens_mean']:14d} {row['tokens_median']:7.0f} {row['sources_mean']:8.2f}"
+        )
     if args.json:
-        write_json(args.json, {"questions": len(corpus.questions), "top_k": args.top_k,
-                                "budget": args.budget, "curve": curve})
+        write_json(
+            args.json, {"questions": len(corpus.questions), "top_k": args.top_k, "budget": args.budget, "curve": curve}
+        )
     sys.stdout.flush()
 
 

@@ -32,15 +32,15 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from bench._provenance import header, write_json
 from bench import _datasets as datasets
+from bench._provenance import header, write_json
 from bench._servers import server_env
-from rag.store.catalog import DocumentCatalog
-from rag.core.config import Settings
-from rag.clients.embedding import EmbeddingClient
-from rag.store.lexical import LexicalIndex
 from rag.answering.retrieval import Retriever
+from rag.clients.embedding import EmbeddingClient
+from rag.core.config import Settings
+from rag.store.catalog import DocumentCatalog
 from rag.store.chunks import ChunkStore
+from rag.store.lexical import LexicalIndex
 
 COLLECTION = "latency"
 DIM = 384
@@ -50,9 +50,7 @@ CHUNKS_PER_DOC = 20
 def load_text() -> tuple[list[str], list[str], list[str], list[str]]:
     """(English sentences, Chinese sentences, English questions, Chinese questions)."""
     out: list[list[str]] = [[], [], [], []]
-    for i, (name, splitter) in enumerate(
-        (("squad", r"(?<=[.!?])\s+"), ("cmrc", r"(?<=[。！？])"))
-    ):
+    for i, (name, splitter) in enumerate((("squad", r"(?<=[.!?])\s+"), ("cmrc", r"(?<=[。！？])"))):
         raw = datasets.read(name)
         for article in raw["data"]:
             for paragraph in article["paragraphs"]:
@@ -78,8 +76,14 @@ def random_unit_vectors(n: int, rng: np.random.Generator) -> np.ndarray:
     return v / np.linalg.norm(v, axis=1, keepdims=True)
 
 
-def grow(store: ChunkStore, lexical: LexicalIndex, catalog: DocumentCatalog, start: int, texts: list[str],
-         vectors: np.ndarray) -> None:
+def grow(
+    store: ChunkStore,
+    lexical: LexicalIndex,
+    catalog: DocumentCatalog,
+    start: int,
+    texts: list[str],
+    vectors: np.ndarray,
+) -> None:
     """Add chunks numbered from `start`, CHUNKS_PER_DOC to a document, every document indexed in the catalog."""
     step = 2000
     for offset in range(0, len(texts), step):
@@ -90,7 +94,9 @@ def grow(store: ChunkStore, lexical: LexicalIndex, catalog: DocumentCatalog, sta
         store.upsert(COLLECTION, ids, vectors[offset : offset + step].tolist(), part, metas)
         lexical.add(COLLECTION, [(i, m["doc_id"], t) for i, m, t in zip(ids, metas, part)])
         for doc_id in sorted({m["doc_id"] for m in metas if m["chunk_index"] == 0}):
-            catalog.claim(COLLECTION, doc_id, source=doc_id, name=doc_id, size=1, owner="bench", is_live=lambda _: False)
+            catalog.claim(
+                COLLECTION, doc_id, source=doc_id, name=doc_id, size=1, owner="bench", is_live=lambda _: False
+            )
             catalog.mark_indexed(COLLECTION, doc_id, chunks=CHUNKS_PER_DOC, pages=None, owner="bench")
 
 
@@ -117,8 +123,16 @@ def p(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else values[0]
 
 
-async def measure(size: int, queries: list[str], embedder: EmbeddingClient, store: ChunkStore, lexical: LexicalIndex,
-                  catalog: DocumentCatalog, settings: Settings, k: int) -> dict[str, dict[str, float]]:
+async def measure(
+    size: int,
+    queries: list[str],
+    embedder: EmbeddingClient,
+    store: ChunkStore,
+    lexical: LexicalIndex,
+    catalog: DocumentCatalog,
+    settings: Settings,
+    k: int,
+) -> dict[str, dict[str, float]]:
     depth = settings.retrieval_depth
     vectors = dict(zip(queries, await embedder.embed(queries)))
     at_hand = Retriever(VectorsAtHand(vectors), store, lexical, catalog, settings)
@@ -140,8 +154,11 @@ async def measure(size: int, queries: list[str], embedder: EmbeddingClient, stor
     for name, stage in stages.items():
         ms = await timed(queries, stage)
         results[name] = {"p50": p(ms, 50), "p95": p(ms, 95), "mean": statistics.fmean(ms)}
-        print(f"  {size:>7} chunks  {name:<13} p50 {results[name]['p50']:6.1f} ms   p95 {results[name]['p95']:6.1f} ms"
-              f"   mean {results[name]['mean']:6.1f} ms", flush=True)
+        print(
+            f"  {size:>7} chunks  {name:<13} p50 {results[name]['p50']:6.1f} ms   p95 {results[name]['p95']:6.1f} ms"
+            f"   mean {results[name]['mean']:6.1f} ms",
+            flush=True,
+        )
     return results
 
 
@@ -192,8 +209,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--depth", type=int, default=50, help="candidates per method (RAG_RETRIEVAL_DEPTH)")
     parser.add_argument("--embed-url", default=None, help="a running embedding server (default: start one)")
-    parser.add_argument("--embed-threads", type=int, default=None,
-                        help="OMP_NUM_THREADS of the started embedding server (default: torch's own choice)")
+    parser.add_argument(
+        "--embed-threads",
+        type=int,
+        default=None,
+        help="OMP_NUM_THREADS of the started embedding server (default: torch's own choice)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     datasets.add_options(parser, "squad", "cmrc")
     args = parser.parse_args(argv)

@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench._provenance import header, write_json
 from bench import _datasets as datasets
+from bench._provenance import header, write_json
 from bench.retrieval_quality import EmbeddingCache, make_splitter, sentence_encoder
 from rag.answering.retrieval import Retriever, relevance, relevance_floor
 from rag.core.config import Settings
@@ -83,8 +83,10 @@ def read(name: str) -> list[tuple[str, list[tuple[str, list[tuple[str, list[str]
     for article in raw["data"]:
         paragraphs = []
         for p in article["paragraphs"]:
-            qas = [(qa["question"], sorted({a["text"].strip() for a in qa["answers"] if a["text"].strip()}))
-                   for qa in p["qas"]]
+            qas = [
+                (qa["question"], sorted({a["text"].strip() for a in qa["answers"] if a["text"].strip()}))
+                for qa in p["qas"]
+            ]
             paragraphs.append((p["context"], [(q, a) for q, a in qas if a]))
         articles.append((str(article.get("title", "")), paragraphs))
     return articles
@@ -106,8 +108,9 @@ def build(args: argparse.Namespace) -> tuple[dict[str, dict[str, tuple[str, str]
             if inside:
                 for i, text in enumerate(split(context)):
                     squad_chunks[f"{doc_id}:{i}"] = (doc_id, text)
-            (pos if inside else neg).extend(Asked("squad+" if inside else "squad-", q, ans, doc_id if inside else None)
-                                            for q, ans in qas)
+            (pos if inside else neg).extend(
+                Asked("squad+" if inside else "squad-", q, ans, doc_id if inside else None) for q, ans in qas
+            )
     cmrc_chunks: dict[str, tuple[str, str]] = {}
     cmrc = []
     for a, (_, paragraphs) in enumerate(read("cmrc")):
@@ -117,7 +120,7 @@ def build(args: argparse.Namespace) -> tuple[dict[str, dict[str, tuple[str, str]
                 cmrc_chunks[f"{doc_id}:{i}"] = (doc_id, text)
             cmrc.extend(Asked("cmrc+", q, ans, doc_id) for q, ans in qas)
     cmrc_pos = sample(cmrc, args.questions)
-    cmrc_neg = [Asked("cmrc-", q.text, q.answers, None) for q in sample(cmrc, 2 * args.questions)[args.questions:]]
+    cmrc_neg = [Asked("cmrc-", q.text, q.answers, None) for q in sample(cmrc, 2 * args.questions)[args.questions :]]
     squad_neg = sample(neg, args.questions)
     unrelated = [Asked("squad-x", q.text, q.answers, None) for q in squad_neg]
     asked = {
@@ -140,19 +143,29 @@ class _AllIndexed:
         return set(doc_ids)
 
 
-
 def index_chunks(store: Any, lexical: Any, collection: str, held: dict[str, tuple[str, str]], cache: Any) -> None:
     """Write `held` (chunk id -> (doc id, text)) into Chroma and the BM25 index with cached vectors."""
     ids = list(held)
     vectors = cache.embed([held[i][1] for i in ids])
     for start in range(0, len(ids), 1000):
-        part = ids[start:start + 1000]
-        store.upsert(collection, part, vectors[start:start + 1000].tolist(), [held[i][1] for i in part],
-                     [{"doc_id": held[i][0]} for i in part])
+        part = ids[start : start + 1000]
+        store.upsert(
+            collection,
+            part,
+            vectors[start : start + 1000].tolist(),
+            [held[i][1] for i in part],
+            [{"doc_id": held[i][0]} for i in part],
+        )
     lexical.add(collection, [(i, held[i][0], held[i][1]) for i in ids])
 
-async def measure(chunks: dict[str, dict[str, tuple[str, str]]], asked: dict[str, list[Asked]],
-                  cache: EmbeddingCache, workdir: Path, k: int) -> list[dict]:
+
+async def measure(
+    chunks: dict[str, dict[str, tuple[str, str]]],
+    asked: dict[str, list[Asked]],
+    cache: EmbeddingCache,
+    workdir: Path,
+    k: int,
+) -> list[dict]:
     """Per question: its kind, the scores, and the rank of its first answer-bearing chunk."""
     settings = Settings(data_dir=workdir)
     store = ChunkStore.open(settings)
@@ -164,15 +177,25 @@ async def measure(chunks: dict[str, dict[str, tuple[str, str]]], asked: dict[str
         cache.embed([q.text for q in asked[collection]])
         for q in asked[collection]:
             hits = await retriever.search(q.text, collection=collection, k=k)
-            rank = next((r for r, h in enumerate(hits, 1) if h.doc_id == q.doc_id
-                         and any(" ".join(a.lower().split()) in " ".join(h.text.lower().split()) for a in q.answers)),
-                        None)
-            rows.append({
-                "kind": q.kind, "text": q.text, "rank": rank,
-                "cosine": max((h.cosine for h in hits if h.cosine is not None), default=0.0),
-                "coverage": max((h.coverage for h in hits), default=0.0),
-                **{f"blend{b}": relevance(q.text, hits, settings, blend=b) for b in BLENDS},
-            })
+            rank = next(
+                (
+                    r
+                    for r, h in enumerate(hits, 1)
+                    if h.doc_id == q.doc_id
+                    and any(" ".join(a.lower().split()) in " ".join(h.text.lower().split()) for a in q.answers)
+                ),
+                None,
+            )
+            rows.append(
+                {
+                    "kind": q.kind,
+                    "text": q.text,
+                    "rank": rank,
+                    "cosine": max((h.cosine for h in hits if h.cosine is not None), default=0.0),
+                    "coverage": max((h.coverage for h in hits), default=0.0),
+                    **{f"blend{b}": relevance(q.text, hits, settings, blend=b) for b in BLENDS},
+                }
+            )
     lexical.close()
     return rows
 
@@ -190,8 +213,11 @@ def curve(rows: Sequence[dict], score: str, positive: str, negatives: Sequence[s
     pos = [r for r in rows if r["kind"] == positive]
     out = []
     for t in THRESHOLDS:
-        row = {"threshold": t, "kept": _share(pos, lambda r: r[score] >= t),
-               "recall@5": _share(pos, lambda r: _found5(r) and r[score] >= t)}
+        row = {
+            "threshold": t,
+            "kept": _share(pos, lambda r: r[score] >= t),
+            "recall@5": _share(pos, lambda r: _found5(r) and r[score] >= t),
+        }
         for kind in negatives:
             row[f"refused {kind}"] = _share([r for r in rows if r["kind"] == kind], lambda r: r[score] < t)
         out.append(row)
@@ -201,8 +227,9 @@ def curve(rows: Sequence[dict], score: str, positive: str, negatives: Sequence[s
 def choose(table: list[dict]) -> dict:
     """The highest threshold that keeps >= 97% of the positives and their R@5 within 0.01."""
     base = table[0]["recall@5"]
-    return max((r for r in table if r["kept"] >= 0.97 and base - r["recall@5"] <= 0.01 + 1e-9),
-               key=lambda r: r["threshold"])
+    return max(
+        (r for r in table if r["kept"] >= 0.97 and base - r["recall@5"] <= 0.01 + 1e-9), key=lambda r: r["threshold"]
+    )
 
 
 def production(rows: Sequence[dict], floors: tuple[float, float]) -> dict:
@@ -216,11 +243,14 @@ def production(rows: Sequence[dict], floors: tuple[float, float]) -> dict:
     out = {"min_relevance": floors[0], "min_relevance_cjk": floors[1]}
     for kind in KINDS:
         out[("kept " if kind.endswith("+") else "refused ") + kind] = _share(
-            by[kind], passes if kind.endswith("+") else (lambda r: not passes(r)))
+            by[kind], passes if kind.endswith("+") else (lambda r: not passes(r))
+        )
     out["refused, negatives of the target (cmrc-, squad-x)"] = _share(
-        [r for k in ISSUE_NEGATIVES for r in by[k]], lambda r: not passes(r))
+        [r for k in ISSUE_NEGATIVES for r in by[k]], lambda r: not passes(r)
+    )
     out["refused, all negatives (with the hard squad-)"] = _share(
-        [r for k in KINDS if not k.endswith("+") for r in by[k]], lambda r: not passes(r))
+        [r for k in KINDS if not k.endswith("+") for r in by[k]], lambda r: not passes(r)
+    )
     out["kept, all positives"] = _share(by["squad+"] + by["cmrc+"], passes)
     out["squad recall@5 without floor"] = _share(by["squad+"], _found5)
     out["squad recall@5 with floor"] = _share(by["squad+"], lambda r: _found5(r) and passes(r))
@@ -260,8 +290,10 @@ def main(argv: list[str] | None = None) -> None:
     for score in SCORES:
         english = curve(rows, score, "squad+", ("squad-", "squad-x", "cmrc-"))
         cjk = curve(rows, score, "cmrc+", ("cmrc-", "squad-x"))
-        result["scores"][score] = {"english": {"chosen": choose(english), "curve": english},
-                                   "cjk": {"chosen": choose(cjk), "curve": cjk}}
+        result["scores"][score] = {
+            "english": {"chosen": choose(english), "curve": english},
+            "cjk": {"chosen": choose(cjk), "curve": cjk},
+        }
         if score in ("cosine", "blend1.0"):
             _print_curve(f"{score}, English floor (squad+ positives)", english, choose(english))
             _print_curve(f"{score}, CJK floor (cmrc+ positives)", cjk, choose(cjk))

@@ -31,10 +31,10 @@ import numpy as np
 
 from bench import _datasets as datasets
 from bench._provenance import header, write_json
-from rag.core.config import Settings
-from rag.store.lexical import LexicalIndex, Tokenizer
 from rag.answering.retrieval import Retriever, fuse
+from rag.core.config import Settings
 from rag.store.chunks import ChunkStore
+from rag.store.lexical import LexicalIndex, Tokenizer
 
 DATASETS = ("squad", "cmrc")
 COLLECTION = "bench"
@@ -187,7 +187,9 @@ def build_indexes(corpus: Corpus, vectors: np.ndarray, workdir: Path, variants: 
     import chromadb
     from chromadb.config import Settings as ChromaSettings
 
-    client = chromadb.PersistentClient(path=str(workdir / "chroma"), settings=ChromaSettings(anonymized_telemetry=False))
+    client = chromadb.PersistentClient(
+        path=str(workdir / "chroma"), settings=ChromaSettings(anonymized_telemetry=False)
+    )
     store = ChunkStore(client)
     ids = list(corpus.chunks)
     metadatas = [{"doc_id": corpus.chunks[i][0], "chunk_index": int(i.rsplit(":", 1)[1])} for i in ids]
@@ -202,8 +204,9 @@ def build_indexes(corpus: Corpus, vectors: np.ndarray, workdir: Path, variants: 
     return store, lexicals
 
 
-def collect_runs(corpus: Corpus, qvectors: np.ndarray, store: ChunkStore, lexicals: dict[str, LexicalIndex],
-                 depth: int) -> Runs:
+def collect_runs(
+    corpus: Corpus, qvectors: np.ndarray, store: ChunkStore, lexicals: dict[str, LexicalIndex], depth: int
+) -> Runs:
     runs = Runs(lexical={name: [] for name in lexicals})
     for question, vector in zip(corpus.questions, qvectors):
         hits = store.query(COLLECTION, vector.tolist(), depth)
@@ -243,8 +246,15 @@ class _AllIndexed:
         return set(doc_ids)
 
 
-async def production_check(corpus: Corpus, qvectors: np.ndarray, store: ChunkStore, lexical: LexicalIndex,
-                           weights: tuple[float, float], subset: Sequence[int], workdir: Path) -> dict[str, float]:
+async def production_check(
+    corpus: Corpus,
+    qvectors: np.ndarray,
+    store: ChunkStore,
+    lexical: LexicalIndex,
+    weights: tuple[float, float],
+    subset: Sequence[int],
+    workdir: Path,
+) -> dict[str, float]:
     settings = Settings(data_dir=workdir, hybrid_dense_weight=weights[0], hybrid_dense_weight_cjk=weights[1])
     retriever = Retriever(_CachedEmbedder(corpus, qvectors), store, lexical, _AllIndexed(), settings)
     ranks = []
@@ -259,11 +269,11 @@ async def production_check(corpus: Corpus, qvectors: np.ndarray, store: ChunkSto
 
 
 def row(name: str, m: dict[str, float]) -> str:
-    return f"  {name:<34} " + "  ".join(f"{m[key]:.3f}" for key in (*(f'R@{k}' for k in KS), "MRR"))
+    return f"  {name:<34} " + "  ".join(f"{m[key]:.3f}" for key in (*(f"R@{k}" for k in KS), "MRR"))
 
 
 def table_header() -> str:
-    return f"  {'method':<34} " + "  ".join(f"{key:>5}" for key in (*(f'R@{k}' for k in KS), "MRR"))
+    return f"  {'method':<34} " + "  ".join(f"{key:>5}" for key in (*(f"R@{k}" for k in KS), "MRR"))
 
 
 def run_dataset(name: str, args: argparse.Namespace, split, encode) -> dict:
@@ -272,8 +282,11 @@ def run_dataset(name: str, args: argparse.Namespace, split, encode) -> dict:
     cache = EmbeddingCache(args.cache_dir / "all-MiniLM-L6-v2.npz", encode)
     chunk_texts = [text for _, text in corpus.chunks.values()]
     lengths = [len(t) for t in chunk_texts]
-    print(f"  {len(corpus.chunks)} chunks (median {statistics.median(lengths):.0f} chars), "
-          f"{len(corpus.questions)} questions", file=sys.stderr)
+    print(
+        f"  {len(corpus.chunks)} chunks (median {statistics.median(lengths):.0f} chars), "
+        f"{len(corpus.questions)} questions",
+        file=sys.stderr,
+    )
     vectors = cache.embed(chunk_texts)
     qvectors = cache.embed([q.text for q in corpus.questions])
     # BM25 variants: the tokenizer, and whether the article's title is indexed with each chunk (the
@@ -295,10 +308,15 @@ def run_dataset(name: str, args: argparse.Namespace, split, encode) -> dict:
         tune = [i for i in everyone if int(_hash(corpus.questions[i].qid), 16) % 2 == 0]
         held = [i for i in everyone if int(_hash(corpus.questions[i].qid), 16) % 2 == 1]
         tuned = {lex: tune_weight(corpus, runs, lex, tune) for lex in fused_over}
-        results: dict = {"tuned_dense_weight": {lex: best for lex, (best, _) in tuned.items()},
-                         "sweep": {lex: {str(w): m for w, m in t.items()} for lex, (_, t) in tuned.items()},
-                         "methods": {}, "production_check_held_out": {}}
-        methods: dict[str, Callable[[int], Sequence[str]]] = {"dense (MiniLM, Chroma cosine)": lambda i: [c for c, _ in runs.dense[i]]}
+        results: dict = {
+            "tuned_dense_weight": {lex: best for lex, (best, _) in tuned.items()},
+            "sweep": {lex: {str(w): m for w, m in t.items()} for lex, (_, t) in tuned.items()},
+            "methods": {},
+            "production_check_held_out": {},
+        }
+        methods: dict[str, Callable[[int], Sequence[str]]] = {
+            "dense (MiniLM, Chroma cosine)": lambda i: [c for c, _ in runs.dense[i]]
+        }
         for lex in variants:
             methods[f"BM25 ({lex})"] = lambda i, lex=lex: [c for c, _ in runs.lexical[lex][i]]
         for lex in fused_over:
@@ -333,10 +351,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--chunk-tokens", type=int, default=200)
     parser.add_argument("--overlap", type=int, default=32)
     defaults = Settings()
-    parser.add_argument("--weight", type=float, default=defaults.hybrid_dense_weight,
-                        help="the dense weight of the production check (default: RAG_HYBRID_DENSE_WEIGHT's)")
-    parser.add_argument("--cjk-weight", type=float, default=defaults.hybrid_dense_weight_cjk,
-                        help="the CJK dense weight of the production check (default: RAG_HYBRID_DENSE_WEIGHT_CJK's)")
+    parser.add_argument(
+        "--weight",
+        type=float,
+        default=defaults.hybrid_dense_weight,
+        help="the dense weight of the production check (default: RAG_HYBRID_DENSE_WEIGHT's)",
+    )
+    parser.add_argument(
+        "--cjk-weight",
+        type=float,
+        default=defaults.hybrid_dense_weight_cjk,
+        help="the CJK dense weight of the production check (default: RAG_HYBRID_DENSE_WEIGHT_CJK's)",
+    )
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "rag-stack" / "bench")
     parser.add_argument("--json", type=Path, default=None, help="write all numbers here")
     datasets.add_options(parser, "squad", "cmrc")

@@ -57,8 +57,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import _datasets as datasets  # noqa: E402
-from bench._servers import server_env, start_generator  # noqa: E402
 from bench._provenance import header, write_json  # noqa: E402
+from bench._servers import server_env, start_generator  # noqa: E402
 from rag.core.config import Settings  # noqa: E402
 from rag.eval.harness import latency_summary  # noqa: E402
 
@@ -103,10 +103,10 @@ class Parts:
 
     def __init__(self, settings: Settings) -> None:
         from ingest.pipeline import IngestPipeline
-        from rag.store.catalog import DocumentCatalog, OwnerLease
         from rag.clients.embedding import EmbeddingClient
-        from rag.store.lexical import LexicalIndex
+        from rag.store.catalog import DocumentCatalog, OwnerLease
         from rag.store.chunks import ChunkStore, StoreLock
+        from rag.store.lexical import LexicalIndex
 
         self.settings = settings
         self.lock = StoreLock(settings.data_dir)
@@ -151,13 +151,22 @@ async def _embed_real(settings: Settings, paragraphs: list[str], target: int, ou
         await parts.aclose()
     tokens = [int(m.get("tokens", 0)) for m in got["metadatas"]]
     order = np.argsort(got["ids"])[:target]
-    np.savez(out, vectors=np.asarray(got["embeddings"], dtype=np.float32)[order],
-             texts=np.array(got["documents"], dtype=object)[order], tokens=np.asarray(tokens)[order])
+    np.savez(
+        out,
+        vectors=np.asarray(got["embeddings"], dtype=np.float32)[order],
+        texts=np.array(got["documents"], dtype=object)[order],
+        tokens=np.asarray(tokens)[order],
+    )
     n = len(got["ids"])
     return {
-        "paragraphs": len(files), "chunks": n, "failed": sum(r.status == "failed" for r in results),
-        "seconds": round(seconds, 1), "chunks_per_s": round(n / seconds, 2), "tokens_per_s": round(sum(tokens) / seconds, 1),
-        "mean_tokens": round(sum(tokens) / max(n, 1), 1), "kept": int(len(order)),
+        "paragraphs": len(files),
+        "chunks": n,
+        "failed": sum(r.status == "failed" for r in results),
+        "seconds": round(seconds, 1),
+        "chunks_per_s": round(n / seconds, 2),
+        "tokens_per_s": round(sum(tokens) / seconds, 1),
+        "mean_tokens": round(sum(tokens) / max(n, 1), 1),
+        "kept": int(len(order)),
     }
 
 
@@ -180,8 +189,14 @@ def _records(start: int, texts: list[str], tokens: list[int]) -> list[Any]:
     for offset, (text, n_tokens) in enumerate(zip(texts, tokens)):
         number = start + offset
         doc_id, index = f"synthetic-{number // CHUNKS_PER_DOC:06d}", number % CHUNKS_PER_DOC
-        meta = {"doc_id": doc_id, "chunk_index": index, "source": f"{doc_id}.txt", "start": 0, "end": len(text),
-                "tokens": int(n_tokens)}
+        meta = {
+            "doc_id": doc_id,
+            "chunk_index": index,
+            "source": f"{doc_id}.txt",
+            "start": 0,
+            "end": len(text),
+            "tokens": int(n_tokens),
+        }
         records.append(ChunkRecord(f"{doc_id}:{index}", text, meta))
     return records
 
@@ -192,8 +207,15 @@ def _catalog_indexed(parts: Parts, records: list[Any]) -> None:
         if record.metadata["chunk_index"] != CHUNKS_PER_DOC - 1:
             continue
         doc_id = str(record.metadata["doc_id"])
-        parts.catalog.claim(COLLECTION, doc_id, source=f"{doc_id}.txt", name=f"{doc_id}.txt", size=1,
-                            owner=parts.lease.token, is_live=parts.lease.held_elsewhere)
+        parts.catalog.claim(
+            COLLECTION,
+            doc_id,
+            source=f"{doc_id}.txt",
+            name=f"{doc_id}.txt",
+            size=1,
+            owner=parts.lease.token,
+            is_live=parts.lease.held_elsewhere,
+        )
         parts.catalog.mark_indexed(COLLECTION, doc_id, chunks=CHUNKS_PER_DOC, pages=None, owner=parts.lease.token)
 
 
@@ -249,21 +271,29 @@ async def _latency(parts: Parts, queries: list[str], k: int) -> dict[str, Any]:
             await call(q)
             ms.append((time.perf_counter() - started) * 1000)
         out[name] = latency_summary(ms)
-        print(f"    {name:<13} p50 {out[name]['p50']:7.1f}  p95 {out[name]['p95']:7.1f}  p99 {out[name]['p99']:7.1f} ms",
-              file=sys.stderr, flush=True)
+        print(
+            f"    {name:<13} p50 {out[name]['p50']:7.1f}  p95 {out[name]['p95']:7.1f}  p99 {out[name]['p99']:7.1f} ms",
+            file=sys.stderr,
+            flush=True,
+        )
     await live.aclose()
     await at_hand.aclose()
     return out
 
 
-async def _size_job(settings: Settings, size: int, real_path: Path, cosine: float, queries: list[str]) -> dict[str, Any]:
+async def _size_job(
+    settings: Settings, size: int, real_path: Path, cosine: float, queries: list[str]
+) -> dict[str, Any]:
     with np.load(real_path, allow_pickle=True) as stored:
         real = {key: stored[key] for key in stored.files}
     parts = Parts(settings)
     try:
         built = build(parts, size, real, cosine)
-        print(f"  built {size} chunks: writes {built['write_seconds']} s ({built['write_chunks_per_s']} chunks/s)",
-              file=sys.stderr, flush=True)
+        print(
+            f"  built {size} chunks: writes {built['write_seconds']} s ({built['write_chunks_per_s']} chunks/s)",
+            file=sys.stderr,
+            flush=True,
+        )
         count = parts.store.count(COLLECTION)
         latency = await _latency(parts, queries, settings.top_k)
     finally:
@@ -310,8 +340,9 @@ async def api_memory(data_dir: Path, embed_url: str, llm_url: str, queries: list
         retrieval, statuses = [], []
         async with httpx.AsyncClient(base_url=api.url, timeout=120) as client:
             for q in queries:
-                r = await client.post("/v1/chat", json={"messages": [{"role": "user", "content": q}],
-                                                        "stream": False, "max_tokens": 1})
+                r = await client.post(
+                    "/v1/chat", json={"messages": [{"role": "user", "content": q}], "stream": False, "max_tokens": 1}
+                )
                 statuses.append(r.status_code)
                 if r.status_code == 200:
                     retrieval.append(r.json()["done"].get("retrieval_ms"))
@@ -319,8 +350,11 @@ async def api_memory(data_dir: Path, embed_url: str, llm_url: str, queries: list
     finally:
         api.stop()
     return {
-        "rss_after_start_mb": started["rss"], "rss_after_queries_mb": after["rss"], "peak_rss_mb": after["peak"],
-        "chat_ok": statuses.count(200), "chat_other": len(statuses) - statuses.count(200),
+        "rss_after_start_mb": started["rss"],
+        "rss_after_queries_mb": after["rss"],
+        "peak_rss_mb": after["peak"],
+        "chat_ok": statuses.count(200),
+        "chat_other": len(statuses) - statuses.count(200),
         "retrieval_ms_in_api": latency_summary([r for r in retrieval if r is not None]),
     }
 
@@ -340,8 +374,14 @@ def plot(results: dict[str, Any], path: Path) -> None:
     styles = {"embed+hybrid": "tab:red", "hybrid": "tab:blue", "dense": "tab:green", "lexical": "tab:orange"}
     for stage, colour in styles.items():
         for pct, line in (("p50", "-"), ("p95", "--"), ("p99", ":")):
-            left.plot(sizes, [r["latency_ms"][stage][pct] for r in runs], line, color=colour, marker="o",
-                      label=f"{stage} {pct}" if pct != "p99" else None)
+            left.plot(
+                sizes,
+                [r["latency_ms"][stage][pct] for r in runs],
+                line,
+                color=colour,
+                marker="o",
+                label=f"{stage} {pct}" if pct != "p99" else None,
+            )
     left.axhline(50, color="grey", lw=0.8)
     left.text(sizes[0], 51, "target: embed+hybrid p95 <= 50 ms", fontsize=8, color="grey")
     left.set_xscale("log")
@@ -370,9 +410,14 @@ def machine() -> dict[str, Any]:
     import subprocess
 
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return {"cpus": os.cpu_count(), "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
-            "host": platform.node(), "commit": commit.stdout.strip() or None,
-            "load_avg_at_start": [round(x, 2) for x in os.getloadavg()]}
+    return {
+        "cpus": os.cpu_count(),
+        "cpu": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "commit": commit.stdout.strip() or None,
+        "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
 
 
 def _start_backends(workdir: Path, embed_url: str | None) -> tuple[list[Any], str, str]:
@@ -397,15 +442,29 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         if args.reuse and (workdir / "real.json").exists():
             results["real"] = json.loads((workdir / "real.json").read_text())
         else:
-            print(f"embedding {args.real} real chunks through the pipeline and the embedding server ...", file=sys.stderr)
-            results["real"] = in_child("real", workdir / "real.json", settings={**base, "data_dir": str(workdir / "real")},
-                                       paragraphs=paragraphs, target=args.real, out=real_path)
+            print(
+                f"embedding {args.real} real chunks through the pipeline and the embedding server ...", file=sys.stderr
+            )
+            results["real"] = in_child(
+                "real",
+                workdir / "real.json",
+                settings={**base, "data_dir": str(workdir / "real")},
+                paragraphs=paragraphs,
+                target=args.real,
+                out=real_path,
+            )
         rate = results["real"]["chunks_per_s"]
-        print(f"  {results['real']['chunks']} chunks in {results['real']['seconds']} s: {rate} chunks/s", file=sys.stderr)
+        print(
+            f"  {results['real']['chunks']} chunks in {results['real']['seconds']} s: {rate} chunks/s", file=sys.stderr
+        )
         results["settings"] = Settings(**base, data_dir=workdir).model_dump(
-            include={"embed_batch", "top_k", "retrieval_depth", "chunk_tokens", "hybrid_dense_weight"})
-        results["derivation"] = {"real_chunks": results["real"]["kept"], "cosine_to_real": args.cosine,
-                                 "chunks_per_doc": CHUNKS_PER_DOC}
+            include={"embed_batch", "top_k", "retrieval_depth", "chunk_tokens", "hybrid_dense_weight"}
+        )
+        results["derivation"] = {
+            "real_chunks": results["real"]["kept"],
+            "cosine_to_real": args.cosine,
+            "chunks_per_doc": CHUNKS_PER_DOC,
+        }
         for size in sorted(args.sizes):
             print(f"size {size}:", file=sys.stderr)
             data_dir = workdir / f"size-{size}"
@@ -416,13 +475,18 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 one.update(in_child("measure", workdir / f"measure-{size}.json", settings=settings, queries=queries))
                 one["remeasured_at"] = time.strftime("%Y-%m-%d %H:%M")
             else:
-                one = in_child("size", done, settings=settings, size=size, real_path=real_path, cosine=args.cosine,
-                               queries=queries)
+                one = in_child(
+                    "size", done, settings=settings, size=size, real_path=real_path, cosine=args.cosine, queries=queries
+                )
             one["disk_mb"] = disk_mb(data_dir)
             one["projected_build_s"] = round(one["write_seconds"] + size / rate, 1)
             one["api"] = asyncio.run(api_memory(data_dir, embed_url, llm_url, queries[: args.chat_queries], workdir))
-            print(f"  disk {one['disk_mb']} MiB, API RSS {one['api']['rss_after_start_mb']} -> "
-                  f"{one['api']['rss_after_queries_mb']} MiB", file=sys.stderr, flush=True)
+            print(
+                f"  disk {one['disk_mb']} MiB, API RSS {one['api']['rss_after_start_mb']} -> "
+                f"{one['api']['rss_after_queries_mb']} MiB",
+                file=sys.stderr,
+                flush=True,
+            )
             results["sizes"][str(size)] = one
             if not args.keep:
                 shutil.rmtree(data_dir, ignore_errors=True)
@@ -463,8 +527,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--embed-url", default=None, help="a running embedding server (default: start one)")
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary directory")
     parser.add_argument("--keep", action="store_true", help="keep the built stores in --workdir")
-    parser.add_argument("--reuse", action="store_true",
-                        help="with --workdir: measure again the stores an earlier --keep run built there")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="with --workdir: measure again the stores an earlier --keep run built there",
+    )
     parser.add_argument("--json", type=Path, default=RESULTS / "scale.json")
     parser.add_argument("--plot", type=Path, default=RESULTS / "scale-latency.png")
     datasets.add_options(parser, "squad")

@@ -79,10 +79,14 @@ def pick(path: Path, n: int) -> list[tuple[str, str, list[Question]]]:
             except ValueError:
                 continue  # longer than a page
             questions = [
-                Question(qa["id"], qa["question"], sorted({a["text"].strip() for a in qa["answers"] if a["text"].strip()}))
+                Question(
+                    qa["id"], qa["question"], sorted({a["text"].strip() for a in qa["answers"] if a["text"].strip()})
+                )
                 for qa in paragraph["qas"]
             ]
-            chosen.append((article.get("title", "").replace("_", " "), paragraph["context"], [q for q in questions if q.answers]))
+            chosen.append(
+                (article.get("title", "").replace("_", " "), paragraph["context"], [q for q in questions if q.answers])
+            )
     return chosen
 
 
@@ -99,6 +103,7 @@ def corpus(name: str, paragraphs: list[tuple[str, str, list[Question]]], texts: 
 
 def cer(reference: str, read: str, chinese: bool) -> tuple[int, int]:
     """(edit distance, reference length) after NFKC; whitespace dropped (Chinese) or collapsed (English)."""
+
     def norm(text: str) -> str:
         text = unicodedata.normalize("NFKC", text)
         return "".join(text.split()) if chinese else " ".join(text.split())
@@ -217,8 +222,12 @@ def main(argv: list[str] | None = None) -> None:
         doc = loaded["doc"]
         n_pages = doc.pages or 0
         ocr_texts = page_texts(doc, n_pages)
-        results["ocr"] = {"pages": n_pages, "seconds": loaded["seconds"], "pages_per_s": n_pages / loaded["seconds"],
-                          "warnings": list(doc.warnings)}
+        results["ocr"] = {
+            "pages": n_pages,
+            "seconds": loaded["seconds"],
+            "pages_per_s": n_pages / loaded["seconds"],
+            "warnings": list(doc.warnings),
+        }
         results["retrieval_latency_ms"] = {
             "idle": {"n": len(idle), "p50": pct(idle, 50), "p95": pct(idle, 95)},
             "while_reading_the_scan": {"n": len(busy), "p50": pct(busy, 50), "p95": pct(busy, 95)},
@@ -230,7 +239,11 @@ def main(argv: list[str] | None = None) -> None:
             for i, (_, text, _) in enumerate(paras[: args.photos]):
                 image = scans.photographed(scans.render_page([text], dpi=args.dpi), seed=100 + i)
                 fmt = "PNG" if i % 2 == 0 else "JPEG"
-                photo = load_document(scans.image_bytes(image, fmt, **({"quality": 80} if fmt == "JPEG" else {})), f"photo.{fmt.lower()}", settings)
+                photo = load_document(
+                    scans.image_bytes(image, fmt, **({"quality": 80} if fmt == "JPEG" else {})),
+                    f"photo.{fmt.lower()}",
+                    settings,
+                )
                 photo_cer[name].append(cer(text, "\n".join(page_texts(photo, 1)), name == "cmrc"))
         close_ocr_pools()
         close_pools()
@@ -266,24 +279,34 @@ def main(argv: list[str] | None = None) -> None:
 
     lines.append(f"# load average at end: {os.getloadavg()}")
     r = results
-    lines.append(f"scanned pages at {args.dpi} dpi (A4, at most 2,000 px on the long side), {r['ocr']['pages']} pages "
-                 f"in {r['ocr']['seconds']:.0f} s: {r['ocr']['pages_per_s']:.3f} pages/s; peak RSS of a worker "
-                 f"{r['peak_rss_mb_workers']:.0f} MB; warnings: {len(r['ocr']['warnings'])}")
-    lines.append(f"{'set':<6} {'questions':>9} {'R@5 born':>9} {'R@5 scan':>9} {'ratio':>6} {'R@1 born':>9} {'R@1 scan':>9}"
-                 f" {'CER scan':>9} {'worst pg':>9} {'CER photo':>9}")
+    lines.append(
+        f"scanned pages at {args.dpi} dpi (A4, at most 2,000 px on the long side), {r['ocr']['pages']} pages "
+        f"in {r['ocr']['seconds']:.0f} s: {r['ocr']['pages_per_s']:.3f} pages/s; peak RSS of a worker "
+        f"{r['peak_rss_mb_workers']:.0f} MB; warnings: {len(r['ocr']['warnings'])}"
+    )
+    lines.append(
+        f"{'set':<6} {'questions':>9} {'R@5 born':>9} {'R@5 scan':>9} {'ratio':>6} {'R@1 born':>9} {'R@1 scan':>9}"
+        f" {'CER scan':>9} {'worst pg':>9} {'CER photo':>9}"
+    )
     for name, s in r["sets"].items():
         born_r, scan_r = s["recall"]["born_digital"], s["recall"]["scanned"]
-        lines.append(f"{name:<6} {s['questions']:>9} {born_r['R@5']:>9.3f} {scan_r['R@5']:>9.3f} {s['recall_at_5_ratio']:>6.3f}"
-                     f" {born_r['R@1']:>9.3f} {scan_r['R@1']:>9.3f} {s['cer_scan']:>9.2%} {s['cer_scan_worst_page']:>9.2%}"
-                     f" {s['cer_photo']:>9.2%}")
+        lines.append(
+            f"{name:<6} {s['questions']:>9} {born_r['R@5']:>9.3f} {scan_r['R@5']:>9.3f} {s['recall_at_5_ratio']:>6.3f}"
+            f" {born_r['R@1']:>9.3f} {scan_r['R@1']:>9.3f} {s['cer_scan']:>9.2%} {s['cer_scan_worst_page']:>9.2%}"
+            f" {s['cer_photo']:>9.2%}"
+        )
     lat = r["retrieval_latency_ms"]
-    lines.append(f"chat retrieval (embed + hybrid search) idle p50 {lat['idle']['p50']:.1f} ms p95 {lat['idle']['p95']:.1f} ms;"
-                 f" while reading the scan p50 {lat['while_reading_the_scan']['p50']:.1f} ms"
-                 f" p95 {lat['while_reading_the_scan']['p95']:.1f} ms (n={lat['while_reading_the_scan']['n']});"
-                 f" p95 ratio {lat['while_reading_the_scan']['p95'] / lat['idle']['p95']:.2f}")
+    lines.append(
+        f"chat retrieval (embed + hybrid search) idle p50 {lat['idle']['p50']:.1f} ms p95 {lat['idle']['p95']:.1f} ms;"
+        f" while reading the scan p50 {lat['while_reading_the_scan']['p50']:.1f} ms"
+        f" p95 {lat['while_reading_the_scan']['p95']:.1f} ms (n={lat['while_reading_the_scan']['n']});"
+        f" p95 ratio {lat['while_reading_the_scan']['p95'] / lat['idle']['p95']:.2f}"
+    )
     d = r["born_digital_chars_per_square_inch"]
-    lines.append(f"born-digital pages: {d['min']:.1f} (min) / {d['median']:.1f} (median) characters per square inch;"
-                 " the OCR rule takes pages under 0.33 with images over 30% of the page")
+    lines.append(
+        f"born-digital pages: {d['min']:.1f} (min) / {d['median']:.1f} (median) characters per square inch;"
+        " the OCR rule takes pages under 0.33 with images over 30% of the page"
+    )
     report = "\n".join(lines)
     print(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -40,12 +40,11 @@ from typing import Any
 
 import httpx
 
-from bench._provenance import header, write_json
 from bench import _datasets as datasets
+from bench._provenance import header, write_json
 from bench._servers import server_env, start_generator
-from rag.clients.llm import LlamaServerClient
 from rag.answering.prompt import COMPLETION_STOP, ChatStyle, CompletionStyle
-
+from rag.clients.llm import LlamaServerClient
 
 
 @dataclass
@@ -71,8 +70,11 @@ def cpu_ms(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
 
 
-def squad_documents(n_articles: int, rng: random.Random, path: Path | None = None,
-                    ) -> tuple[dict[str, str], list[str]]:
+def squad_documents(
+    n_articles: int,
+    rng: random.Random,
+    path: Path | None = None,
+) -> tuple[dict[str, str], list[str]]:
     """Some SQuAD articles (of the file at `path`, else the run's `--squad` set) as text files, and questions."""
     raw = json.loads(path.read_text(encoding="utf-8")) if path else datasets.read("squad")
     articles = rng.sample(raw["data"], n_articles)
@@ -111,10 +113,15 @@ def rates(started: float, stamps: list[float]) -> tuple[float, float]:
     return ttft, ((len(stamps) - 1) / span if span > 0 else float("nan"))
 
 
-async def through_api(http: httpx.AsyncClient, api: str, question: str, max_tokens: int,
-                      api_pid: int | None = None) -> tuple[Run, dict]:
-    body = {"messages": [{"role": "user", "content": question}], "max_tokens": max_tokens, "temperature": 0,
-            "stream": True}
+async def through_api(
+    http: httpx.AsyncClient, api: str, question: str, max_tokens: int, api_pid: int | None = None
+) -> tuple[Run, dict]:
+    body = {
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+    }
     stamps: list[float] = []
     events: dict[str, Any] = {}
     cpu_at_first = 0.0
@@ -131,9 +138,19 @@ async def through_api(http: httpx.AsyncClient, api: str, question: str, max_toke
         raise RuntimeError(f"the API stream ended without done: {events.get('error')}")
     done = events["done"]
     ttft, tps = rates(started, stamps)
-    run = Run("api", ttft, len(stamps), tps, done["timings"].get("predicted_per_second"), done.get("cache_n"),
-              done.get("retrieval_ms", 0.0), done.get("pack_ms", 0.0), done.get("ttft_ms") or 0.0,
-              done.get("upstream_ttft_ms") or 0.0, decode_cpu)
+    run = Run(
+        "api",
+        ttft,
+        len(stamps),
+        tps,
+        done["timings"].get("predicted_per_second"),
+        done.get("cache_n"),
+        done.get("retrieval_ms", 0.0),
+        done.get("pack_ms", 0.0),
+        done.get("ttft_ms") or 0.0,
+        done.get("upstream_ttft_ms") or 0.0,
+        decode_cpu,
+    )
     return run, events
 
 
@@ -142,8 +159,14 @@ Prompt = list[dict[str, str]] | str  # chat messages, or a completion-style prom
 
 async def direct(http: httpx.AsyncClient, llm_url: str, prompt: Prompt, max_tokens: int) -> Run:
     """The request LlamaServerClient.stream_chat (or stream_completion) makes, sent straight to llama-server."""
-    body: dict[str, Any] = {"model": "gemma", "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                            "stream_options": {"include_usage": True}, "cache_prompt": True}
+    body: dict[str, Any] = {
+        "model": "gemma",
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "cache_prompt": True,
+    }
     if isinstance(prompt, str):
         body.update(prompt=prompt, stop=list(COMPLETION_STOP))
         path = "/v1/completions"
@@ -188,8 +211,9 @@ def source_ids(events: dict[str, Any]) -> list[str]:
     return [source["id"] for source in events["sources"]["sources"]]
 
 
-async def measure(args: argparse.Namespace, api: str, llm_url: str, questions: list[str],
-                  api_pid: int | None) -> list[tuple[Run, Run]]:
+async def measure(
+    args: argparse.Namespace, api: str, llm_url: str, questions: list[str], api_pid: int | None
+) -> list[tuple[Run, Run]]:
     pairs = []
     llm = LlamaServerClient(llm_url)
     async with httpx.AsyncClient(timeout=600) as http:
@@ -211,12 +235,15 @@ async def measure(args: argparse.Namespace, api: str, llm_url: str, questions: l
                 raise RuntimeError(f"the API packed other sources than in the warm-up for {question!r}")
             pairs.append((api_run, direct_run))
             added = api_run.ttft_ms - api_run.retrieval_ms - direct_run.ttft_ms
-            print(f"q{i + 1:<3} prompt {counted:5d} tok | api ttft {api_run.ttft_ms:7.1f} ms (retrieval "
-                  f"{api_run.retrieval_ms:5.1f}, pack {api_run.pack_ms:5.1f}, upstream {api_run.upstream_ttft_ms:5.1f}, "
-                  f"in-API {api_run.server_ttft_ms:6.1f}) {api_run.decode_tps:6.1f} tok/s "
-                  f"cache_n {api_run.cache_n} | direct ttft {direct_run.ttft_ms:7.1f} ms "
-                  f"{direct_run.decode_tps:6.1f} tok/s cache_n {direct_run.cache_n} | added {added:6.1f} ms "
-                  f"| tokens {api_run.tokens}/{direct_run.tokens}", flush=True)
+            print(
+                f"q{i + 1:<3} prompt {counted:5d} tok | api ttft {api_run.ttft_ms:7.1f} ms (retrieval "
+                f"{api_run.retrieval_ms:5.1f}, pack {api_run.pack_ms:5.1f}, upstream {api_run.upstream_ttft_ms:5.1f}, "
+                f"in-API {api_run.server_ttft_ms:6.1f}) {api_run.decode_tps:6.1f} tok/s "
+                f"cache_n {api_run.cache_n} | direct ttft {direct_run.ttft_ms:7.1f} ms "
+                f"{direct_run.decode_tps:6.1f} tok/s cache_n {direct_run.cache_n} | added {added:6.1f} ms "
+                f"| tokens {api_run.tokens}/{direct_run.tokens}",
+                flush=True,
+            )
     await llm.aclose()
     return pairs
 
@@ -242,7 +269,8 @@ def summary(pairs: list[tuple[Run, Run]]) -> dict[str, float]:
         # that is neither retrieval nor the wait for llama-server's first token.
         "own_ms_median": med(a.ttft_ms - a.retrieval_ms - a.upstream_ttft_ms for a, _ in pairs),
         "own_ms_p90": sorted(a.ttft_ms - a.retrieval_ms - a.upstream_ttft_ms for a, _ in pairs)[
-            int(0.9 * (len(pairs) - 1))],
+            int(0.9 * (len(pairs) - 1))
+        ],
         "upstream_vs_direct_ttft_ms_median": med(a.upstream_ttft_ms - d.ttft_ms for a, d in pairs),
         # The API's CPU per streamed token: what relaying costs, and could take from llama-server on a shared CPU.
         "api_cpu_ms_per_token": sum(a.decode_cpu_ms for a, _ in pairs) / max(1, sum(a.tokens - 1 for a, _ in pairs)),
@@ -309,32 +337,46 @@ def main(argv: list[str] | None = None) -> None:
         try:
             files = [("files", (name, text.encode(), "text/plain")) for name, text in docs.items()]
             check_upload(httpx.post(f"{api.url}/v1/documents", files=files, timeout=600), len(docs))
-            print(f"indexed {len(docs)} SQuAD articles; {len(questions)} questions, max_tokens {args.max_tokens}",
-                  file=sys.stderr)
+            print(
+                f"indexed {len(docs)} SQuAD articles; {len(questions)} questions, max_tokens {args.max_tokens}",
+                file=sys.stderr,
+            )
             pairs = asyncio.run(measure(args, api.url, llm_url, questions, api.pid))
         finally:
             for server in reversed(started):
                 server.stop()
     result = summary(pairs)
     print()
-    print(f"decode tok/s (client, median)   api {result['api_decode_tps_median']:.1f}   direct "
-          f"{result['direct_decode_tps_median']:.1f}   ratio {result['decode_ratio_median']:.3f} "
-          f"(target >= 0.98)")
-    print(f"decode tok/s (llama-server)     api {result['server_tps_api_median']:.1f}   direct "
-          f"{result['server_tps_direct_median']:.1f}")
+    print(
+        f"decode tok/s (client, median)   api {result['api_decode_tps_median']:.1f}   direct "
+        f"{result['direct_decode_tps_median']:.1f}   ratio {result['decode_ratio_median']:.3f} "
+        f"(target >= 0.98)"
+    )
+    print(
+        f"decode tok/s (llama-server)     api {result['server_tps_api_median']:.1f}   direct "
+        f"{result['server_tps_direct_median']:.1f}"
+    )
     print(f"API CPU while relaying tokens   {result['api_cpu_ms_per_token']:.2f} ms per token")
-    print(f"client / llama-server decode    api {result['delivery_api_median']:.3f}   direct "
-          f"{result['delivery_direct_median']:.3f}   ratio "
-          f"{result['delivery_api_median'] / result['delivery_direct_median']:.3f}")
-    print(f"TTFT ms (median)                api {result['api_ttft_ms_median']:.1f}   direct "
-          f"{result['direct_ttft_ms_median']:.1f}   retrieval {result['retrieval_ms_median']:.1f}   pack "
-          f"{result['pack_ms_median']:.1f}   upstream {result['upstream_ttft_ms_median']:.1f}   HTTP+routing "
-          f"{result['outside_core_ms_median']:.1f}")
-    print(f"added TTFT beyond retrieval     median {result['added_ttft_ms_median']:.1f} ms   max "
-          f"{result['added_ttft_ms_max']:.1f} ms (target <= 25)")
-    print(f"  of which our stack's own      median {result['own_ms_median']:.1f} ms   p90 {result['own_ms_p90']:.1f} ms "
-          f"(pack, gate, HTTP, SSE); the API's upstream TTFT - direct TTFT: median "
-          f"{result['upstream_vs_direct_ttft_ms_median']:.1f} ms")
+    print(
+        f"client / llama-server decode    api {result['delivery_api_median']:.3f}   direct "
+        f"{result['delivery_direct_median']:.3f}   ratio "
+        f"{result['delivery_api_median'] / result['delivery_direct_median']:.3f}"
+    )
+    print(
+        f"TTFT ms (median)                api {result['api_ttft_ms_median']:.1f}   direct "
+        f"{result['direct_ttft_ms_median']:.1f}   retrieval {result['retrieval_ms_median']:.1f}   pack "
+        f"{result['pack_ms_median']:.1f}   upstream {result['upstream_ttft_ms_median']:.1f}   HTTP+routing "
+        f"{result['outside_core_ms_median']:.1f}"
+    )
+    print(
+        f"added TTFT beyond retrieval     median {result['added_ttft_ms_median']:.1f} ms   max "
+        f"{result['added_ttft_ms_max']:.1f} ms (target <= 25)"
+    )
+    print(
+        f"  of which our stack's own      median {result['own_ms_median']:.1f} ms   p90 {result['own_ms_p90']:.1f} ms "
+        f"(pack, gate, HTTP, SSE); the API's upstream TTFT - direct TTFT: median "
+        f"{result['upstream_vs_direct_ttft_ms_median']:.1f} ms"
+    )
     if args.json:
         write_json(args.json, {"summary": result, "runs": [[asdict(a), asdict(d)] for a, d in pairs]})
 

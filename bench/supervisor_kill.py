@@ -29,10 +29,15 @@ from tests.test_supervisor import alive, descendants  # noqa: E402
 
 
 def rag_up(data_dir: Path, ports: dict[str, int]) -> subprocess.Popen[str]:
-    env = server_env(data_dir, RAG_LLM_URL=f"http://127.0.0.1:{ports['llm']}",
-                     RAG_EMBED_URL=f"http://127.0.0.1:{ports['embed']}", RAG_API_PORT=str(ports["api"]))
-    return subprocess.Popen([sys.executable, "-m", "rag.cli", "up"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    env = server_env(
+        data_dir,
+        RAG_LLM_URL=f"http://127.0.0.1:{ports['llm']}",
+        RAG_EMBED_URL=f"http://127.0.0.1:{ports['embed']}",
+        RAG_API_PORT=str(ports["api"]),
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", "rag.cli", "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def wait_line(proc: subprocess.Popen[str], text: str, timeout: float) -> float | None:
@@ -80,7 +85,11 @@ def main() -> None:
                 os.kill(pid, signal.SIGKILL)
         proc = rag_up(data_dir, ports)
         ready = wait_line(proc, "open ", 300)
-        print(f"orphans in all: {total_orphans}; the next rag up was ready in {ready:.1f} s" if ready else "the next rag up failed")
+        print(
+            f"orphans in all: {total_orphans}; the next rag up was ready in {ready:.1f} s"
+            if ready
+            else "the next rag up failed"
+        )
         llama = next(p for p in descendants(proc.pid) if "llama-server" in Path(f"/proc/{p}/cmdline").read_text())
         os.kill(llama, signal.SIGKILL)
         back = wait_line(proc, "llama-server ready again", 120)

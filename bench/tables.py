@@ -44,7 +44,9 @@ from tests.table_docs import table_pdf  # noqa: E402
 
 K = 5
 _SYLLABLES = "ka lo mir ten vas qui dor bel zan rut fen gal hos pri mek sol tav nor yel dru".split()
-_ADJECTIVES = "amber brisk coral dusky ember frosty golden hazel ivory jade lunar misty olive plum rustic silver".split()
+_ADJECTIVES = (
+    "amber brisk coral dusky ember frosty golden hazel ivory jade lunar misty olive plum rustic silver".split()
+)
 _NOUNS = "kettle lantern satchel teapot compass ladle trowel bucket easel anvil whistle goblet".split()
 
 
@@ -69,26 +71,77 @@ def _unique(rng: random.Random, n: int, make) -> list[str]:
 
 def tables(seed: int) -> list[Table]:
     rng = random.Random(seed)
-    items = _unique(rng, 120, lambda r: f"{r.choice(_ADJECTIVES).capitalize()} {r.choice(_NOUNS)} {r.choice('ABCDEFGH')}{r.randint(1, 9)}")
+    items = _unique(
+        rng,
+        120,
+        lambda r: f"{r.choice(_ADJECTIVES).capitalize()} {r.choice(_NOUNS)} {r.choice('ABCDEFGH')}{r.randint(1, 9)}",
+    )
     cities = _unique(rng, 60, lambda r: _word(r, 3))
     people = _unique(rng, 80, lambda r: f"{_word(r, 2)} {_word(r, 3)}")
     compounds = _unique(rng, 40, lambda r: _word(r, 2).lower() + "ide")
     trains = _unique(rng, 50, lambda r: f"IC {r.randint(100, 999)}")
     return [
-        Table("price_list", "Table 1: Price list, December", ["Item", "Price", "Stock", "Depot"],
-              [[i, f"{rng.randint(2, 400)}.{rng.randint(0, 99):02d} EUR", str(rng.randint(0, 900)), _word(rng, 2)] for i in items]),
-        Table("cities", "Table 2: Cities of the survey", ["City", "Region", "Population", "Rainfall"],
-              [[c, _word(rng, 2), f"{rng.randint(2, 900) * 1000:,}", f"{rng.randint(200, 1900)} mm"] for c in cities]),
-        Table("staff", "Staff directory", ["Name", "Department", "Office", "Extension"],
-              [[p, rng.choice(["Finance", "Legal", "Sales", "Research", "Support", "Logistics"]),
-                f"{rng.choice('NSEW')}-{rng.randint(100, 499)}", str(rng.randint(2000, 7999))] for p in people]),
-        Table("compounds", "Table 4: Compounds tested", ["Compound", "Melting point", "Density", "Supplier"],
-              [[c, f"{rng.randint(-80, 900)} C", f"{rng.randint(5, 220) / 10:.1f} g/cm3", _word(rng, 2)] for c in compounds]),
-        Table("trains", "Timetable, line 7", ["Train", "Departs", "Arrives", "Platform"],
-              [[t, f"{rng.randint(5, 22):02d}:{rng.randint(0, 59):02d}", f"{rng.randint(5, 23):02d}:{rng.randint(0, 59):02d}",
-                str(rng.randint(1, 14))] for t in trains]),
-        Table("fees", "Table 6: Membership fees", ["Plan", "Monthly fee", "Visits"],
-              [[p, f"{rng.randint(10, 90)} EUR", str(rng.randint(4, 30))] for p in ["Bronze", "Silver", "Gold", "Platinum", "Student", "Family"]]),
+        Table(
+            "price_list",
+            "Table 1: Price list, December",
+            ["Item", "Price", "Stock", "Depot"],
+            [
+                [i, f"{rng.randint(2, 400)}.{rng.randint(0, 99):02d} EUR", str(rng.randint(0, 900)), _word(rng, 2)]
+                for i in items
+            ],
+        ),
+        Table(
+            "cities",
+            "Table 2: Cities of the survey",
+            ["City", "Region", "Population", "Rainfall"],
+            [[c, _word(rng, 2), f"{rng.randint(2, 900) * 1000:,}", f"{rng.randint(200, 1900)} mm"] for c in cities],
+        ),
+        Table(
+            "staff",
+            "Staff directory",
+            ["Name", "Department", "Office", "Extension"],
+            [
+                [
+                    p,
+                    rng.choice(["Finance", "Legal", "Sales", "Research", "Support", "Logistics"]),
+                    f"{rng.choice('NSEW')}-{rng.randint(100, 499)}",
+                    str(rng.randint(2000, 7999)),
+                ]
+                for p in people
+            ],
+        ),
+        Table(
+            "compounds",
+            "Table 4: Compounds tested",
+            ["Compound", "Melting point", "Density", "Supplier"],
+            [
+                [c, f"{rng.randint(-80, 900)} C", f"{rng.randint(5, 220) / 10:.1f} g/cm3", _word(rng, 2)]
+                for c in compounds
+            ],
+        ),
+        Table(
+            "trains",
+            "Timetable, line 7",
+            ["Train", "Departs", "Arrives", "Platform"],
+            [
+                [
+                    t,
+                    f"{rng.randint(5, 22):02d}:{rng.randint(0, 59):02d}",
+                    f"{rng.randint(5, 23):02d}:{rng.randint(0, 59):02d}",
+                    str(rng.randint(1, 14)),
+                ]
+                for t in trains
+            ],
+        ),
+        Table(
+            "fees",
+            "Table 6: Membership fees",
+            ["Plan", "Monthly fee", "Visits"],
+            [
+                [p, f"{rng.randint(10, 90)} EUR", str(rng.randint(4, 30))]
+                for p in ["Bronze", "Silver", "Gold", "Platinum", "Student", "Family"]
+            ],
+        ),
     ]
 
 
@@ -102,8 +155,13 @@ class Question:
 
 
 def questions(tables_: Sequence[Table], n: int, seed: int) -> list[Question]:
-    cells = [Question(t.name, f"What is the {col.lower()} of {row[0]}?", row[0], col, row[j])
-             for t in tables_ for row in t.rows for j, col in enumerate(t.header) if j]
+    cells = [
+        Question(t.name, f"What is the {col.lower()} of {row[0]}?", row[0], col, row[j])
+        for t in tables_
+        for row in t.rows
+        for j, col in enumerate(t.header)
+        if j
+    ]
     return random.Random(seed).sample(cells, min(n, len(cells)))
 
 
@@ -134,8 +192,13 @@ def chunk_sets(tables_: Sequence[Table], settings: Settings) -> tuple[dict, dict
             tabled[chunk.id] = (t.name, chunk.text)
         for chunk in chunker.chunk(_plain(data, f"{t.name}.pdf"), t.name):
             plain[chunk.id] = (t.name, chunk.text)
-        stats[t.name] = {"rows": len(t.rows), "columns": len(t.header), "pages": doc.pages, "load_s": round(load_s, 3),
-                         "chunks": sum(1 for d, _ in tabled.values() if d == t.name)}
+        stats[t.name] = {
+            "rows": len(t.rows),
+            "columns": len(t.header),
+            "pages": doc.pages,
+            "load_s": round(load_s, 3),
+            "chunks": sum(1 for d, _ in tabled.values() if d == t.name),
+        }
     return tabled, plain, stats
 
 
@@ -144,8 +207,9 @@ def holds(text: str, q: Question) -> bool:
     return q.column in text and any(q.row in line and q.value in line for line in text.splitlines())
 
 
-async def recall(chunks: dict[str, tuple[str, str]], asked: Sequence[Question], cache: EmbeddingCache,
-                 workdir: Path, collection: str) -> dict:
+async def recall(
+    chunks: dict[str, tuple[str, str]], asked: Sequence[Question], cache: EmbeddingCache, workdir: Path, collection: str
+) -> dict:
     settings = Settings(data_dir=workdir)
     store = ChunkStore.open(settings)
     lexical = LexicalIndex(workdir / "lexical.sqlite")
@@ -190,18 +254,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             "plain text (before)": asyncio.run(recall(plain, asked, cache, Path(b), "plain")),
         }
     elapsed = time.perf_counter() - started
-    print(f"{len(asked)} questions over {len(set_)} tables ({sum(len(t.rows) for t in set_)} rows), "
-          f"{len(tabled)} chunks as tables, {len(plain)} as plain text; load {load_before[0]:.2f} "
-          f"-> {os.getloadavg()[0]:.2f}; {elapsed:.0f} s")
+    print(
+        f"{len(asked)} questions over {len(set_)} tables ({sum(len(t.rows) for t in set_)} rows), "
+        f"{len(tabled)} chunks as tables, {len(plain)} as plain text; load {load_before[0]:.2f} "
+        f"-> {os.getloadavg()[0]:.2f}; {elapsed:.0f} s"
+    )
     print(f"{'':22}{'R@1':>7}{'R@5':>7}   per table (R@5)")
     for name, r in results.items():
         per = "  ".join(f"{t} {v:.2f}" for t, v in r["by_table"].items())
         print(f"{name:22}{r['recall@1']:>7.3f}{r[f'recall@{K}']:>7.3f}   {per}")
     for t, s in stats.items():
-        print(f"  {t}: {s['rows']} rows x {s['columns']} columns, {s['pages']} page(s), {s['chunks']} chunks, loaded in {s['load_s']} s")
+        print(
+            f"  {t}: {s['rows']} rows x {s['columns']} columns, {s['pages']} page(s), {s['chunks']} chunks, loaded in {s['load_s']} s"
+        )
     if args.json:
-        write_json(args.json, {"questions": len(asked), "seed": args.seed, "k": K, "loadavg": list(load_before),
-                               "seconds": round(elapsed, 1), "documents": stats, "results": results})
+        write_json(
+            args.json,
+            {
+                "questions": len(asked),
+                "seed": args.seed,
+                "k": K,
+                "loadavg": list(load_before),
+                "seconds": round(elapsed, 1),
+                "documents": stats,
+                "results": results,
+            },
+        )
     return 0
 
 

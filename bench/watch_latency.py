@@ -14,7 +14,6 @@ chunking, embedding and indexing of the file.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -53,9 +52,11 @@ def wait_for(api: str, holds: Callable[[set[str]], bool], started: float, limit_
 
 def stats(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
-    return {"p50_s": round(statistics.median(values), 3),
-            "p95_s": round(ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))], 3),
-            "max_s": round(ordered[-1], 3)}
+    return {
+        "p50_s": round(statistics.median(values), 3),
+        "p95_s": round(ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))], 3),
+        "max_s": round(ordered[-1], 3),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -81,11 +82,19 @@ def main(argv: list[str] | None = None) -> None:
         embedder = start_embedding_server(workdir, server_env(workdir / "embedder"))
         env = server_env(workdir / "api", RAG_EMBED_URL=embedder.url, RAG_LLM_URL=f"http://127.0.0.1:{free_port()}")
         api = start_api(workdir, env, ready_path="/v1/collections")
-        watch_env = {**env, "RAG_API_HOST": "127.0.0.1", "RAG_API_PORT": api.url.rsplit(":", 1)[1],
-                     "PYTHONPATH": str(ROOT)}
+        watch_env = {
+            **env,
+            "RAG_API_HOST": "127.0.0.1",
+            "RAG_API_PORT": api.url.rsplit(":", 1)[1],
+            "PYTHONPATH": str(ROOT),
+        }
         log = (workdir / "watch.log").open("w")
-        watcher = subprocess.Popen([sys.executable, "-m", "ingest.cli", str(folder), "--watch"], env=watch_env,
-                                   stdout=log, stderr=subprocess.STDOUT)
+        watcher = subprocess.Popen(
+            [sys.executable, "-m", "ingest.cli", str(folder), "--watch"],
+            env=watch_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             while "watching" not in (workdir / "watch.log").read_text():
                 time.sleep(0.1)
@@ -98,8 +107,9 @@ def main(argv: list[str] | None = None) -> None:
                 old, new = folder / f"para-{i:03}.txt", folder / f"moved-{i:03}.txt"
                 started = time.perf_counter()
                 old.rename(new)
-                results["rename"].append(wait_for(
-                    api.url, lambda n, o=old.name, m=new.name: m in n and o not in n, started))
+                results["rename"].append(
+                    wait_for(api.url, lambda n, o=old.name, m=new.name: m in n and o not in n, started)
+                )
             for i in range(min(5, args.files)):
                 path = folder / f"moved-{i:03}.txt"
                 started = time.perf_counter()
@@ -113,13 +123,25 @@ def main(argv: list[str] | None = None) -> None:
             embedder.stop()
     load_end = [round(x, 2) for x in os.getloadavg()]
     summary = {kind: stats(values) for kind, values in results.items()}
-    print(f"load average at start {load_start}, at end {load_end} (2 cores); debounce {DEBOUNCE_MS} ms, "
-          f"settle {SETTLE_S} s")
+    print(
+        f"load average at start {load_start}, at end {load_end} (2 cores); debounce {DEBOUNCE_MS} ms, "
+        f"settle {SETTLE_S} s"
+    )
     for kind, s in summary.items():
-        print(f"{kind:<8} to searchable ({len(results[kind])} files)   p50 {s['p50_s']:.2f} s   p95 {s['p95_s']:.2f} s"
-              f"   max {s['max_s']:.2f} s")
-    write_json(args.json, {"summary": summary, "load_avg": {"start": load_start, "end": load_end},
-                           "debounce_ms": DEBOUNCE_MS, "settle_s": SETTLE_S, "runs": results})
+        print(
+            f"{kind:<8} to searchable ({len(results[kind])} files)   p50 {s['p50_s']:.2f} s   p95 {s['p95_s']:.2f} s"
+            f"   max {s['max_s']:.2f} s"
+        )
+    write_json(
+        args.json,
+        {
+            "summary": summary,
+            "load_avg": {"start": load_start, "end": load_end},
+            "debounce_ms": DEBOUNCE_MS,
+            "settle_s": SETTLE_S,
+            "runs": results,
+        },
+    )
 
 
 if __name__ == "__main__":

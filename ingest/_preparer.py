@@ -17,7 +17,11 @@ _CONTRACT_KEYS = {"index": "chunk_index", "n_tokens": "tokens", "headings": "hea
 def chunk_records(chunks: Iterable[Any], source: str) -> list[ChunkRecord]:
     """Chunks as the stores take them, with the metadata keys that retrieval reads."""
     return [
-        ChunkRecord(chunk.id, chunk.text, {_CONTRACT_KEYS.get(k, k): v for k, v in chunk.metadata().items()} | {"source": source})
+        ChunkRecord(
+            chunk.id,
+            chunk.text,
+            {_CONTRACT_KEYS.get(k, k): v for k, v in chunk.metadata().items()} | {"source": source},
+        )
         for chunk in chunks
         if chunk.text.strip()
     ]
@@ -64,4 +68,3 @@ def make_chunker(settings: Settings) -> Any:
     config = model_dir / "sentence_bert_config.json"
     max_sequence = json.loads(config.read_text()).get("max_seq_length") if config.exists() else None
     return Chunker.from_settings(settings, tokenizer, max_sequence)
-

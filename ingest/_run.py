@@ -52,7 +52,9 @@ class _Doc:
     stored: int = 0
 
 
-async def run_files(config: RunConfig, collection: str, files: Sequence[SourceFile], progress: Progress) -> list[FileResult]:
+async def run_files(
+    config: RunConfig, collection: str, files: Sequence[SourceFile], progress: Progress
+) -> list[FileResult]:
     """Index `files` into `collection`; one result per file, in order. A backend that fails ends the run
     with its error, after taking this run's half-done documents out."""
     run = _Run(config, collection, files, progress)
@@ -122,7 +124,11 @@ class _Run:
         try:
             data, doc_id = await asyncio.to_thread(_read_limited, file.path, self.c.max_upload_bytes)
         except (OSError, RagError) as exc:
-            error = exc if isinstance(exc, RagError) else DocumentRejected(f"cannot read {file.name}: {exc.strerror or exc}")
+            error = (
+                exc
+                if isinstance(exc, RagError)
+                else DocumentRejected(f"cannot read {file.name}: {exc.strerror or exc}")
+            )
             await self._turns.take(slot)
             await self._turns.pass_on(slot)
             self._finish(slot, FileResult(file.name, file.source, None, "failed", error.message, error=error))
@@ -177,12 +183,18 @@ class _Run:
     async def _unchanged(self, doc: _Doc, record: DocumentRecord) -> None:
         # The content is indexed already (perhaps under another name): other versions of this source go.
         retired = await self._io(
-            self.c.stores.catalog.retire_source, self.collection, doc.file.source, keep=doc.doc_id, owner=self.c.lease.token
+            self.c.stores.catalog.retire_source,
+            self.collection,
+            doc.file.source,
+            keep=doc.doc_id,
+            owner=self.c.lease.token,
         )
         for old in retired:
             await self._io(self.c.stores.purge, self.collection, old)
         # Known under another source: this one becomes another name of it, listed and kept on its own.
-        await self._io(self.c.stores.catalog.add_name, self.collection, doc.doc_id, source=doc.file.source, name=doc.file.name)
+        await self._io(
+            self.c.stores.catalog.add_name, self.collection, doc.doc_id, source=doc.file.source, name=doc.file.name
+        )
         self._release(doc, FileResult(doc.file.name, doc.file.source, doc.doc_id, "unchanged", chunks=record.chunks))
 
     async def _fail(self, doc: _Doc, exc: RagError) -> None:
@@ -260,10 +272,17 @@ class _Run:
         assert doc.prepared is not None
         chunks, pages, warnings = len(doc.prepared.records), doc.prepared.pages, doc.prepared.warnings
         retired = await self._io(
-            self.c.stores.catalog.mark_indexed, self.collection, doc.doc_id, chunks=chunks, pages=pages, owner=self.c.lease.token
+            self.c.stores.catalog.mark_indexed,
+            self.collection,
+            doc.doc_id,
+            chunks=chunks,
+            pages=pages,
+            owner=self.c.lease.token,
         )
         doc.prepared = None
-        self._release(doc, FileResult(doc.file.name, doc.file.source, doc.doc_id, "indexed", chunks=chunks, warnings=warnings))
+        self._release(
+            doc, FileResult(doc.file.name, doc.file.source, doc.doc_id, "indexed", chunks=chunks, warnings=warnings)
+        )
         for old in retired:
             await self._io(self.c.stores.purge, self.collection, old)
 
@@ -288,7 +307,9 @@ class _Run:
             except RagError:
                 log.warning("could not delete the chunks of %s; the next start removes them", doc.doc_id)
                 continue
-            self.c.stores.catalog.mark_failed(self.collection, doc.doc_id, "interrupted: the run stopped before it was indexed")
+            self.c.stores.catalog.mark_failed(
+                self.collection, doc.doc_id, "interrupted: the run stopped before it was indexed"
+            )
 
 
 async def _settle(coro: Any) -> None:

@@ -3,7 +3,6 @@ catalog row that says what is searchable."""
 
 from __future__ import annotations
 
-
 from ingest._lexical_context import lexical_context
 from ingest._records import ChunkRecord
 from ingest.originals import Originals
@@ -17,7 +16,11 @@ class DocumentStores:
     """The stores one pipeline writes, with the order of writes that keeps them free of orphans."""
 
     def __init__(
-        self, store: ChunkStore, lexical: LexicalIndex, catalog: DocumentCatalog, embed_model: str,
+        self,
+        store: ChunkStore,
+        lexical: LexicalIndex,
+        catalog: DocumentCatalog,
+        embed_model: str,
         originals: Originals | None = None,
     ) -> None:
         self.store = store

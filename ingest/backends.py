@@ -20,7 +20,15 @@ from typing import Any, Protocol
 import httpx
 
 from rag.core.config import Settings
-from rag.core.errors import BackendUnavailable, Conflict, InvalidRequest, NotFound, RagError, Unauthorized, UpstreamError
+from rag.core.errors import (
+    BackendUnavailable,
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    RagError,
+    Unauthorized,
+    UpstreamError,
+)
 from rag.store.catalog import DocumentCounts
 
 from .embedder import embedder_for
@@ -77,7 +85,7 @@ class LocalBackend:
         self.pipeline: Any = None
         self.catalog: Any = None
 
-    async def __aenter__(self) -> "LocalBackend":
+    async def __aenter__(self) -> LocalBackend:
         from rag.store.catalog import DocumentCatalog
 
         self.catalog = DocumentCatalog(self.settings.data_dir / "catalog.sqlite")
@@ -86,7 +94,9 @@ class LocalBackend:
             try:
                 await asyncio.to_thread(self._lock_store)
                 if self.own_embedder is not None:  # after the lock: a held store fails before a slow start
-                    self.settings = await self._stack.enter_async_context(embedder_for(self.settings, self.own_embedder))
+                    self.settings = await self._stack.enter_async_context(
+                        embedder_for(self.settings, self.own_embedder)
+                    )
                 await asyncio.to_thread(self._open_store)
             except BaseException:
                 await self._stack.aclose()
@@ -102,10 +112,10 @@ class LocalBackend:
             self._stack.callback(lock.release)
 
     def _open_store(self) -> None:
-        from rag.store.catalog import OwnerLease
         from rag.clients.embedding import EmbeddingClient
-        from rag.store.lexical import LexicalIndex
+        from rag.store.catalog import OwnerLease
         from rag.store.chunks import ChunkStore
+        from rag.store.lexical import LexicalIndex
 
         from .pipeline import IngestPipeline
 
@@ -139,7 +149,8 @@ class LocalBackend:
 
     async def counts(self, collection: str) -> DocumentCounts:
         """The collection's documents and failures, counted as the API counts them."""
-        return (await asyncio.to_thread(self.catalog.counts)).get(collection, DocumentCounts())
+        counts: dict[str, DocumentCounts] = await asyncio.to_thread(self.catalog.counts)
+        return counts.get(collection, DocumentCounts())
 
 
 class ApiBackend:
@@ -160,7 +171,7 @@ class ApiBackend:
         self._inflight = inflight
         self.files_per_request = 8 * settings.embed_batch
 
-    async def __aenter__(self) -> "ApiBackend":
+    async def __aenter__(self) -> ApiBackend:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -214,8 +225,15 @@ class ApiBackend:
         if response.status_code == 200:
             by_order = response.json()["results"]
             return [
-                FileResult(f.name, f.source, r["document_id"], r["status"], r.get("reason"), int(r.get("chunks") or 0),
-                           warnings=tuple(r.get("warnings") or ()))
+                FileResult(
+                    f.name,
+                    f.source,
+                    r["document_id"],
+                    r["status"],
+                    r.get("reason"),
+                    int(r.get("chunks") or 0),
+                    warnings=tuple(r.get("warnings") or ()),
+                )
                 for f, r in zip(group, by_order)
             ]
         error = _error_of(response)
@@ -234,7 +252,9 @@ class ApiBackend:
                 params: dict[str, Any] = {"collection": collection, "offset": seen, "limit": 1000, "state": state}
                 page = (await self._checked("GET", "/v1/documents", params=params)).json()
                 seen += len(page["documents"])
-                found += [KnownDocument(d["id"], n["source_key"], d["state"]) for d in page["documents"] for n in d["names"]]
+                found += [
+                    KnownDocument(d["id"], n["source_key"], d["state"]) for d in page["documents"] for n in d["names"]
+                ]
                 if not page["documents"] or seen >= page["total"]:
                     break
         return found

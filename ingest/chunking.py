@@ -84,7 +84,10 @@ class Chunker:
     """Splits sections into chunks of at most `chunk_tokens` tokens by `count_tokens`."""
 
     def __init__(
-        self, count_tokens: Callable[[str], int] | TokenCounter, chunk_tokens: int = 200, chunk_overlap: int = 32,
+        self,
+        count_tokens: Callable[[str], int] | TokenCounter,
+        chunk_tokens: int = 200,
+        chunk_overlap: int = 32,
         max_chunks: int | None = None,
     ) -> None:
         if chunk_tokens < 1 or not 0 <= chunk_overlap < chunk_tokens:
@@ -96,7 +99,11 @@ class Chunker:
 
     @classmethod
     def from_tokenizer(
-        cls, tokenizer: Any, chunk_tokens: int = 200, chunk_overlap: int = 32, max_sequence: int | None = None,
+        cls,
+        tokenizer: Any,
+        chunk_tokens: int = 200,
+        chunk_overlap: int = 32,
+        max_sequence: int | None = None,
         max_chunks: int | None = None,
     ) -> Chunker:
         """A chunker counting with a Hugging Face tokenizer (or a `tokenizers.Tokenizer`).
@@ -141,7 +148,8 @@ class Chunker:
             # Checked section by section, before anything is embedded: the work stops near the bound.
             if self.max_chunks is not None and len(chunks) > self.max_chunks:
                 raise DocumentRejected(
-                    f"{doc.name} makes more than {self.max_chunks:,} chunks (RAG_MAX_DOCUMENT_CHUNKS)", limit=self.max_chunks
+                    f"{doc.name} makes more than {self.max_chunks:,} chunks (RAG_MAX_DOCUMENT_CHUNKS)",
+                    limit=self.max_chunks,
                 )
         return chunks
 
@@ -178,7 +186,14 @@ class Chunker:
             if tokens > self.chunk_tokens:  # one row alone over the limit: split it, each piece under the header
                 row_start, row_end = rows[i]
                 for s, e, _ in self._enforce_room(text[row_start:row_end], room):
-                    out.append((row_start + s, row_start + e, self.count_tokens(lead + text[row_start + s : row_start + e]), lead))
+                    out.append(
+                        (
+                            row_start + s,
+                            row_start + e,
+                            self.count_tokens(lead + text[row_start + s : row_start + e]),
+                            lead,
+                        )
+                    )
             else:
                 out.append((start, rows[j - 1][1], tokens, "" if first else lead))
             i = j
@@ -238,7 +253,9 @@ def token_counter(tokenizer: Any) -> tuple[TokenCounter, int]:
 
     backend = tokenizer if isinstance(tokenizer, Tokenizer) else getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:  # a slow (pure-Python) HF tokenizer
-        return TokenCounter(lambda text: len(tokenizer.encode(text, add_special_tokens=False))), tokenizer.num_special_tokens_to_add()
+        return TokenCounter(
+            lambda text: len(tokenizer.encode(text, add_special_tokens=False))
+        ), tokenizer.num_special_tokens_to_add()
     # A private copy: saved tokenizers often carry truncation and padding (MiniLM's pads everything to
     # 128), which would make every count wrong.
     backend = Tokenizer.from_str(backend.to_str())
@@ -264,7 +281,9 @@ class _Splitter:
         self.size = size
         self.overlap = overlap
 
-    def spans(self, text: str, start: int = 0, end: int | None = None, separators: list[str] = SEPARATORS) -> list[tuple[int, int]]:
+    def spans(
+        self, text: str, start: int = 0, end: int | None = None, separators: list[str] = SEPARATORS
+    ) -> list[tuple[int, int]]:
         end = len(text) if end is None else end
         piece = text[start:end]
         for i, sep in enumerate(separators):  # noqa: B007 (i and sep are read after the loop)

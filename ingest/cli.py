@@ -15,13 +15,12 @@ import click
 
 from rag.core.command_line import load_settings, run_cli
 from rag.core.config import Settings
-from rag.core.errors import InvalidRequest
 from rag.store.catalog import DocumentCounts
 
 from .backends import ApiBackend, Backend, KnownDocument, LocalBackend, choose_api, file_id
 from .folders import collect_files, stale_documents
-from .watch import FolderWatch
 from .pipeline import FileResult, SourceFile
+from .watch import FolderWatch
 
 EXAMPLES = """
 \b
@@ -38,13 +37,36 @@ Examples:
 
 @click.command(epilog=EXAMPLES, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
-@click.option("-c", "--collection", envvar="RAG_COLLECTION", help="Collection to index into.  [env: RAG_COLLECTION; default: default]")
-@click.option("-g", "--glob", "pattern", envvar="RAG_INGEST_GLOB", help="In folders, only files whose name matches, e.g. '*.pdf'.  [env: RAG_INGEST_GLOB]")
-@click.option("-r", "--recursive", is_flag=True, help="Walk folders recursively (hidden files and folders are skipped).")
-@click.option("--sync", is_flag=True, help="Afterwards delete documents whose source file lies under PATHS but is no longer among the files found.")
-@click.option("-n", "--dry-run", is_flag=True, help="Report what would be indexed, left unchanged and deleted; change nothing.")
-@click.option("--watch", is_flag=True, help="Keep watching the folders: new and changed files are indexed once "
-              "complete, deleted ones removed, renamed ones renamed (Ctrl-C stops). Starts with a --sync pass.")
+@click.option(
+    "-c",
+    "--collection",
+    envvar="RAG_COLLECTION",
+    help="Collection to index into.  [env: RAG_COLLECTION; default: default]",
+)
+@click.option(
+    "-g",
+    "--glob",
+    "pattern",
+    envvar="RAG_INGEST_GLOB",
+    help="In folders, only files whose name matches, e.g. '*.pdf'.  [env: RAG_INGEST_GLOB]",
+)
+@click.option(
+    "-r", "--recursive", is_flag=True, help="Walk folders recursively (hidden files and folders are skipped)."
+)
+@click.option(
+    "--sync",
+    is_flag=True,
+    help="Afterwards delete documents whose source file lies under PATHS but is no longer among the files found.",
+)
+@click.option(
+    "-n", "--dry-run", is_flag=True, help="Report what would be indexed, left unchanged and deleted; change nothing."
+)
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Keep watching the folders: new and changed files are indexed once "
+    "complete, deleted ones removed, renamed ones renamed (Ctrl-C stops). Starts with a --sync pass.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout (progress stays on stderr).")
 @click.option(
     "--server",
@@ -130,14 +152,21 @@ async def _main(
 
 
 async def _watch(
-    settings: Settings, roots: Sequence[Path], collection: str, pattern: str | None, recursive: bool,
-    server: str | None, report: Report,
+    settings: Settings,
+    roots: Sequence[Path],
+    collection: str,
+    pattern: str | None,
+    recursive: bool,
+    server: str | None,
+    report: Report,
 ) -> None:
     url = await choose_api(settings, server, report.line, who="ingest")
     backend = ApiBackend(url, settings) if url else LocalBackend(settings, own_embedder=report.line)
     async with backend:
         report.mode = backend.name
-        report.line(f"ingest: watching {', '.join(map(str, roots))} for '{collection}' via {backend.name} (Ctrl-C stops)")
+        report.line(
+            f"ingest: watching {', '.join(map(str, roots))} for '{collection}' via {backend.name} (Ctrl-C stops)"
+        )
         await FolderWatch(backend, roots, collection, report, report.line, pattern=pattern, recursive=recursive).run()
 
 
@@ -146,7 +175,9 @@ async def _dry_run(backend: Backend, files: list[SourceFile], collection: str, r
         doc_id = await asyncio.to_thread(file_id, file.path)
         state = await backend.state_of(collection, doc_id)
         status = "unchanged" if state == "indexed" else "would index"
-        report.results.append(FileResult(file.name, file.source, doc_id, "unchanged" if state == "indexed" else "indexed"))
+        report.results.append(
+            FileResult(file.name, file.source, doc_id, "unchanged" if state == "indexed" else "indexed")
+        )
         report.line(f"{status:<13} {file.source}")
 
 
@@ -240,7 +271,8 @@ class Report:
                 "collection": collection,
                 "dry_run": self.dry_run,
                 "mode": self.mode,
-                "files": {s: self.count(s) for s in ("indexed", "unchanged", "failed")} | {"deleted": len(self.deleted)},
+                "files": {s: self.count(s) for s in ("indexed", "unchanged", "failed")}
+                | {"deleted": len(self.deleted)},
                 "chunks": indexed_chunks,
                 "seconds": round(seconds, 3),
                 "chunks_per_s": round(indexed_chunks / seconds, 2) if seconds > 0 else 0.0,

@@ -57,7 +57,7 @@ def gunzip(data: bytes, name: str, max_bytes: int) -> bytes:
         pending = memoryview(inflater.unused_data)
         if pending and not bytes(pending[:2]) == GZIP_MAGIC:
             break  # trailing padding after the last member, as some tools write: ignored like gzip does
-    if is_gzip(out):
+    if is_gzip(bytes(out[:4])):
         raise DocumentRejected(f"{name} holds another gzip file inside; decompress it first")
     if not out:
         raise DocumentRejected(f"{name} is an empty gzip file")
@@ -68,6 +68,4 @@ def _check_size(out: bytearray, packed: int, name: str, max_bytes: int) -> None:
     if len(out) > max_bytes:
         raise DocumentRejected(f"{name} inflates past {max_bytes:,} bytes (RAG_MAX_UPLOAD_BYTES): too big to index")
     if len(out) > RATIO_FREE_BYTES and len(out) > MAX_RATIO * packed:
-        raise DocumentRejected(
-            f"{name} is a gzip bomb: it inflates more than {MAX_RATIO} times its {packed:,} bytes"
-        )
+        raise DocumentRejected(f"{name} is a gzip bomb: it inflates more than {MAX_RATIO} times its {packed:,} bytes")

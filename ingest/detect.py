@@ -69,14 +69,20 @@ _BOMS: tuple[tuple[bytes, str], ...] = (
     (b"\xff\xfe", "utf-16-le"),
     (b"\xfe\xff", "utf-16-be"),
 )
-_HTML_DOC = re.compile(r"\A(?:\s|<!--.*?-->|<\?xml[^>]*>)*<(?:!doctype\s+html|html[\s>]|head[\s>]|body[\s>])", re.I | re.S)
+_HTML_DOC = re.compile(
+    r"\A(?:\s|<!--.*?-->|<\?xml[^>]*>)*<(?:!doctype\s+html|html[\s>]|head[\s>]|body[\s>])", re.I | re.S
+)
 _HTML_TAGS = re.compile(
     r"</(?:p|div|span|a|li|ul|ol|table|tr|td|th|h[1-6]|body|html|section|article|em|strong|b|i|pre|blockquote)>", re.I
 )
-_MD_SIGNS = re.compile(r"^(?:#{1,6}[ \t]+\S|```|~~~|[ \t]*[-*+][ \t]+\S.*\n[ \t]*[-*+][ \t]+\S|\S.*\n(?:=+|-+)[ \t]*$)", re.M)
+_MD_SIGNS = re.compile(
+    r"^(?:#{1,6}[ \t]+\S|```|~~~|[ \t]*[-*+][ \t]+\S.*\n[ \t]*[-*+][ \t]+\S|\S.*\n(?:=+|-+)[ \t]*$)", re.M
+)
 _MD_EXTS = {".md", ".markdown", ".mdown", ".mkd", ".mdx"}
 _HTML_EXTS = {".html", ".htm", ".xhtml", ".shtml"}
-_CHARSET_DECL = re.compile(rb"""(?:<meta[^>]{0,200}?charset|<\?xml[^>]{0,100}?encoding)\s*=\s*["']?([A-Za-z0-9_.:-]{1,40})""", re.I)
+_CHARSET_DECL = re.compile(
+    rb"""(?:<meta[^>]{0,200}?charset|<\?xml[^>]{0,100}?encoding)\s*=\s*["']?([A-Za-z0-9_.:-]{1,40})""", re.I
+)
 _PREFERRED_ON_TIE = ("cp1252", "latin_1", "iso8859_15", "gb18030", "big5", "shift_jis", "euc_kr")
 _HEAD = 1 << 16  # characters at the head sniffed for text-kind signals
 _WESTERN_PAGES = {"cp1252", "latin_1", "iso8859_15"}
@@ -89,8 +95,7 @@ _LEGACY_PAGES = {
 }  # fmt: skip
 _LANGUAGE_EVIDENCE = 0.3  # charset_normalizer coherence above which its language detection is trusted
 _WESTERN_CHARS = frozenset(
-    "àáâãäåæçèéêëìíîïñòóôõöøùúûüýÿßÀÁÂÃÄÅÆÇÈÉÊËÌÍÎÏÑÒÓÔÕÖØÙÚÛÜÝŒœŠšŽžŸ"
-    "€‚„…‘’“”•–—™«»°¡¿·§©®£¥¢½¼¾±×÷ªº\xa0"
+    "àáâãäåæçèéêëìíîïñòóôõöøùúûüýÿßÀÁÂÃÄÅÆÇÈÉÊËÌÍÎÏÑÒÓÔÕÖØÙÚÛÜÝŒœŠšŽžŸ€‚„…‘’“”•–—™«»°¡¿·§©®£¥¢½¼¾±×÷ªº\xa0"
 )
 _WORD = re.compile(r"[^\W\d_]+")
 # A DOCX has a few dozen members; these bound what zipfile may list (checked from the end record).
@@ -142,7 +147,9 @@ def _is_image(data: bytes) -> bool:
     if data.startswith(_IMAGE_MAGICS) or data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return True
     # "BM" also starts ordinary sentences: a BMP has its pixel offset and header size where text has letters.
-    return data[:2] == b"BM" and len(data) > 26 and int.from_bytes(data[14:18], "little") in (12, 40, 52, 56, 64, 108, 124)
+    return (
+        data[:2] == b"BM" and len(data) > 26 and int.from_bytes(data[14:18], "little") in (12, 40, 52, 56, 64, 108, 124)
+    )
 
 
 def _binary_kind(data: bytes) -> str | None:
@@ -184,7 +191,9 @@ def _zip_kind(data: bytes) -> DocKind:
     try:
         names = set(zipfile.ZipFile(io.BytesIO(data)).namelist())
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, NotImplementedError, struct.error) as exc:
-        raise UnsupportedFileType("unsupported file type: damaged ZIP archive", detected="ZIP archive (damaged)") from exc
+        raise UnsupportedFileType(
+            "unsupported file type: damaged ZIP archive", detected="ZIP archive (damaged)"
+        ) from exc
     if "word/document.xml" in names and "[Content_Types].xml" in names:
         return DocKind.DOCX
     kind = _zip_flavour(data, names)

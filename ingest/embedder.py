@@ -38,9 +38,7 @@ async def embedder_answers(url: str) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def embedder_for(
-    settings: Settings, say: Callable[[str], None], run: str = "ingest"
-) -> AsyncIterator[Settings]:
+async def embedder_for(settings: Settings, say: Callable[[str], None], run: str = "ingest") -> AsyncIterator[Settings]:
     """`settings` whose embed_url answers: the configured server, or a child started for this `run`."""
     if await embedder_answers(settings.embed_url):
         yield settings
@@ -48,13 +46,24 @@ async def embedder_for(
     port = _free_port()
     log_path = settings.data_dir / "logs" / f"{run.removeprefix('rag ').replace(' ', '-')}-embedder.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    say(f"no embedding server answers at {settings.embed_url}: starting one for this run "
-        f"({settings.embed_model}, log {log_path})")
+    say(
+        f"no embedding server answers at {settings.embed_url}: starting one for this run "
+        f"({settings.embed_model}, log {log_path})"
+    )
     started = time.monotonic()
     with log_path.open("wb") as log:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "rag.cli", "serve-embeddings", "--host", "127.0.0.1", "--port", str(port),
-            stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
+            sys.executable,
+            "-m",
+            "rag.cli",
+            "serve-embeddings",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=log,
+            stderr=asyncio.subprocess.STDOUT,
             preexec_fn=die_with_parent(),  # a killed ingest leaves no orphan server holding the model
         )
     url = f"http://127.0.0.1:{port}"
@@ -71,14 +80,17 @@ async def _wait_ready(url: str, process: asyncio.subprocess.Process, log_path: P
     async with httpx.AsyncClient(timeout=3.0) as client:
         while time.monotonic() < deadline:
             if process.returncode is not None:
-                raise EmbedderUnavailable(f"the embedding server started for {run} exited ({process.returncode}): "
-                                          f"{_last_line(log_path)} (see {log_path})")
+                raise EmbedderUnavailable(
+                    f"the embedding server started for {run} exited ({process.returncode}): "
+                    f"{_last_line(log_path)} (see {log_path})"
+                )
             with contextlib.suppress(httpx.TransportError):
                 if (await client.get(f"{url}/health")).status_code == 200:
                     return
             await asyncio.sleep(0.25)
-    raise EmbedderUnavailable(f"the embedding server started for {run} was not ready in {START_TIMEOUT_S:.0f} s "
-                              f"(see {log_path})")
+    raise EmbedderUnavailable(
+        f"the embedding server started for {run} was not ready in {START_TIMEOUT_S:.0f} s (see {log_path})"
+    )
 
 
 async def _stop(process: asyncio.subprocess.Process) -> None:

@@ -56,18 +56,35 @@ def _load(data: bytes, name: str, type_name: str, settings: Settings, pool: Pars
     kind = detection.kind
     if kind in (DocKind.PDF, DocKind.IMAGE):
         pool = pool or get_pool(settings.parse_memory_mb)
-        return pool.parse(kind, data, name, timeout_s=settings.parse_timeout_s, ocr=get_ocr_pool(settings).reader(name),
-                          max_pages=settings.max_document_pages, **ocr_options(settings))
+        return pool.parse(
+            kind,
+            data,
+            name,
+            timeout_s=settings.parse_timeout_s,
+            ocr=get_ocr_pool(settings).reader(name),
+            max_pages=settings.max_document_pages,
+            **ocr_options(settings),
+        )
     if kind in SANDBOXED_KINDS:
         pool = pool or get_pool(settings.parse_memory_mb)
-        return pool.parse(kind, data, name, timeout_s=settings.parse_timeout_s, max_inflated=inflate_limit(settings),
-                          max_pages=settings.max_document_pages)
+        return pool.parse(
+            kind,
+            data,
+            name,
+            timeout_s=settings.parse_timeout_s,
+            max_inflated=inflate_limit(settings),
+            max_pages=settings.max_document_pages,
+        )
     return parse(kind, data, name, text=detection.text, encoding=detection.encoding)
 
 
 def ocr_options(settings: Settings) -> dict[str, int | float]:
     """The OCR settings the loaders take (the page cap, the rendering DPI, the confidence floor)."""
-    return {"max_ocr_pages": settings.max_ocr_pages, "ocr_dpi": settings.ocr_dpi, "min_confidence": settings.ocr_min_confidence}
+    return {
+        "max_ocr_pages": settings.max_ocr_pages,
+        "ocr_dpi": settings.ocr_dpi,
+        "min_confidence": settings.ocr_min_confidence,
+    }
 
 
 def inflate_limit(settings: Settings) -> int:

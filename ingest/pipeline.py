@@ -179,12 +179,16 @@ class IngestPipeline:
         await self.locks.acquire(key)
         try:
             record = await asyncio.to_thread(self.catalog.get, collection, doc_id)
-            if record is None or (source is not None and await asyncio.to_thread(
-                self.catalog.drop_name, collection, doc_id, source
-            )):
+            if record is None or (
+                source is not None and await asyncio.to_thread(self.catalog.drop_name, collection, doc_id, source)
+            ):
                 return record
             record = await asyncio.to_thread(
-                self.catalog.mark_deleting, collection, doc_id, owner=self.lease.token, is_live=self.lease.held_elsewhere
+                self.catalog.mark_deleting,
+                collection,
+                doc_id,
+                owner=self.lease.token,
+                is_live=self.lease.held_elsewhere,
             )
             if record is not None:
                 await asyncio.to_thread(self.stores.purge, collection, doc_id)
@@ -196,7 +200,9 @@ class IngestPipeline:
         """Clean up after processes that died mid-ingest: their pending and deleting documents go."""
         leftovers = self.catalog.leftovers(self.lease.is_live)
         for record in leftovers:
-            log.warning("removing %s document %s (%s) left by a stopped process", record.state, record.doc_id, record.name)
+            log.warning(
+                "removing %s document %s (%s) left by a stopped process", record.state, record.doc_id, record.name
+            )
             self.stores.purge(record.collection, record.doc_id)
         for owner in {r.owner for r in leftovers if r.owner}:
             self.lease.forget(owner)

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rag.core import errors
 
@@ -138,14 +138,19 @@ class ParserPool:
 
         With `ocr`, the worker's loaders may read page images by OCR: each image is passed to `ocr`,
         which answers ("lines", [OcrLine...]) or ("skip", why); its time does not count in `timeout_s`."""
-        return self._call(kind, data, name, timeout_s, options, ocr)
+        return cast(LoadedDocument, self._call(kind, data, name, timeout_s, options, ocr))
 
     def render(self, data: bytes, name: str, timeout_s: float, **options: Any) -> bytes:
         """`ingest.loaders.render.render_page(data, **options)` (a PNG) in a worker, within `timeout_s` seconds."""
-        return self._call(RENDER, data, name, timeout_s, options)
+        return cast(bytes, self._call(RENDER, data, name, timeout_s, options))
 
     def _call(
-        self, kind: DocKind | str, data: bytes, name: str, timeout_s: float, options: dict[str, Any],
+        self,
+        kind: DocKind | str,
+        data: bytes,
+        name: str,
+        timeout_s: float,
+        options: dict[str, Any],
         ocr: Callable[[Any], tuple[str, Any]] | None = None,
     ) -> Any:
         worker = self._acquire()
@@ -210,7 +215,9 @@ class ParserPool:
                 cls = errors.DocumentRejected
             raise cls(reply[2], **reply[3])
         if status == "memory":
-            raise errors.DocumentRejected(f"{name} could not be parsed within the {self.memory_mb} MB memory limit", limit="memory")
+            raise errors.DocumentRejected(
+                f"{name} could not be parsed within the {self.memory_mb} MB memory limit", limit="memory"
+            )
         log.warning("parser failed on %s: %s", name, reply[1])
         raise errors.DocumentRejected(f"{name} could not be parsed ({reply[1]})")
 
@@ -252,7 +259,9 @@ class ParserPool:
         except (EOFError, OSError):
             worker.stop()
             # Not the file's fault: the service is misconfigured (RAG_PARSE_MEMORY_MB too low?) or broken.
-            raise errors.RagError(f"the parser process did not start within its {self.memory_mb} MB memory limit") from None
+            raise errors.RagError(
+                f"the parser process did not start within its {self.memory_mb} MB memory limit"
+            ) from None
         return worker
 
     def _release(self, worker: _Worker, healthy: bool) -> None:

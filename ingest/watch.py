@@ -1,14 +1,14 @@
 """`ingest --watch`: keep a collection in step with folders, with `watchfiles` (Rust `notify` events).
 
-    start     one sync pass (index what is new or changed, delete what is gone: the catalog is the
-              state, so a restart catches up with whatever changed while nothing watched)
-    events    watchfiles groups a burst of changes into one set (DEBOUNCE_MS): 10,000 saves become one
-              pass over the distinct paths, and one batched ingest of the files among them
-    a pass    files whose size or mtime still moves across SETTLE_S are being written: kept for the next
-              pass, so a half-written file is never indexed; unreadable files are reported once (until
-              they change); then new and changed files are indexed, and last the names of files that are
-              gone are deleted. In that order a rename costs no embedding: the new name is the same
-              content (`unchanged`, the name added), and deleting the old name keeps the content.
+start     one sync pass (index what is new or changed, delete what is gone: the catalog is the
+          state, so a restart catches up with whatever changed while nothing watched)
+events    watchfiles groups a burst of changes into one set (DEBOUNCE_MS): 10,000 saves become one
+          pass over the distinct paths, and one batched ingest of the files among them
+a pass    files whose size or mtime still moves across SETTLE_S are being written: kept for the next
+          pass, so a half-written file is never indexed; unreadable files are reported once (until
+          they change); then new and changed files are indexed, and last the names of files that are
+          gone are deleted. In that order a rename costs no embedding: the new name is the same
+          content (`unchanged`, the name added), and deleting the old name keeps the content.
 """
 
 from __future__ import annotations
@@ -57,8 +57,14 @@ class FolderWatch:
         roots = [str(r) for r in self.roots]
         watching = False
         async for changes in watchfiles.awatch(
-            *roots, watch_filter=self._wanted, debounce=DEBOUNCE_MS, step=STEP_MS, stop_event=stop,
-            recursive=self.recursive, rust_timeout=int(self.settle_s * 2000), yield_on_timeout=True,
+            *roots,
+            watch_filter=self._wanted,
+            debounce=DEBOUNCE_MS,
+            step=STEP_MS,
+            stop_event=stop,
+            recursive=self.recursive,
+            rust_timeout=int(self.settle_s * 2000),
+            yield_on_timeout=True,
             ignore_permission_denied=True,
         ):
             if not watching:  # the watcher runs from its first answer on: what changed before that, since the sync
@@ -91,8 +97,9 @@ class FolderWatch:
         paths, self._pending = self._pending, set()
         present = [p for p in paths if p.exists()]
         gone = [p for p in paths if not p.exists()]
-        files = collect_files([p for p in present if p.is_dir() or self._wanted(None, str(p))], self.pattern,
-                              self.recursive)
+        files = collect_files(
+            [p for p in present if p.is_dir() or self._wanted(None, str(p))], self.pattern, self.recursive
+        )
         files = await self._complete(files)
         if files:
             self.passes += 1

@@ -21,8 +21,11 @@ class _Group(click.Group):
     group_class = type  # subgroups (`rag models`, ...) list their commands the same way
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = [(name, command.get_short_help_str(limit=300)) for name in self.list_commands(ctx)
-                if (command := self.get_command(ctx, name)) is not None and not command.hidden]
+        rows = [
+            (name, command.get_short_help_str(limit=300))
+            for name in self.list_commands(ctx)
+            if (command := self.get_command(ctx, name)) is not None and not command.hidden
+        ]
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
@@ -80,14 +83,20 @@ def serve_api() -> None:
 
     settings = load_settings()
     uvicorn.run(
-        create_app(settings), host=settings.api_host, port=settings.api_port, log_level="info",
+        create_app(settings),
+        host=settings.api_host,
+        port=settings.api_port,
+        log_level="info",
         timeout_graceful_shutdown=settings.shutdown_grace_s,  # type: ignore[arg-type]  # uvicorn waits a float too
     )
 
 
 @cli.command("mcp")
-@click.option("--server", help="Work through the API at this URL.  [default: "
-              "the API at RAG_API_HOST:RAG_API_PORT when one answers, else the store directly]")
+@click.option(
+    "--server",
+    help="Work through the API at this URL.  [default: "
+    "the API at RAG_API_HOST:RAG_API_PORT when one answers, else the store directly]",
+)
 def mcp(server: str | None) -> None:
     """Serve the documents to an MCP client over stdio (a desktop assistant starts this command)."""
     import asyncio
@@ -154,9 +163,16 @@ def models_pull(name: str, url: str | None) -> None:
 
     settings = load_settings()
     artifact = find_artifact(name)
-    with Progress(*Progress.get_default_columns(), DownloadColumn(), TransferSpeedColumn(), disable=not sys.stderr.isatty()) as bar:
+    with Progress(
+        *Progress.get_default_columns(), DownloadColumn(), TransferSpeedColumn(), disable=not sys.stderr.isatty()
+    ) as bar:
         task = bar.add_task(artifact.file, total=artifact.size)
-        path = pull(artifact, settings.models_path, url=url, progress=lambda done, total: bar.update(task, completed=done, total=total))
+        path = pull(
+            artifact,
+            settings.models_path,
+            url=url,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
     click.echo(f"{artifact.name}: ok {path}")
 
 
@@ -202,7 +218,9 @@ def store_check(as_json: bool) -> None:
         lock.acquire("rag store check")
     except StoreLocked as exc:
         held = exc.message.split(";")[0]  # "the store at ... is held by ..."; its ingest advice does not apply here
-        raise click.ClickException(f"{held}: stop it to check the store; meanwhile its /health reports the store's state") from None
+        raise click.ClickException(
+            f"{held}: stop it to check the store; meanwhile its /health reports the store's state"
+        ) from None
     try:
         report = check_store(settings.data_dir, settings.chroma_path)
     finally:
@@ -211,7 +229,9 @@ def store_check(as_json: bool) -> None:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
         click.echo(f"store {settings.data_dir}")
-        click.echo(f"{'collection':<24} {'documents':>9} {'failed':>6} {'catalog':>9} {'record':>9} {'vectors':>9} {'chroma':>9}  state")
+        click.echo(
+            f"{'collection':<24} {'documents':>9} {'failed':>6} {'catalog':>9} {'record':>9} {'vectors':>9} {'chroma':>9}  state"
+        )
         for c in report.collections:
             chroma = "-" if c.chroma is None else f"{c.chroma:,}"
             state = "; ".join(c.problems) or "ok"
@@ -235,9 +255,11 @@ def store_repair() -> None:
     from rag.store.repair import repair_store
 
     settings = load_settings()
-    written = _with_embedder(settings, "rag store repair", lambda embed, progress: repair_store(
-        settings.data_dir, settings.chroma_path, embed=embed, progress=progress
-    ))
+    written = _with_embedder(
+        settings,
+        "rag store repair",
+        lambda embed, progress: repair_store(settings.data_dir, settings.chroma_path, embed=embed, progress=progress),
+    )
     for name, n in written.items():
         click.echo(f"{name}: {n:,} vectors in Chroma")
     click.echo("repaired; the old Chroma folder is kept beside the new one as chroma.damaged-*")
@@ -251,9 +273,18 @@ def store_reindex(collection: str) -> None:
     from rag.store.repair import reindex_collection
 
     settings = load_settings()
-    written = _with_embedder(settings, "rag store reindex", lambda embed, progress: reindex_collection(
-        settings.data_dir, settings.chroma_path, collection, model=settings.embed_model, embed=embed, progress=progress
-    ))
+    written = _with_embedder(
+        settings,
+        "rag store reindex",
+        lambda embed, progress: reindex_collection(
+            settings.data_dir,
+            settings.chroma_path,
+            collection,
+            model=settings.embed_model,
+            embed=embed,
+            progress=progress,
+        ),
+    )
     click.echo(f"{collection}: {written.get(collection, 0):,} vectors of {settings.embed_model} in Chroma")
 
 
@@ -284,7 +315,9 @@ def store_backup(dest: Path, with_indexes: bool) -> None:
     size = sum(f["bytes"] for f in manifest["files"].values())
     for name, c in manifest["collections"].items():
         click.echo(f"{name}: {c['documents']:,} documents, {c['chunks']:,} chunks")
-    click.echo(f"backed up to {dest} ({size / 1e6:.1f} MB, {len(manifest['files'])} files) in {manifest['seconds']:.1f} s")
+    click.echo(
+        f"backed up to {dest} ({size / 1e6:.1f} MB, {len(manifest['files'])} files) in {manifest['seconds']:.1f} s"
+    )
 
 
 @store.command("restore")
@@ -309,9 +342,13 @@ def store_restore(src: Path, force: bool) -> None:
     if replaced:
         click.echo(f"replaced {', '.join(replaced)} (kept in {settings.data_dir}/replaced-*)")
     if rebuild:
-        _with_embedder(settings, "rag store restore", lambda embed, progress: repair_store(
-            settings.data_dir, settings.chroma_path, embed=embed, progress=progress
-        ))
+        _with_embedder(
+            settings,
+            "rag store restore",
+            lambda embed, progress: repair_store(
+                settings.data_dir, settings.chroma_path, embed=embed, progress=progress
+            ),
+        )
     finish_restore(settings.data_dir)
     click.echo(f"restored {src} (taken {manifest['taken_at']}) into {settings.data_dir}")
     click.get_current_context().invoke(store_check, as_json=False)
@@ -340,7 +377,7 @@ def _with_embedder(settings: Settings, owner: str, work: Any) -> Any:
         async with contextlib.AsyncExitStack() as stack:
             clients: list[EmbeddingClient] = []
 
-            async def embed_batch(texts: list[str]) -> list[Any]:
+            async def embed_batch(texts: list[str]) -> Any:  # the client's float32 array
                 if not clients:  # most repairs take every vector from the record: no server needed
                     served = await stack.enter_async_context(embedder_for(settings, click.echo, owner))
                     clients.append(EmbeddingClient(served.embed_url, model=settings.embed_model))

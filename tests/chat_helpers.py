@@ -55,8 +55,9 @@ def changed(settings: Settings, **changes: Any) -> Settings:
 def serve(settings: Settings, *, app: Any = None, port: int | None = None) -> Iterator[str]:
     """The API on `port` (default: a free one) over real HTTP (uvicorn in a thread); yields its base URL."""
     port = port or free_port()
-    config = uvicorn.Config(app or create_app(settings), host="127.0.0.1", port=port, log_level="warning",
-                            timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        app or create_app(settings), host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=5
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"api-{port}", daemon=True)
     thread.start()
@@ -72,8 +73,9 @@ def serve(settings: Settings, *, app: Any = None, port: int | None = None) -> It
         thread.join(30)
 
 
-def upload(url: str, docs: dict[str, str] = DOCS, *, collection: str | None = None,
-           headers: dict[str, str] | None = None) -> dict[str, Any]:
+def upload(
+    url: str, docs: dict[str, str] = DOCS, *, collection: str | None = None, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Index documents through POST /v1/documents (the real pipeline)."""
     files = [("files", (name, text.encode(), "text/plain")) for name, text in docs.items()]
     data = {"collection": collection} if collection else None
@@ -172,8 +174,16 @@ class OverlapRetriever:
         for i, (name, text) in enumerate(self.chunks):
             overlap = len(words & set(re.findall(r"\w+", text.lower()))) / max(1, len(words))
             if overlap > 0:
-                hits.append(Hit(f"{name}:{i}", name, text, {"source": name, "doc_id": name, "chunk_index": i}, overlap,
-                                coverage=_coverage(query, text)))
+                hits.append(
+                    Hit(
+                        f"{name}:{i}",
+                        name,
+                        text,
+                        {"source": name, "doc_id": name, "chunk_index": i},
+                        overlap,
+                        coverage=_coverage(query, text),
+                    )
+                )
         return sorted(hits, key=lambda h: -h.score)[:k]
 
 
@@ -205,19 +215,29 @@ class ReplayLlamaServer:
 
     @staticmethod
     def _template(messages: list[dict[str, str]]) -> str:
-        return "".join(f"<start_of_turn>{m['role']}\n{m['content']}<end_of_turn>\n" for m in messages) + \
-            "<start_of_turn>model\n"
+        return (
+            "".join(f"<start_of_turn>{m['role']}\n{m['content']}<end_of_turn>\n" for m in messages)
+            + "<start_of_turn>model\n"
+        )
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
         if path == "/props":
-            return httpx.Response(200, json={"default_generation_settings": {"n_ctx": self.n_ctx},
-                                             "total_slots": self.slots, "model_alias": "replay"})
+            return httpx.Response(
+                200,
+                json={
+                    "default_generation_settings": {"n_ctx": self.n_ctx},
+                    "total_slots": self.slots,
+                    "model_alias": "replay",
+                },
+            )
         body = json.loads(request.content or b"{}")
         if path == "/apply-template":
             return httpx.Response(200, json={"prompt": self._template(body["messages"])})
         if path == "/tokenize":
-            return httpx.Response(200, json={"tokens": self._tokens(body["content"]) + ([1] if body.get("add_special") else [])})
+            return httpx.Response(
+                200, json={"tokens": self._tokens(body["content"]) + ([1] if body.get("add_special") else [])}
+            )
         if path == "/v1/chat/completions":
             self.prompts.append(body["messages"])
             self.requests.append(body)
@@ -235,8 +255,14 @@ class ReplayLlamaServer:
 
         def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
             choice = {"index": 0, "delta": delta} if chat else {"index": 0, "text": delta.get("content") or ""}
-            payload = {"id": "replay", "object": "chat.completion.chunk" if chat else "text_completion", "created": 0,
-                       "model": "replay", "choices": [{**choice, "finish_reason": finish}], **extra}
+            payload = {
+                "id": "replay",
+                "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": 0,
+                "model": "replay",
+                "choices": [{**choice, "finish_reason": finish}],
+                **extra,
+            }
             return f"data: {json.dumps(payload)}\n\n"
 
         parts = [chunk({"role": "assistant", "content": None})]
@@ -244,7 +270,14 @@ class ReplayLlamaServer:
         parts.append(chunk({}, "stop"))
         usage = {"prompt_tokens": prompt_n, "completion_tokens": len(words), "total_tokens": prompt_n + len(words)}
         timings = {"cache_n": 0, "prompt_n": prompt_n, "predicted_n": len(words)}
-        final = {"id": "replay", "object": "chat.completion.chunk", "created": 0, "model": "replay", "choices": [],
-                 "usage": usage, "timings": timings}
+        final = {
+            "id": "replay",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": "replay",
+            "choices": [],
+            "usage": usage,
+            "timings": timings,
+        }
         parts.append(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n")
         return "".join(parts).encode()

@@ -14,7 +14,9 @@ from tests.servers import Server, start_embedding_server, start_llama_server
 
 
 def _clean_env(data_dir: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_") or k in ("RAG_LLM_SERVER_BIN", "RAG_CACHE_DIR")}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("RAG_") or k in ("RAG_LLM_SERVER_BIN", "RAG_CACHE_DIR")
+    }
     env["RAG_DATA_DIR"] = str(data_dir)
     env["HF_HUB_OFFLINE"] = "1"
     env["TRANSFORMERS_OFFLINE"] = "1"

@@ -75,14 +75,22 @@ class Survey:
         """What breaks the target: a document not indexed, counts that disagree, a chunk without a
         document, a file indexed twice or with the wrong chunks; with `complete`, a file missing."""
         out = [f"{d[:12]} is {s}" for d, s in self.states.items() if s != "indexed"]
-        out += [f"{d[:12]} counts {c} (catalog, record, Chroma, BM25)" for d, c in self.counts.items()
-                if len(set(c)) != 1 or c[0] != expected.get(d)]
-        out += [f"{n} {where} chunks belong to no document" for n, where in (
-            (self.stray_chroma, "Chroma"), (self.stray_record, "record"), (self.stray_bm25, "BM25")) if n]
+        out += [
+            f"{d[:12]} counts {c} (catalog, record, Chroma, BM25)"
+            for d, c in self.counts.items()
+            if len(set(c)) != 1 or c[0] != expected.get(d)
+        ]
+        out += [
+            f"{n} {where} chunks belong to no document"
+            for n, where in ((self.stray_chroma, "Chroma"), (self.stray_record, "record"), (self.stray_bm25, "BM25"))
+            if n
+        ]
         if len(set(self.sources.values())) != len(self.sources):
             out.append("a file is indexed under two documents")
         if complete and set(self.states) != set(expected):
-            out.append(f"{len(set(expected) - set(self.states))} files missing, {len(set(self.states) - set(expected))} unknown documents")
+            out.append(
+                f"{len(set(expected) - set(self.states))} files missing, {len(set(self.states) - set(expected))} unknown documents"
+            )
         return out
 
 
@@ -153,8 +161,14 @@ def reap(process: subprocess.Popen) -> None:
     process.wait()
 
 
-def kill_at(victim: subprocess.Popen, data_dir: Path, target: int, delay_s: float, alive: Callable[[], bool],
-            timeout: float = 600) -> int | None:
+def kill_at(
+    victim: subprocess.Popen,
+    data_dir: Path,
+    target: int,
+    delay_s: float,
+    alive: Callable[[], bool],
+    timeout: float = 600,
+) -> int | None:
     """SIGKILL `victim` `delay_s` after `target` documents are indexed; the count then, or None when the
     ingest ended first (`alive` says whether it still runs)."""
     deadline = time.monotonic() + timeout
@@ -236,8 +250,16 @@ class Runner:
         self.restart()
         restart_s = time.monotonic() - restarted
         now = survey(self.data_dir)
-        return KillResult(self.path, target, delay, at, left, sum(s == "indexed" for s in now.states.values()),
-                          now.problems(expected, complete=False), restart_s)
+        return KillResult(
+            self.path,
+            target,
+            delay,
+            at,
+            left,
+            sum(s == "indexed" for s in now.states.values()),
+            now.problems(expected, complete=False),
+            restart_s,
+        )
 
     def ingest(self) -> list[str]:
         server = ["--server", self.api.url] if self.api else []
@@ -265,8 +287,9 @@ class Runner:
             self.api = None
 
 
-def run_series(path: str, files: int, kills: int, seed: int, env: dict[str, str], work: Path,
-               squad: Path = SQUAD) -> PathResult:
+def run_series(
+    path: str, files: int, kills: int, seed: int, env: dict[str, str], work: Path, squad: Path = SQUAD
+) -> PathResult:
     """Write `files` texts, then kill an ingest of them `kills` times through `path` and finish it."""
     corpus = work / "corpus"
     paths = write_texts(corpus, files, squad) if not corpus.exists() else sorted(corpus.glob("*.txt"))

@@ -32,7 +32,9 @@ def png_image() -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 
     ihdr = struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00\x80")) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00\x80")) + chunk(b"IEND", b"")
+    )
 
 
 def png_bomb(side: int = 60_000) -> bytes:
@@ -103,8 +105,13 @@ class _Rc4Security:
 
     def dictionary(self) -> bytes:
         return (
-            b"<< /Filter /Standard /V 1 /R 2 /O <" + self.owner_entry.hex().encode() + b"> /U <"
-            + self.user_entry.hex().encode() + b"> /P " + str(self.PERMISSIONS).encode() + b" >>"
+            b"<< /Filter /Standard /V 1 /R 2 /O <"
+            + self.owner_entry.hex().encode()
+            + b"> /U <"
+            + self.user_entry.hex().encode()
+            + b"> /P "
+            + str(self.PERMISSIONS).encode()
+            + b" >>"
         )
 
 
@@ -144,8 +151,11 @@ class PdfWriter:
         self.streams.add(content_id)
         page_id = content_id + 1
         self.objects[page_id] = (
-            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << " + resources
-            + b" >> /Contents " + str(content_id).encode() + b" 0 R >>"
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << "
+            + resources
+            + b" >> /Contents "
+            + str(content_id).encode()
+            + b" 0 R >>"
         )
         self.page_ids.append(page_id)
         return page_id
@@ -163,9 +173,13 @@ class PdfWriter:
         ids = list(range(root + 1, root + 1 + len(entries)))
         self.objects[root] = b"<< /Type /Outlines /First %d 0 R /Last %d 0 R /Count %d >>" % (ids[0], ids[-1], len(ids))
         for i, (title, page) in enumerate(entries):
-            links = (b" /Prev %d 0 R" % ids[i - 1] if i else b"") + (b" /Next %d 0 R" % ids[i + 1] if i + 1 < len(ids) else b"")
+            links = (b" /Prev %d 0 R" % ids[i - 1] if i else b"") + (
+                b" /Next %d 0 R" % ids[i + 1] if i + 1 < len(ids) else b""
+            )
             dest = b" /Dest [%d 0 R /XYZ 0 792 0]" % self.page_ids[page]
-            self.objects[ids[i]] = b"<< /Title " + _pdf_string(title) + b" /Parent %d 0 R" % root + dest + links + b" >>"
+            self.objects[ids[i]] = (
+                b"<< /Title " + _pdf_string(title) + b" /Parent %d 0 R" % root + dest + links + b" >>"
+            )
         self.outline = root
 
     def build(self, security: _Rc4Security | None = None, prev_loop: bool = False, kids_loop: bool = False) -> bytes:
@@ -201,7 +215,13 @@ class PdfWriter:
             # A second xref section whose /Prev points back at the first, which points at it: a loop.
             second_at = len(out) + len(b"trailer\n<< " + trailer + b" /Prev 0000000000 >>\n")
             out += b"trailer\n<< " + trailer + b" /Prev " + b"%010d" % second_at + b" >>\n"
-            out += b"xref\n0 1\n0000000000 65535 f \ntrailer\n<< " + trailer + b" /Prev " + str(xref_at).encode() + b" >>\n"
+            out += (
+                b"xref\n0 1\n0000000000 65535 f \ntrailer\n<< "
+                + trailer
+                + b" /Prev "
+                + str(xref_at).encode()
+                + b" >>\n"
+            )
         else:
             out += b"trailer\n<< " + trailer + b" >>\n"
         out += b"startxref\n" + str(xref_at).encode() + b"\n%%EOF\n"
@@ -231,10 +251,14 @@ def image_only_pdf() -> bytes:
     writer = PdfWriter()
     pixels = bytes((x * 16 + y) & 0xFF for y in range(16) for x in range(16))
     image = writer.add_object(
-        _stream(b"/Type /XObject /Subtype /Image /Width 16 /Height 16 /ColorSpace /DeviceGray /BitsPerComponent 8", pixels),
+        _stream(
+            b"/Type /XObject /Subtype /Image /Width 16 /Height 16 /ColorSpace /DeviceGray /BitsPerComponent 8", pixels
+        ),
         stream=True,
     )
-    writer.add_page(b"q 400 0 0 400 100 200 cm /Im1 Do Q", resources=b"/XObject << /Im1 " + str(image).encode() + b" 0 R >>")
+    writer.add_page(
+        b"q 400 0 0 400 100 200 cm /Im1 Do Q", resources=b"/XObject << /Im1 " + str(image).encode() + b" 0 R >>"
+    )
     return writer.build()
 
 
@@ -244,7 +268,9 @@ def mixed_scan_pdf(pages: Sequence[str | None], running_head: str = "") -> bytes
     writer = PdfWriter()
     pixels = bytes((x * 16 + y) & 0xFF for y in range(16) for x in range(16))
     image = writer.add_object(
-        _stream(b"/Type /XObject /Subtype /Image /Width 16 /Height 16 /ColorSpace /DeviceGray /BitsPerComponent 8", pixels),
+        _stream(
+            b"/Type /XObject /Subtype /Image /Width 16 /Height 16 /ColorSpace /DeviceGray /BitsPerComponent 8", pixels
+        ),
         stream=True,
     )
     resources = b"/Font << /F1 3 0 R >> /XObject << /Im1 " + str(image).encode() + b" 0 R >>"
@@ -405,7 +431,9 @@ def docx_billion_laughs() -> bytes:
     entities = ['<!ENTITY lol0 "lol">'] + [
         f'<!ENTITY lol{i} "{("&lol" + str(i - 1) + ";") * 10}">' for i in range(1, 10)
     ]
-    return docx_with_document_xml('<?xml version="1.0"?><!DOCTYPE d [' + "".join(entities) + "]>" + _BODY.format(text="&lol9;"))
+    return docx_with_document_xml(
+        '<?xml version="1.0"?><!DOCTYPE d [' + "".join(entities) + "]>" + _BODY.format(text="&lol9;")
+    )
 
 
 # --- HTML -----------------------------------------------------------------------------------------
@@ -446,11 +474,16 @@ def html_with_scripts_and_remote_resources() -> bytes:
 def shared_stream_pdf(pages: int, lines: int = 40) -> bytes:
     """A PDF of `pages` pages that all draw one content stream: small on disk, huge once extracted."""
     writer = PdfWriter()
-    content = writer.add_object(_stream(b"", _text_content([f"line {i} of the page everyone shares" for i in range(lines)])), stream=True)
+    content = writer.add_object(
+        _stream(b"", _text_content([f"line {i} of the page everyone shares" for i in range(lines)])), stream=True
+    )
     for _ in range(pages):
-        writer.page_ids.append(writer.add_object(
-            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> >> /Contents %d 0 R >>"
-            % content))
+        writer.page_ids.append(
+            writer.add_object(
+                b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> >> /Contents %d 0 R >>"
+                % content
+            )
+        )
     return writer.build()
 
 
@@ -470,7 +503,13 @@ def zip_directory_flood(entries: int, shared_header: bool = False, zip64_behind_
         offset = 0 if shared_header else len(local)
         if not shared_header or i == 0:
             local += b"PK\x03\x04" + fields + struct.pack("<HH", len(fname), 0) + fname
-        central += b"PK\x01\x02" + struct.pack("<H", 20) + fields + struct.pack("<HHHHHII", len(fname), 0, 0, 0, 0, 0, offset) + fname
+        central += (
+            b"PK\x01\x02"
+            + struct.pack("<H", 20)
+            + fields
+            + struct.pack("<HHHHHII", len(fname), 0, 0, 0, 0, 0, offset)
+            + fname
+        )
     count = min(entries, 0xFFFF)
     if not zip64_behind_small_record:
         end = b"PK\x05\x06" + struct.pack("<HHHHIIH", 0, 0, count, count, len(central), len(local), 0)
@@ -484,16 +523,16 @@ def zip_directory_flood(entries: int, shared_header: bool = False, zip64_behind_
 
 def docx_with_encoded_document_xml(encoding: str, codec: str | None = None) -> bytes:
     """A DOCX whose word/document.xml declares an entity and is written in `encoding` (with its BOM, if any)."""
-    xml = (f'<?xml version="1.0" encoding="{encoding}"?><!DOCTYPE d [<!ENTITY e "expanded">]>'
-           + _BODY.format(text="&e;"))
+    xml = f'<?xml version="1.0" encoding="{encoding}"?><!DOCTYPE d [<!ENTITY e "expanded">]>' + _BODY.format(text="&e;")
     return replace_zip_member(docx_document([("p", "placeholder")]), "word/document.xml", xml.encode(codec or encoding))
 
 
 # --- requests sent by hand, to see when the server answers -----------------------------------------
 
 
-def send_until_answered(url: str, path: str, headers: dict[str, str], chunks: Iterable[bytes],
-                        timeout: float = 30.0) -> tuple[int, int, bytes]:
+def send_until_answered(
+    url: str, path: str, headers: dict[str, str], chunks: Iterable[bytes], timeout: float = 30.0
+) -> tuple[int, int, bytes]:
     """POST `chunks` over a raw socket, looking for an answer before each chunk.
 
     Returns (status, bytes of body sent before the answer came, the answer's head and body). An HTTP

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ingest.pipeline import ChunkRecord, IngestPipeline, LoaderPreparer, Prepared, SourceFile
-from rag.store.catalog import DocumentCatalog, OwnerLease
 from rag.core.config import Settings
 from rag.core.errors import EmbedderUnavailable
-from rag.store.lexical import LexicalIndex
+from rag.store.catalog import DocumentCatalog, OwnerLease
 from rag.store.chunks import ChunkStore
+from rag.store.lexical import LexicalIndex
 
 
 @dataclass

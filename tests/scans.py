@@ -64,7 +64,9 @@ def render_page(paragraphs: list[str], dpi: int = 200, point_size: float = 11.0)
     return page
 
 
-def scanned(page: Image.Image, seed: int, skew: float = 1.0, noise: float = 10.0, jpeg_quality: int = 60) -> Image.Image:
+def scanned(
+    page: Image.Image, seed: int, skew: float = 1.0, noise: float = 10.0, jpeg_quality: int = 60
+) -> Image.Image:
     """`page` as a flatbed scanner gives it: tilted up to `skew` degrees, grey noise, JPEG artefacts."""
     rng = random.Random(seed)
     tilted = page.rotate(rng.uniform(-skew, skew), resample=Image.Resampling.BICUBIC, fillcolor=255)
@@ -78,7 +80,9 @@ def scanned(page: Image.Image, seed: int, skew: float = 1.0, noise: float = 10.0
 def photographed(page: Image.Image, seed: int) -> Image.Image:
     """`page` as a phone photo of it: tilted 2-3 degrees on a grey desk, lit unevenly, soft, noisy, colour."""
     rng = random.Random(seed)
-    tilted = page.rotate(rng.choice((-1, 1)) * rng.uniform(2, 3), resample=Image.Resampling.BICUBIC, expand=True, fillcolor=120)
+    tilted = page.rotate(
+        rng.choice((-1, 1)) * rng.uniform(2, 3), resample=Image.Resampling.BICUBIC, expand=True, fillcolor=120
+    )
     pixels = np.asarray(tilted.filter(ImageFilter.GaussianBlur(0.8)), dtype=np.float32)
     rows, cols = np.mgrid[0 : pixels.shape[0], 0 : pixels.shape[1]]
     light = 0.75 + 0.25 * (cols / pixels.shape[1]) * (1 - 0.5 * rows / pixels.shape[0])  # a lamp on the right

@@ -44,12 +44,20 @@ class Server:
                 self.process.wait()
 
 
-def start_server(name: str, command: list[str], port: int, log_dir: Path, env: dict[str, str] | None = None,
-                 timeout: float = 180.0, ready_path: str = "/health") -> Server:
+def start_server(
+    name: str,
+    command: list[str],
+    port: int,
+    log_dir: Path,
+    env: dict[str, str] | None = None,
+    timeout: float = 180.0,
+    ready_path: str = "/health",
+) -> Server:
     log_path = log_dir / f"{name}-{port}.log"
     with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env or dict(os.environ),
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env or dict(os.environ), start_new_session=True
+        )
     server = Server(name, f"http://127.0.0.1:{port}", process, log_path)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -73,8 +81,14 @@ def llama_server_binary() -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-def start_llama_server(model: Path, log_dir: Path, *, profile: str = "cpu", extra: list[str] | None = None,
-                       alias: str = "gemma-3-270m-q4_k_m") -> Server:
+def start_llama_server(
+    model: Path,
+    log_dir: Path,
+    *,
+    profile: str = "cpu",
+    extra: list[str] | None = None,
+    alias: str = "gemma-3-270m-q4_k_m",
+) -> Server:
     from rag.deploy.profiles import get_profile
 
     port = free_port()
@@ -93,5 +107,6 @@ def start_api(log_dir: Path, env: dict[str, str], ready_path: str = "/health") -
     port = free_port()
     env = {**env, "RAG_API_HOST": "127.0.0.1", "RAG_API_PORT": str(port)}
     # The API reports 503 on /health until its backends are ready: they are, in the session fixtures.
-    return start_server("api", [sys.executable, "-m", "rag.cli", "serve-api"], port, log_dir, env=env,
-                        ready_path=ready_path)
+    return start_server(
+        "api", [sys.executable, "-m", "rag.cli", "serve-api"], port, log_dir, env=env, ready_path=ready_path
+    )

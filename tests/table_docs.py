@@ -16,7 +16,9 @@ def _text(x: float, y: float, size: int, text: str) -> bytes:
     return b"BT /F1 %d Tf %.1f %.1f Td " % (size, x, y) + _pdf_string(text) + b" Tj ET"
 
 
-def _table_ops(header: Sequence[str] | None, rows: Sequence[Sequence[str]], top: float, widths: Sequence[float]) -> bytes:
+def _table_ops(
+    header: Sequence[str] | None, rows: Sequence[Sequence[str]], top: float, widths: Sequence[float]
+) -> bytes:
     xs = [72.0]
     for w in widths:
         xs.append(xs[-1] + w)
@@ -36,8 +38,14 @@ def _table_ops(header: Sequence[str] | None, rows: Sequence[Sequence[str]], top:
 
 
 def table_pdf(
-    caption: str, header: Sequence[str], rows: Sequence[Sequence[str]], *, intro: str = "", outro: str = "",
-    widths: Sequence[float] | None = None, repeat_header: bool = False,
+    caption: str,
+    header: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    *,
+    intro: str = "",
+    outro: str = "",
+    widths: Sequence[float] | None = None,
+    repeat_header: bool = False,
 ) -> bytes:
     """A PDF of one ruled table under its caption, continued over as many pages as its rows need (the
     header only on the first page unless `repeat_header`), with a line of text before and after."""

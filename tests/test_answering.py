@@ -8,10 +8,10 @@ import pytest
 
 from rag.answering.answerer import Answerer, ChatQuery, cut_off, split_question
 from rag.answering.citations import check_citations, cited_ids
+from rag.answering.prompt import no_sources_answer
+from rag.clients.llm import LlamaServerClient
 from rag.core.config import Settings
 from rag.core.errors import InvalidRequest, LLMUnavailable
-from rag.clients.llm import LlamaServerClient
-from rag.answering.prompt import no_sources_answer
 from tests.chat_helpers import OverlapRetriever, ReplayLlamaServer
 
 CHUNKS = [
@@ -21,8 +21,15 @@ CHUNKS = [
 ]
 
 
-def answer(reply: str, question: str = "When was the tower in Paris completed?", *, chunks=CHUNKS,
-           settings: Settings | None = None, server: ReplayLlamaServer | None = None, max_tokens: int = 64):
+def answer(
+    reply: str,
+    question: str = "When was the tower in Paris completed?",
+    *,
+    chunks=CHUNKS,
+    settings: Settings | None = None,
+    server: ReplayLlamaServer | None = None,
+    max_tokens: int = 64,
+):
     server = server or ReplayLlamaServer(reply)
     retriever = OverlapRetriever(list(chunks))
 
@@ -55,13 +62,29 @@ def test_events_come_in_order_with_the_reply_as_tokens():
     assert "".join(e.data["text"] for e in events if e.name == "token") == "It was completed in 1889 [S1]."
     data = by_name(events)
     assert [s["id"] for s in data["sources"]["sources"]] == ["S1", "S2", "S3"]
-    assert model_cited(data) == [{"id": "S1", "chunk_id": "eiffel.txt:0", "doc_id": "eiffel.txt",
-                                  "source": "eiffel.txt", "kind": "model", "support": 1.0}]
+    assert model_cited(data) == [
+        {
+            "id": "S1",
+            "chunk_id": "eiffel.txt:0",
+            "doc_id": "eiffel.txt",
+            "source": "eiffel.txt",
+            "kind": "model",
+            "support": 1.0,
+        }
+    ]
     assert data["citations"]["invalid"] == [] and data["citations"]["echoed"] == []
     [attributed] = [c for c in data["citations"]["citations"] if c["kind"] == "attributed"]
     assert attributed["id"] == "S1" and attributed["support"] == 1.0 and attributed["sentences"] == [0]
-    assert data["citations"]["sentences"] == [{"text": "It was completed in 1889 [S1].", "start": 0, "end": 30,
-                                               "support": 1.0, "sources": ["S1"], "supported": True}]
+    assert data["citations"]["sentences"] == [
+        {
+            "text": "It was completed in 1889 [S1].",
+            "start": 0,
+            "end": 30,
+            "support": 1.0,
+            "sources": ["S1"],
+            "supported": True,
+        }
+    ]
     assert data["done"]["invalid_citations"] == 0 and data["done"]["usage"]["completion_tokens"] == 6
     assert len(server.prompts) == 1
 
@@ -117,8 +140,18 @@ def test_a_prompt_the_server_refuses_is_packed_again_with_its_numbers():
                 body = json.loads(request.content)
                 n = len(self._tokens(self._template(body["messages"]))) + 1
                 if n >= 300:
-                    return httpx.Response(400, json={"error": {"code": 400, "type": "exceed_context_size_error",
-                                                               "message": "too long", "n_prompt_tokens": n, "n_ctx": 300}})
+                    return httpx.Response(
+                        400,
+                        json={
+                            "error": {
+                                "code": 400,
+                                "type": "exceed_context_size_error",
+                                "message": "too long",
+                                "n_prompt_tokens": n,
+                                "n_ctx": 300,
+                            }
+                        },
+                    )
             return super().handle(request)
 
     long_chunks = [(f"doc{i}.txt", f"Paris tower fact {i}. " + "More words here. " * 20) for i in range(6)]
@@ -141,8 +174,15 @@ def test_the_question_must_be_the_last_user_message():
 
 
 def test_cited_ids_in_their_forms():
-    assert cited_ids("a [S1] b [S2, S3] c [s4][S1] d 【S5】 e [S6，S7] f [S] [1] S8") == \
-        ["S1", "S2", "S3", "S4", "S5", "S6", "S7"]
+    assert cited_ids("a [S1] b [S2, S3] c [s4][S1] d 【S5】 e [S6，S7] f [S] [1] S8") == [
+        "S1",
+        "S2",
+        "S3",
+        "S4",
+        "S5",
+        "S6",
+        "S7",
+    ]
     check = check_citations("x [S1] [S3]", {"S1", "S2"})
     assert check.valid == ["S1"] and check.invalid == ["S3"]
 
@@ -152,7 +192,9 @@ def test_a_loading_llama_server_is_a_503_with_the_reason():
         def handle(self, request):
             import httpx
 
-            return httpx.Response(503, json={"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}})
+            return httpx.Response(
+                503, json={"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+            )
 
     with pytest.raises(LLMUnavailable) as caught:
         answer("x", server=Loading("x"))
@@ -186,13 +228,16 @@ def test_attribution_of_a_short_span_and_of_chinese():
     assert zh.sentences[0].sources == ["S2"]
 
 
-@pytest.mark.parametrize(("answer", "source"), [
-    ("18棵", "院子里种了十八棵梨树。"),  # Chinese numerals in the source, digits in the answer
-    ("院子里种了十八棵梨树。", "The yard holds 18 pear trees: 院子里种了18棵梨树。"),
-    ("约8800公里", "明长城总长度约为八千八百公里。"),
-    ("8,800 km", "The wall is 8800 km long."),  # a thousands separator
-    ("８８００ km", "The wall is 8,800 km long."),  # full-width digits
-])
+@pytest.mark.parametrize(
+    ("answer", "source"),
+    [
+        ("18棵", "院子里种了十八棵梨树。"),  # Chinese numerals in the source, digits in the answer
+        ("院子里种了十八棵梨树。", "The yard holds 18 pear trees: 院子里种了18棵梨树。"),
+        ("约8800公里", "明长城总长度约为八千八百公里。"),
+        ("8,800 km", "The wall is 8800 km long."),  # a thousands separator
+        ("８８００ km", "The wall is 8,800 km long."),  # full-width digits
+    ],
+)
 def test_attribution_compares_numbers_however_they_are_written(answer: str, source: str):
     from rag.answering.citations import attribute
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from rag.clients.embedding import EmbeddingClient
-from rag.core.errors import EmbedderUnavailable, LLMUnavailable
 from rag.clients.llm import LlamaServerClient, StreamDelta, StreamEnd
+from rag.core.errors import EmbedderUnavailable, LLMUnavailable
 from tests.servers import Server, free_port
 
 pytestmark = pytest.mark.integration
@@ -119,7 +119,9 @@ def test_concurrent_requests_are_batched_to_identical_vectors(embedding_server: 
 
 def test_batches_of_uneven_texts_from_many_clients_at_once_all_succeed(embedding_server: Server):
     """Counting one request's tokens while another's batch encodes must not disturb the encode."""
-    batches = [[f"{i} {j} " + "word " * (5 + (7 * i + 13 * j) % 120) for j in range(2 if i % 2 else 12)] for i in range(16)]
+    batches = [
+        [f"{i} {j} " + "word " * (5 + (7 * i + 13 * j) % 120) for j in range(2 if i % 2 else 12)] for i in range(16)
+    ]
 
     async def go():
         async with httpx.AsyncClient(timeout=120) as http:

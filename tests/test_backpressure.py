@@ -11,9 +11,9 @@ from collections import Counter
 import httpx
 import pytest
 
+from rag.answering.gate import GenerationGate
 from rag.core.config import Settings
 from rag.core.errors import Busy
-from rag.answering.gate import GenerationGate
 from tests.chat_helpers import ask, changed, parse_sse, serve, upload
 from tests.servers import Server
 
@@ -110,11 +110,18 @@ async def _one(client: httpx.AsyncClient, i: int) -> tuple[int, bool, httpx.Head
     question = "When was the Eiffel Tower completed?"
     if i % 2:
         response = await client.post("/v1/chat", json=ask(question, max_tokens=6, stream=False))
-        return response.status_code, response.status_code == 200 and "done" in response.json(), response.headers, \
-            response.text
+        return (
+            response.status_code,
+            response.status_code == 200 and "done" in response.json(),
+            response.headers,
+            response.text,
+        )
     native = i % 4 == 0
-    path, body = ("/v1/chat", ask(question, max_tokens=6)) if native else \
-        ("/v1/chat/completions", {"messages": ask(question)["messages"], "max_tokens": 6, "stream": True})
+    path, body = (
+        ("/v1/chat", ask(question, max_tokens=6))
+        if native
+        else ("/v1/chat/completions", {"messages": ask(question)["messages"], "max_tokens": 6, "stream": True})
+    )
     async with client.stream("POST", path, json=body) as response:
         text = (await response.aread()).decode()
     if response.status_code != 200:
@@ -135,7 +142,9 @@ def test_twenty_concurrent_requests_on_one_slot_are_answered_or_told_to_retry(ba
         upload(url)
         results = asyncio.run(burst(url))
     statuses = Counter(status for status, *_ in results)
-    assert set(statuses) <= {200, 429}, [(status, body[:300]) for status, _, _, body in results if status not in (200, 429)]
+    assert set(statuses) <= {200, 429}, [
+        (status, body[:300]) for status, _, _, body in results if status not in (200, 429)
+    ]
     assert statuses[200] >= 1 + 3 and statuses[429] >= 1, statuses
     for status, ended_well, headers, body in results:
         if status == 429:
@@ -149,10 +158,13 @@ def _slot_busy(llama_url: str) -> bool:
 
 
 @pytest.mark.integration
-def test_a_client_that_disconnects_frees_the_llama_server_slot_at_once(backend_settings: Settings,
-                                                                      endless_llama: Server):
+def test_a_client_that_disconnects_frees_the_llama_server_slot_at_once(
+    backend_settings: Settings, endless_llama: Server
+):
     llama_server = endless_llama  # writes until max_tokens, whatever the prompt style
-    settings = changed(backend_settings, llm_url=llama_server.url, queue_max=0, queue_timeout_s=0)  # a leaked permit would mean 429
+    settings = changed(
+        backend_settings, llm_url=llama_server.url, queue_max=0, queue_timeout_s=0
+    )  # a leaked permit would mean 429
     body = ask("Write a very long story about the Eiffel Tower.", max_tokens=500)
     with serve(settings) as url:
         upload(url)
@@ -172,30 +184,35 @@ def test_a_client_that_disconnects_frees_the_llama_server_slot_at_once(backend_s
         # 500 tokens take 10 s or more on this CPU; the slot must be free long before.
         print(f"slot freed {freed_after * 1000:.0f} ms after the client disconnected")
         assert freed_after < 2.0, f"slot still busy {freed_after:.1f} s after the client left"
-        again = httpx.post(f"{url}/v1/chat", json=ask("When was the Eiffel Tower completed?", stream=False,
-                                                       max_tokens=4), timeout=120)
+        again = httpx.post(
+            f"{url}/v1/chat", json=ask("When was the Eiffel Tower completed?", stream=False, max_tokens=4), timeout=120
+        )
         assert again.status_code == 200, again.text
 
 
 def _decoded(llama_url: str) -> int:
     """Tokens generated so far by the busy slot (0 while none is generating)."""
     slots = httpx.get(f"{llama_url}/slots", timeout=10).json()
-    return max((s["next_token"][0]["n_decoded"] for s in slots if s["is_processing"] and s.get("next_token")),
-               default=0)
+    return max(
+        (s["next_token"][0]["n_decoded"] for s in slots if s["is_processing"] and s.get("next_token")), default=0
+    )
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("path", ["/v1/chat", "/v1/chat/completions"])
-def test_a_non_streamed_request_whose_client_gives_up_frees_the_slot(backend_settings: Settings,
-                                                                     endless_llama: Server, path: str):
+def test_a_non_streamed_request_whose_client_gives_up_frees_the_slot(
+    backend_settings: Settings, endless_llama: Server, path: str
+):
     llama_server = endless_llama  # writes until max_tokens, whatever the prompt style
     body = json.dumps({**ask("Write a very long story about the Eiffel Tower.", max_tokens=500), "stream": False})
     with serve(changed(backend_settings, llm_url=llama_server.url)) as url:
         upload(url)
         host, port = url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port))) as sock:
-            sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                         f"Content-Length: {len(body.encode())}\r\n\r\n{body}".encode())
+            sock.sendall(
+                f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body.encode())}\r\n\r\n{body}".encode()
+            )
             deadline = time.monotonic() + 60
             while _decoded(llama_server.url) < 3 and time.monotonic() < deadline:
                 time.sleep(0.05)

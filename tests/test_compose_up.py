@@ -50,8 +50,11 @@ LLM = f"localhost/rag-test/llama-server:cpu-{RUN}"  # docker/compose.cpu.yaml's 
 APP_SERVICES = ("models", "embed", "chroma", "api")
 SERVICES = ("llm", "embed", "chroma", "api")
 WRONG_CHECKSUM = "tests/compose/wrong-checksum.yaml"
-DOC = ("lighthouse.txt", "The Skerryvore lighthouse stands on a reef west of Tiree. It was completed in 1844 and "
-       "its tower is 48 metres tall, built from granite blocks dovetailed together by Alan Stevenson.")
+DOC = (
+    "lighthouse.txt",
+    "The Skerryvore lighthouse stands on a reef west of Tiree. It was completed in 1844 and "
+    "its tower is 48 metres tall, built from granite blocks dovetailed together by Alan Stevenson.",
+)
 
 
 def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -189,14 +192,34 @@ def build_images(tmp: Path, timings: Timings) -> None:
     timings.timed("python stand-in", build, str(HERE / "python-slim.Dockerfile"), PYTHON, "--build-arg", f"BASE={BASE}")
     index = timings.timed("torch index", torch_index, tmp)
     with FileServer(index) as server:
-        timings.timed("app image", build, "docker/app.Dockerfile", APP,
-                      "--build-arg", f"PYTHON_IMAGE={PYTHON}", "--build-arg", f"TORCH_INDEX={server.url}")
+        timings.timed(
+            "app image",
+            build,
+            "docker/app.Dockerfile",
+            APP,
+            "--build-arg",
+            f"PYTHON_IMAGE={PYTHON}",
+            "--build-arg",
+            f"TORCH_INDEX={server.url}",
+        )
     cache = Path(os.environ.get("RAG_CACHE_DIR") or Path.home() / ".cache" / "rag-stack")
     cache.mkdir(parents=True, exist_ok=True)
-    timings.timed("llm image", build, "docker/llm.Dockerfile", LLM,
-                  "--build-arg", f"BUILD_IMAGE={BASE}", "--build-arg", f"RUNTIME_IMAGE={BASE}",
-                  "--build-arg", "GGML_CUDA=OFF", "--build-arg", "LLAMA_CACHE=/host-cache",
-                  "--volume", f"{cache}:/host-cache")
+    timings.timed(
+        "llm image",
+        build,
+        "docker/llm.Dockerfile",
+        LLM,
+        "--build-arg",
+        f"BUILD_IMAGE={BASE}",
+        "--build-arg",
+        f"RUNTIME_IMAGE={BASE}",
+        "--build-arg",
+        "GGML_CUDA=OFF",
+        "--build-arg",
+        "LLAMA_CACHE=/host-cache",
+        "--volume",
+        f"{cache}:/host-cache",
+    )
 
 
 @dataclass
@@ -217,8 +240,14 @@ class Stack:
     def compose(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         files = [arg for name in ("compose.yaml", *self.overrides, str(self.images)) for arg in ("-f", name)]
         command = [sys.executable, "-m", "podman_compose", "-p", PROJECT, *files, *args]
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                              env=engine_env(RAG_PUBLISH=f"127.0.0.1:{self.api_port}", **self.env))
+        done = subprocess.run(
+            command,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=engine_env(RAG_PUBLISH=f"127.0.0.1:{self.api_port}", **self.env),
+        )
         assert done.returncode == 0, f"podman-compose {' '.join(args)}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
         return done
 
@@ -264,8 +293,10 @@ class Stack:
             return False
 
     def logs(self) -> str:
-        return "\n".join(f"--- {s}\n" + podman("logs", "--tail", "30", c["Names"][0], check=False).stderr[-3000:]
-                         for s, c in self.containers().items())
+        return "\n".join(
+            f"--- {s}\n" + podman("logs", "--tail", "30", c["Names"][0], check=False).stderr[-3000:]
+            for s, c in self.containers().items()
+        )
 
     def up(self, name: str) -> None:
         started = time.monotonic()
@@ -281,8 +312,10 @@ class Stack:
 
     def chroma_counts(self) -> dict[str, int]:
         """Vectors per collection as the Chroma server reports them, asked from inside the api container."""
-        code = ("import chromadb, json; c = chromadb.HttpClient(host='chroma', port=8000); "
-                "print(json.dumps({x.name: x.count() for x in c.list_collections()}))")
+        code = (
+            "import chromadb, json; c = chromadb.HttpClient(host='chroma', port=8000); "
+            "print(json.dumps({x.name: x.count() for x in c.list_collections()}))"
+        )
         done = podman("exec", self.container("api"), "python", "-c", code)
         return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -334,8 +367,9 @@ def test_every_service_is_healthy_and_the_models_job_completed(stack: Stack) -> 
 
 
 def test_an_uploaded_document_lands_in_the_chroma_server(stack: Stack) -> None:
-    response = httpx.post(f"{stack.url}/v1/documents", files=[("files", (DOC[0], DOC[1].encode(), "text/plain"))],
-                          timeout=300)
+    response = httpx.post(
+        f"{stack.url}/v1/documents", files=[("files", (DOC[0], DOC[1].encode(), "text/plain"))], timeout=300
+    )
     assert response.status_code == 200, response.text
     assert response.json()["results"][0]["status"] == "indexed", response.text
     assert sum(stack.chroma_counts().values()) >= 1
@@ -373,8 +407,14 @@ def test_a_models_job_with_a_wrong_checksum_fails_and_nothing_serves(stack: Stac
     stack.compose("down", "-v", "-t", "5")
     with FileServer(tmp_path, host="0.0.0.0") as server:
         # Containers reach the host at host.containers.internal (the compose network's gateway).
-        bad = Stack(stack.api_port, stack.timings, stack.images, stack.stop_health, ("docker/compose.cpu.yaml", WRONG_CHECKSUM),
-                    {"RAG_TEST_MODEL_URL": f"http://host.containers.internal:{server.port}/{generator.file}"})
+        bad = Stack(
+            stack.api_port,
+            stack.timings,
+            stack.images,
+            stack.stop_health,
+            ("docker/compose.cpu.yaml", WRONG_CHECKSUM),
+            {"RAG_TEST_MODEL_URL": f"http://host.containers.internal:{server.port}/{generator.file}"},
+        )
         bad.compose("up", "-d", "--no-build")
         models = bad.container("models")
         podman("wait", models, timeout=300)

@@ -35,8 +35,10 @@ def write_corpus(folder: Path, version: str = "") -> list[Path]:
         path.write_text(f"{version}{text}")
         paths.append(path)
     for i in range(3):
-        pages = [[latin1(f"{version}Report {i} page {p} line {n}: " + contexts[(p + n) % 80][:80]) for n in range(12)]
-                 for p in range(4)]
+        pages = [
+            [latin1(f"{version}Report {i} page {p} line {n}: " + contexts[(p + n) % 80][:80]) for n in range(12)]
+            for p in range(4)
+        ]
         path = folder / f"report-{i}.pdf"
         path.write_bytes(hostile.text_pdf(pages))
         paths.append(path)
@@ -55,9 +57,12 @@ def states(data_dir: Path, since: float = 0.0) -> dict[str, int]:
         return {}
     try:
         with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as db:
-            return dict(db.execute(
-                "SELECT state, count(*) FROM documents WHERE state != 'indexed' OR indexed_at >= ? GROUP BY state", (since,)
-            ).fetchall())
+            return dict(
+                db.execute(
+                    "SELECT state, count(*) FROM documents WHERE state != 'indexed' OR indexed_at >= ? GROUP BY state",
+                    (since,),
+                ).fetchall()
+            )
     except sqlite3.OperationalError:
         return {}
 
@@ -85,7 +90,9 @@ def assert_exact(data_dir: Path, paths: list[Path]) -> None:
 
 
 @pytest.mark.parametrize("new_versions", [False, True], ids=["fresh", "new-versions"])
-def test_kill_the_cli_mid_batch_then_rerun(ingest_env: dict[str, str], tmp_path: Path, isolated_env: Path, new_versions: bool) -> None:
+def test_kill_the_cli_mid_batch_then_rerun(
+    ingest_env: dict[str, str], tmp_path: Path, isolated_env: Path, new_versions: bool
+) -> None:
     env = {**ingest_env, "RAG_API_PORT": str(free_port()), "RAG_EMBED_BATCH": "16"}
     corpus = tmp_path / "corpus"
     paths = write_corpus(corpus)
@@ -106,7 +113,9 @@ def test_kill_the_cli_mid_batch_then_rerun(ingest_env: dict[str, str], tmp_path:
     assert_exact(isolated_env, paths)
 
 
-def test_kill_the_api_mid_batch_then_restart_and_rerun(ingest_env: dict[str, str], tmp_path: Path, isolated_env: Path) -> None:
+def test_kill_the_api_mid_batch_then_restart_and_rerun(
+    ingest_env: dict[str, str], tmp_path: Path, isolated_env: Path
+) -> None:
     corpus = tmp_path / "corpus"
     paths = write_corpus(corpus)
     api_env = {**ingest_env, "RAG_EMBED_BATCH": "16"}
@@ -124,8 +133,13 @@ def test_kill_the_api_mid_batch_then_restart_and_rerun(ingest_env: dict[str, str
     api = start_api(tmp_path, api_env, ready_path="/v1/collections")  # recovery runs at start-up
     try:
         assert "pending" not in states(isolated_env)
-        done = subprocess.run(ingest_command(str(corpus), "--server", api.url, "--json"), env=ingest_env,
-                              capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            ingest_command(str(corpus), "--server", api.url, "--json"),
+            env=ingest_env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert done.returncode == 0, done.stderr
     finally:
         api.stop()

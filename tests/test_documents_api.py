@@ -87,7 +87,9 @@ def api(ingest_settings: Settings) -> Iterator[LiveApi]:
 
 
 def text_of(paragraphs: int, tag: str = "x") -> bytes:
-    return "\n\n".join(f"Paragraph {i} of {tag}: rivers, hills and the weather in spring." for i in range(paragraphs)).encode()
+    return "\n\n".join(
+        f"Paragraph {i} of {tag}: rivers, hills and the weather in spring." for i in range(paragraphs)
+    ).encode()
 
 
 # The documents API.
@@ -110,7 +112,9 @@ def test_upload_list_get_delete(api: LiveApi) -> None:
     assert doc["id"] == doc_id and doc["source"] == "notes.txt" and doc["size"] == len(text_of(3))
     assert doc["chunks"] == result["chunks"] and doc["state"] == "indexed" and doc["indexed_at"]
     assert api.client.get(f"/v1/documents/{doc_id}").json() == doc
-    assert api.client.get("/v1/collections").json() == {"collections": [{"name": "default", "documents": 1, "failed": 0}]}
+    assert api.client.get("/v1/collections").json() == {
+        "collections": [{"name": "default", "documents": 1, "failed": 0}]
+    }
 
     assert api.client.delete(f"/v1/documents/{doc_id}").status_code == 204
     assert api.census().chroma == {} and api.census().lexical == {}
@@ -194,12 +198,22 @@ REJECTED = {
     "PNG without text": ("notes.txt", hostile.png_image, 422, "document_rejected"),
     "PNG decompression bomb": ("bomb.png", hostile.png_bomb, 422, "document_rejected"),
     "TIFF of 10,000 pages": ("fax.tiff", lambda: hostile.tiff_of_pages(10_000), 422, "document_rejected"),
-    "scanned PDF over the OCR page cap": ("scan.pdf", lambda: hostile.mixed_scan_pdf([None] * 201), 422, "document_rejected"),
+    "scanned PDF over the OCR page cap": (
+        "scan.pdf",
+        lambda: hostile.mixed_scan_pdf([None] * 201),
+        422,
+        "document_rejected",
+    ),
     "encrypted PDF": ("secret.pdf", hostile.encrypted_pdf, 422, "document_rejected"),
     "image-only PDF": ("scan.pdf", hostile.image_only_pdf, 422, "document_rejected"),
     "nested FlateDecode bomb": ("bomb.pdf", hostile.flate_bomb_pdf, 422, "document_rejected"),
     "DOCX zip bomb": ("bomb.docx", hostile.docx_zip_bomb, 422, "document_rejected"),
-    "DOCX zip bomb, lying directory": ("liar.docx", lambda: hostile.docx_zip_bomb(lying_directory=True), 422, "document_rejected"),
+    "DOCX zip bomb, lying directory": (
+        "liar.docx",
+        lambda: hostile.docx_zip_bomb(lying_directory=True),
+        422,
+        "document_rejected",
+    ),
     "DOCX with DOCTYPE": ("dtd.docx", hostile.docx_with_doctype, 422, "document_rejected"),
     "DOCX with external entity": ("xxe.docx", hostile.docx_with_external_entity, 422, "document_rejected"),
     "DOCX billion laughs": ("lol.docx", hostile.docx_billion_laughs, 422, "document_rejected"),
@@ -239,7 +253,9 @@ def test_a_streamed_body_is_cut_off_at_the_limit(api: LiveApi) -> None:
 
     before = api.census()
     try:
-        response = api.client.post("/v1/documents", content=body(), headers={"content-type": "multipart/form-data; boundary=b0undary"})
+        response = api.client.post(
+            "/v1/documents", content=body(), headers={"content-type": "multipart/form-data; boundary=b0undary"}
+        )
         assert response.status_code == 413
     except httpx.TransportError:
         pass  # the server closes the connection at the limit, before the client has sent everything
@@ -267,7 +283,9 @@ def test_a_lying_part_content_type_is_ignored(api: LiveApi) -> None:
     assert text.status_code == 200 and pdf.status_code == 200
     added = {r["document_id"]: r["chunks"] for r in text.json()["results"] + pdf.json()["results"]}
     api.assert_healthy_and_unchanged(before, added)
-    (meta,) = api.services.store.collection("default").get(where={"doc_id": pdf.json()["results"][0]["document_id"]})["metadatas"]
+    (meta,) = api.services.store.collection("default").get(where={"doc_id": pdf.json()["results"][0]["document_id"]})[
+        "metadatas"
+    ]
     assert meta["page"] == 1
 
 
@@ -350,7 +368,10 @@ def test_the_same_file_twice_and_a_new_version(api: LiveApi) -> None:
     assert newer["status"] == "indexed" and newer["document_id"] != first["document_id"]
     seen = api.census()
     # plan-copy.txt still holds the first version's bytes: its content stays, under that name alone.
-    assert seen.consistent() and seen.indexed() == {newer["document_id"]: newer["chunks"], first["document_id"]: first["chunks"]}
+    assert seen.consistent() and seen.indexed() == {
+        newer["document_id"]: newer["chunks"],
+        first["document_id"]: first["chunks"],
+    }
     assert api.client.get(f"/v1/documents/{first['document_id']}").json()["source_key"] == "plan-copy.txt"
     copy = api.upload(("plan-copy.txt", text_of(4, "v3"))).json()["results"][0]
     assert copy["status"] == "indexed"
@@ -361,7 +382,11 @@ def test_the_same_file_twice_and_a_new_version(api: LiveApi) -> None:
 @pytest.mark.parametrize(
     ("name", "data", "needle"),
     [
-        ("utf16.txt", "Grüße aus Zürich, Ελληνικά και русский.\n\nZweiter Absatz.".encode("utf-16"), "Grüße aus Zürich"),
+        (
+            "utf16.txt",
+            "Grüße aus Zürich, Ελληνικά και русский.\n\nZweiter Absatz.".encode("utf-16"),
+            "Grüße aus Zürich",
+        ),
         ("gbk.txt", "这是一个用GBK编码的中文文件，讲的是春天的天气。".encode("gbk") * 3, "春天的天气"),
         ("cmrc.txt", _cmrc_text(), None),
     ],
@@ -386,7 +411,7 @@ def test_a_client_that_goes_away_leaves_no_temp_file(api: LiveApi) -> None:
     with socket.create_connection(("127.0.0.1", port)) as sock:
         head = (
             "POST /v1/documents HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: multipart/form-data; boundary=QQ\r\n"
-            "Content-Length: 1000000\r\n\r\n--QQ\r\nContent-Disposition: form-data; name=\"files\"; filename=\"cut.txt\"\r\n\r\n"
+            'Content-Length: 1000000\r\n\r\n--QQ\r\nContent-Disposition: form-data; name="files"; filename="cut.txt"\r\n\r\n'
         )
         sock.sendall(head.encode() + b"half a file " * 1000)
         time.sleep(0.5)
@@ -436,8 +461,16 @@ def test_chroma_server_down_is_503_never_500(ingest_settings: Settings, tmp_path
     from tests.servers import start_server
 
     port = free_port()
-    command = [str(Path(sys.executable).parent / "chroma"), "run", "--path", str(tmp_path / "chroma"),
-               "--host", "127.0.0.1", "--port", str(port)]
+    command = [
+        str(Path(sys.executable).parent / "chroma"),
+        "run",
+        "--path",
+        str(tmp_path / "chroma"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     chroma = start_server("chroma", command, port, tmp_path, ready_path="/api/v2/heartbeat")
     settings = ingest_settings.model_copy(update={"chroma_mode": "server", "chroma_url": chroma.url})
     server, thread, url, app = serve(settings)
@@ -452,8 +485,11 @@ def test_chroma_server_down_is_503_never_500(ingest_settings: Settings, tmp_path
             doc_id = first.json()["results"][0]["document_id"]
             deleted = client.delete(f"/v1/documents/{doc_id}")
             assert deleted.status_code == 503 and deleted.json()["error"]["code"] == "store_unavailable"
-            states = {d["source"]: d["state"] for state in ("pending", "deleting")
-                      for d in client.get("/v1/documents", params={"state": state}).json()["documents"]}
+            states = {
+                d["source"]: d["state"]
+                for state in ("pending", "deleting")
+                for d in client.get("/v1/documents", params={"state": state}).json()["documents"]
+            }
             # Neither is searchable now; their chunks could not be deleted while the store was away.
             assert states == {"a.txt": "deleting", "b.txt": "pending"}
 
@@ -530,7 +566,9 @@ def test_a_truncated_multipart_body_is_400_and_nothing_is_indexed(api: LiveApi, 
         + text_of(40, "truncated")
         + b"\r\n--QQ--\r\n"
     )
-    response = api.client.post("/v1/documents", content=cut(body), headers={"content-type": "multipart/form-data; boundary=QQ"})
+    response = api.client.post(
+        "/v1/documents", content=cut(body), headers={"content-type": "multipart/form-data; boundary=QQ"}
+    )
     assert response.status_code == 400 and "cut short" in response.json()["error"]["message"]
     api.assert_healthy_and_unchanged(before)
     assert _listed(api) == []
@@ -540,7 +578,9 @@ def test_reads_never_create_collections(api: LiveApi) -> None:
     api.upload(("known.txt", text_of(2)), collection="known-one")
     store = api.services.store
     before = store.names()
-    response = api.client.post("/v1/chat", json={"messages": [{"role": "user", "content": "Rivers?"}], "collection": "no-such-coll"})
+    response = api.client.post(
+        "/v1/chat", json={"messages": [{"role": "user", "content": "Rivers?"}], "collection": "no-such-coll"}
+    )
     assert response.status_code == 404, response.text
     error = response.json()["error"]
     assert "no-such-coll" in error["message"] and "known-one" in error["message"]

@@ -30,17 +30,41 @@ BAD_ANSWERS = {
     "no data": (json.dumps({"object": "list"}).encode(), "`data`"),
     "data not a list": (json.dumps({"data": "nope"}).encode(), "`data`"),
     "missing embedding": (json.dumps({"data": [{"index": 0}, {"index": 1}]}).encode(), "malformed"),
-    "bad base64": (json.dumps({"data": [{"index": 0, "embedding": "@@@"}, {"index": 1, "embedding": "@@@"}]}).encode(), "malformed"),
-    "ragged rows": (json.dumps({"data": [{"index": 0, "embedding": b64(1, 0)}, {"index": 1, "embedding": b64(1, 0, 0)}]}).encode(), "differing"),
-    "too few vectors": (json.dumps({"data": [{"index": 0, "embedding": b64(1, 0)}]}).encode(), "1 vectors for 2 inputs"),
-    "NaN": (json.dumps({"data": [{"index": 0, "embedding": b64(float("nan"), 1)}, {"index": 1, "embedding": b64(1, 0)}]}).encode(), "NaN"),
-    "all zero": (json.dumps({"data": [{"index": 0, "embedding": b64(0, 0)}, {"index": 1, "embedding": b64(1, 0)}]}).encode(), "all-zero"),
-    "all identical": (json.dumps({"data": [{"index": 0, "embedding": b64(0.6, 0.8)}, {"index": 1, "embedding": b64(0.6, 0.8)}]}).encode(), "same vector"),
+    "bad base64": (
+        json.dumps({"data": [{"index": 0, "embedding": "@@@"}, {"index": 1, "embedding": "@@@"}]}).encode(),
+        "malformed",
+    ),
+    "ragged rows": (
+        json.dumps({"data": [{"index": 0, "embedding": b64(1, 0)}, {"index": 1, "embedding": b64(1, 0, 0)}]}).encode(),
+        "differing",
+    ),
+    "too few vectors": (
+        json.dumps({"data": [{"index": 0, "embedding": b64(1, 0)}]}).encode(),
+        "1 vectors for 2 inputs",
+    ),
+    "NaN": (
+        json.dumps(
+            {"data": [{"index": 0, "embedding": b64(float("nan"), 1)}, {"index": 1, "embedding": b64(1, 0)}]}
+        ).encode(),
+        "NaN",
+    ),
+    "all zero": (
+        json.dumps({"data": [{"index": 0, "embedding": b64(0, 0)}, {"index": 1, "embedding": b64(1, 0)}]}).encode(),
+        "all-zero",
+    ),
+    "all identical": (
+        json.dumps(
+            {"data": [{"index": 0, "embedding": b64(0.6, 0.8)}, {"index": 1, "embedding": b64(0.6, 0.8)}]}
+        ).encode(),
+        "same vector",
+    ),
 }
 
 
 def _client(body: bytes) -> EmbeddingClient:
-    return EmbeddingClient("http://embedder.invalid", model="m", transport=httpx.MockTransport(lambda r: httpx.Response(200, content=body)))
+    return EmbeddingClient(
+        "http://embedder.invalid", model="m", transport=httpx.MockTransport(lambda r: httpx.Response(200, content=body))
+    )
 
 
 @pytest.mark.parametrize(("body", "reason"), BAD_ANSWERS.values(), ids=BAD_ANSWERS.keys())
@@ -93,5 +117,7 @@ def test_the_api_answers_502_with_the_reason_and_indexes_nothing(isolated_env, g
         assert error["code"] == "upstream_error" and error["message"].startswith("embedding server"), error
         listed = httpx.get(f"{api}/v1/documents", timeout=30).json()
         assert all(d["state"] != "indexed" for d in listed["documents"])
-        chat = httpx.post(f"{api}/v1/chat", json={"messages": [{"role": "user", "content": "Rivers?"}], "stream": False}, timeout=60)
+        chat = httpx.post(
+            f"{api}/v1/chat", json={"messages": [{"role": "user", "content": "Rivers?"}], "stream": False}, timeout=60
+        )
         assert chat.status_code in (404, 502), chat.text  # nothing indexed: no collection yet, or the query's vector

@@ -160,8 +160,11 @@ def test_quick_run_gives_sane_metrics_and_a_report(baseline: dict[str, Any]) -> 
     hybrid = retrieval["methods"]["hybrid"]
     assert hybrid["recall@5"] >= 0.93 and hybrid["recall@1"] >= 0.76, hybrid  # measured 0.967 and 0.800
     assert retrieval["embed_ms"]["n"] == retrieval["questions"]
-    assert set(data["scores"]) == {f"retrieval.{m}.{k}" for m in ("dense", "lexical", "hybrid")
-                                   for k in ("recall@1", "recall@5", "recall@10", "mrr")}
+    assert set(data["scores"]) == {
+        f"retrieval.{m}.{k}"
+        for m in ("dense", "lexical", "hybrid")
+        for k in ("recall@1", "recall@5", "recall@10", "mrr")
+    }
     report: Path = baseline["report"]
     text = (report / "report.md").read_text()
     assert "| hybrid |" in text and "![recall@k](recall_at_k.png)" in text
@@ -183,8 +186,17 @@ def test_a_run_records_where_its_numbers_come_from(baseline: dict[str, Any]) -> 
     assert origin["machine"]["cores"] >= 1 and origin["machine"]["cpu"] and origin["machine"]["system"]
     assert len(origin["load_average"]) == 3 and all(x >= 0 for x in origin["load_average"])
     config = baseline["data"]["config"]
-    assert {"embed_model", "embed_model_path", "chunk_tokens", "chunk_overlap", "hybrid_dense_weight",
-            "retrieval_depth", "rerank_depth", "min_relevance", "context_budget"} <= set(config)
+    assert {
+        "embed_model",
+        "embed_model_path",
+        "chunk_tokens",
+        "chunk_overlap",
+        "hybrid_dense_weight",
+        "retrieval_depth",
+        "rerank_depth",
+        "min_relevance",
+        "context_budget",
+    } <= set(config)
     report: Path = baseline["report"]
     assert json.loads((report / "results.json").read_text())["provenance"] == origin
     lines = (report / "report.md").read_text().splitlines()
@@ -192,16 +204,26 @@ def test_a_run_records_where_its_numbers_come_from(baseline: dict[str, Any]) -> 
 
 
 @pytest.mark.integration
-def test_gate_passes_an_identical_configuration(eval_env: dict[str, str | None], baseline: dict[str, Any],
-                                              tmp_path: Path) -> None:
+def test_gate_passes_an_identical_configuration(
+    eval_env: dict[str, str | None], baseline: dict[str, Any], tmp_path: Path
+) -> None:
     # Where and when the baseline ran does not matter to the gate, only its scores.
-    elsewhere = {**baseline["data"], "provenance": {
-        "commit": None, "version": "0.0.1", "uncommitted_changes": None, "date": "2020-01-01T00:00:00+00:00",
-        "machine": {"cores": 96, "cpu": "another", "system": "another"}, "load_average": [50.0, 50.0, 50.0]}}
+    elsewhere = {
+        **baseline["data"],
+        "provenance": {
+            "commit": None,
+            "version": "0.0.1",
+            "uncommitted_changes": None,
+            "date": "2020-01-01T00:00:00+00:00",
+            "machine": {"cores": 96, "cpu": "another", "system": "another"},
+            "load_average": [50.0, 50.0, 50.0],
+        },
+    }
     path = tmp_path / "baseline.json"
     path.write_text(json.dumps(elsewhere))
-    result = _invoke(eval_env, "--collection", "squad-slice", "--modes", "hybrid",
-                     "--baseline", str(path), "--max-drop", "0.02")
+    result = _invoke(
+        eval_env, "--collection", "squad-slice", "--modes", "hybrid", "--baseline", str(path), "--max-drop", "0.02"
+    )
     assert result.exit_code == 0, result.output
     assert "warning: not the same questions" not in result.stderr
     assert "gate passed" in result.stderr and "not compared: retrieval.dense" in result.stderr
@@ -213,21 +235,44 @@ def test_gate_passes_an_identical_configuration(eval_env: dict[str, str | None],
 def test_gate_fails_a_worse_configuration(eval_env: dict[str, str | None], baseline: dict[str, Any]) -> None:
     # A dense weight of 1 turns hybrid retrieval into dense-only retrieval.
     worse = {**eval_env, "RAG_HYBRID_DENSE_WEIGHT": "1.0"}
-    result = _invoke(worse, "--collection", "squad-slice", "--modes", "hybrid",
-                     "--baseline", str(baseline["path"]), "--max-drop", "0.02")
+    result = _invoke(
+        worse,
+        "--collection",
+        "squad-slice",
+        "--modes",
+        "hybrid",
+        "--baseline",
+        str(baseline["path"]),
+        "--max-drop",
+        "0.02",
+    )
     assert result.exit_code == EXIT_REGRESSION, result.output
     assert "REGRESSION retrieval.hybrid." in result.stderr
 
 
 @pytest.mark.integration
-def test_answers_are_scored(eval_env: dict[str, str | None], baseline: dict[str, Any], llama_server: Server,
-                            tmp_path: Path) -> None:
+def test_answers_are_scored(
+    eval_env: dict[str, str | None], baseline: dict[str, Any], llama_server: Server, tmp_path: Path
+) -> None:
     env = {**eval_env, "RAG_LLM_URL": llama_server.url, "RAG_TOP_K": "2"}  # short prompts: a quick test
     get_settings.cache_clear()
     result = CliRunner().invoke(
         eval_command,
-        [str(SQUAD), "--limit", "3", "--collection", "squad-slice", "--modes", "hybrid", "--answers",
-         "--max-tokens", "24", "--json", "--report", str(tmp_path / "answers")],
+        [
+            str(SQUAD),
+            "--limit",
+            "3",
+            "--collection",
+            "squad-slice",
+            "--modes",
+            "hybrid",
+            "--answers",
+            "--max-tokens",
+            "24",
+            "--json",
+            "--report",
+            str(tmp_path / "answers"),
+        ],
         env=env,
     )
     get_settings.cache_clear()

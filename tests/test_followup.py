@@ -40,7 +40,8 @@ def test_a_question_that_points_back_is_a_follow_up(question: str, follows: bool
 
 def test_the_rule_searches_a_follow_up_with_the_previous_question() -> None:
     assert rule_rewrite(HISTORY, "How tall is it?") == SearchQuery(
-        "When was the Eiffel Tower completed? How tall is it?", "rule")
+        "When was the Eiffel Tower completed? How tall is it?", "rule"
+    )
     standalone = "When did the Louvre museum open to the public?"
     assert rule_rewrite(HISTORY, standalone) == SearchQuery(standalone)
     assert rule_rewrite([], "How tall is it?") == SearchQuery("How tall is it?")
@@ -98,8 +99,9 @@ def test_the_latest_turn_pair_is_kept_before_sources_fill_the_rest() -> None:
 async def _pack_shared(counter, sources, history, *, share):
     from rag.answering.budget import PromptBudget
 
-    return await PromptBudget(counter).pack(question="What is it?", candidates=sources, history=history, n_ctx=260,
-                                            reserve=10, history_share=share)
+    return await PromptBudget(counter).pack(
+        question="What is it?", candidates=sources, history=history, n_ctx=260, reserve=10, history_share=share
+    )
 
 
 def _hit(cosine: float | None, coverage: float) -> RetrievedChunk:
@@ -136,8 +138,12 @@ def test_an_off_topic_question_gets_the_fixed_answer_without_the_model() -> None
 
 def test_a_follow_up_is_searched_with_its_previous_question_and_the_query_is_shown() -> None:
     server = ReplayLlamaServer("In 1889.")
-    retriever = OverlapRetriever([("eiffel.txt", "The Eiffel Tower is in Paris. It was completed in 1889."),
-                                  ("louvre.txt", "The Louvre is a museum. It opened in 1793.")])
+    retriever = OverlapRetriever(
+        [
+            ("eiffel.txt", "The Eiffel Tower is in Paris. It was completed in 1889."),
+            ("louvre.txt", "The Louvre is a museum. It opened in 1793."),
+        ]
+    )
 
     async def go():
         llm = LlamaServerClient("http://llama.test", transport=server.transport())

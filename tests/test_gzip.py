@@ -35,11 +35,14 @@ def load(data: bytes, name: str, pool: ParserPool, **settings: int) -> object:
     return load_document(data, name, Settings(parse_timeout_s=30, parse_memory_mb=512, **settings), pool=pool)
 
 
-@pytest.mark.parametrize(("name", "text"), [
-    ("changelog.Debian.gz", CHANGELOG),
-    ("README.md.gz", "Usage\n\nRun update-mime-database after installing MIME files.\n"),  # .md: markdown
-    ("notes.gz", "Usage\n\nRun update-mime-database after installing MIME files.\n"),
-])
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("changelog.Debian.gz", CHANGELOG),
+        ("README.md.gz", "Usage\n\nRun update-mime-database after installing MIME files.\n"),  # .md: markdown
+        ("notes.gz", "Usage\n\nRun update-mime-database after installing MIME files.\n"),
+    ],
+)
 def test_a_gzip_file_loads_as_the_file_it_holds(name: str, text: str, pool: ParserPool):
     doc = load(gzip.compress(text.encode()), name, pool)
     plain = load(text.encode(), name.removesuffix(".gz"), pool)
@@ -59,7 +62,9 @@ def test_a_gzipped_pdf_is_parsed_as_a_pdf(pool: ParserPool):
 
 
 def test_concatenated_members_are_one_file(pool: ParserPool):
-    doc = load(gzip.compress(b"First part of the notes. ") + gzip.compress(b"Second part of the notes."), "notes.gz", pool)
+    doc = load(
+        gzip.compress(b"First part of the notes. ") + gzip.compress(b"Second part of the notes."), "notes.gz", pool
+    )
     assert "First part" in doc.text and "Second part" in doc.text
 
 

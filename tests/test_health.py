@@ -26,7 +26,9 @@ def test_health_is_ok_when_every_backend_is(backend_settings: Settings):
 
 
 def test_health_is_503_with_the_reason_when_llama_server_is_down(embedding_server: Server, isolated_env):
-    settings = Settings(data_dir=isolated_env, llm_url=f"http://127.0.0.1:{free_port()}", embed_url=embedding_server.url)
+    settings = Settings(
+        data_dir=isolated_env, llm_url=f"http://127.0.0.1:{free_port()}", embed_url=embedding_server.url
+    )
     with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
         response = client.get("/health")
     body = response.json()
@@ -47,7 +49,9 @@ def test_a_second_api_on_the_same_store_is_refused(backend_settings: Settings):
 
 
 def test_health_reports_the_prompt_style_and_warns_when_it_is_a_guess(
-    backend_settings: Settings, generator_model, tmp_path,
+    backend_settings: Settings,
+    generator_model,
+    tmp_path,
 ):
     import shutil
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
-from typing import Any
 
 from tests import hostile
 from tests.chat_helpers import serve, without_backends
@@ -57,7 +57,8 @@ def test_a_40_mb_question_is_refused_while_it_streams(api: str, path: str):
         yield b'"}]}'
 
     status, sent, answer = hostile.send_until_answered(
-        api, path, {"content-type": "application/json", "transfer-encoding": "chunked"}, _chunked(chunks()))
+        api, path, {"content-type": "application/json", "transfer-encoding": "chunked"}, _chunked(chunks())
+    )
     assert status == 413, answer[:500]
     assert b"RAG_MAX_REQUEST_BYTES" in answer
     assert sent < 8 << 20, f"the client sent {sent:,} bytes before the 413"
@@ -67,8 +68,11 @@ def test_a_million_messages_is_refused_from_the_headers(api: str):
     one = b'{"role": "user", "content": "hi"}, '
     length = 16 + len(one) * 1_000_000
     status, sent, answer = hostile.send_until_answered(
-        api, "/v1/chat", {"content-type": "application/json", "content-length": str(length)},
-        (one * 1000 for _ in range(1000)))
+        api,
+        "/v1/chat",
+        {"content-type": "application/json", "content-length": str(length)},
+        (one * 1000 for _ in range(1000)),
+    )
     assert status == 413 and b"too_large" in answer
     assert sent < 8 << 20
 
@@ -79,7 +83,10 @@ def test_a_million_messages_is_refused_from_the_headers(api: str):
     [
         ([{"role": "user", "content": "hi"}] * 1001, "RAG_MAX_MESSAGES"),
         ([{"role": "user", "content": "q" * 32_001}], "RAG_MAX_QUESTION_CHARS"),
-        ([{"role": "assistant", "content": "a" * 64_001}, {"role": "user", "content": "and?"}], "RAG_MAX_MESSAGE_CHARS"),
+        (
+            [{"role": "assistant", "content": "a" * 64_001}, {"role": "user", "content": "and?"}],
+            "RAG_MAX_MESSAGE_CHARS",
+        ),
     ],
 )
 def test_messages_over_a_bound_are_413_naming_it(api: str, path: str, messages: list[dict[str, str]], setting: str):
@@ -128,9 +135,11 @@ def test_an_upload_over_the_limit_is_answered_while_the_body_still_streams(isola
 
     with serve(without_backends(max_upload_bytes=limit)) as url:
         status, sent, answer = hostile.send_until_answered(
-            url, "/v1/documents",
+            url,
+            "/v1/documents",
             {"content-type": "multipart/form-data; boundary=b0undary", "transfer-encoding": "chunked"},
-            _chunked(chunks()))
+            _chunked(chunks()),
+        )
         assert status == 413, answer[:500]
         # What the client could send is the limit plus what loopback's socket buffers took and the server
         # never read (the receiver's buffer grows to tcp_rmem's maximum, 32 MiB on many Linux machines).
@@ -147,10 +156,16 @@ def test_a_client_that_keeps_sending_after_the_413_is_cut_off(isolated_env):
         port = int(url.rsplit(":", 1)[1])
         sent = 0
         with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-            sock.sendall(b"POST /v1/documents HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
-                         b"Content-Type: multipart/form-data; boundary=b0undary\r\n\r\n")
-            chunks = _chunked(iter([b'--b0undary\r\nContent-Disposition: form-data; name="files"; filename="a.txt"\r\n\r\n']
-                                   + [b"z" * (1 << 16)] * (total >> 16)))
+            sock.sendall(
+                b"POST /v1/documents HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
+                b"Content-Type: multipart/form-data; boundary=b0undary\r\n\r\n"
+            )
+            chunks = _chunked(
+                iter(
+                    [b'--b0undary\r\nContent-Disposition: form-data; name="files"; filename="a.txt"\r\n\r\n']
+                    + [b"z" * (1 << 16)] * (total >> 16)
+                )
+            )
             with pytest.raises(OSError):
                 for chunk in chunks:
                     sock.sendall(chunk)
@@ -172,7 +187,9 @@ def test_the_embedding_client_sends_a_lone_surrogate_as_a_replacement_character(
         body = json.loads(request.content)
         seen.append(body)
         data = [{"object": "embedding", "index": i, "embedding": [0.5, 0.5 + i]} for i in range(len(body["input"]))]
-        return httpx.Response(200, json={"object": "list", "data": data, "model": "m", "usage": {"prompt_tokens": 1, "total_tokens": 1}})
+        return httpx.Response(
+            200, json={"object": "list", "data": data, "model": "m", "usage": {"prompt_tokens": 1, "total_tokens": 1}}
+        )
 
     from rag.clients.embedding import EmbeddingClient
 

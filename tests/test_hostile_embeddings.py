@@ -131,6 +131,7 @@ def embedder(tmp_path: Path) -> Iterator[Server]:
 
 def _busy(url: str, clients: int) -> list[threading.Thread]:
     """`clients` requests of BUSY texts each, sent and left running in threads."""
+
     def send() -> None:
         try:
             httpx.post(f"{url}/v1/embeddings", json={"input": BUSY}, timeout=300)
@@ -162,7 +163,9 @@ def test_work_of_clients_that_went_away_is_dropped(embedder: Server):
                 client.post(f"{embedder.url}/v1/embeddings", json={"input": BUSY})
     time.sleep(2 * DISCONNECT_POLL_S)  # the server notices the clients are gone
     started = time.monotonic()
-    response = httpx.post(f"{embedder.url}/v1/embeddings", json={"input": [f"batch {i}" for i in range(32)]}, timeout=60)
+    response = httpx.post(
+        f"{embedder.url}/v1/embeddings", json={"input": [f"batch {i}" for i in range(32)]}, timeout=60
+    )
     assert response.status_code == 200
     assert time.monotonic() - started < 5, "a batch waited for work nobody will read"
 
@@ -197,9 +200,13 @@ def test_a_read_timeout_is_not_sent_again():
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("payload", [{"input": "\ud800"}, {"input": ["ok", "a\udfffb"]}, {"input": [1, 2]}],
-                         ids=["surrogate", "surrogate-in-list", "token-ids"])
+@pytest.mark.parametrize(
+    "payload",
+    [{"input": "\ud800"}, {"input": ["ok", "a\udfffb"]}, {"input": [1, 2]}],
+    ids=["surrogate", "surrogate-in-list", "token-ids"],
+)
 def test_the_embedding_server_refuses_bad_input_with_a_400_in_openais_shape(embedding_server: Server, payload: dict):
-    response = httpx.post(f"{embedding_server.url}/v1/embeddings", content=json.dumps(payload).encode(),
-                          headers=JSON, timeout=60)
+    response = httpx.post(
+        f"{embedding_server.url}/v1/embeddings", content=json.dumps(payload).encode(), headers=JSON, timeout=60
+    )
     assert response.status_code == 400 and response.json()["error"]["message"]

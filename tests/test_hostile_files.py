@@ -61,7 +61,9 @@ def test_a_docx_under_the_zip_bounds_is_still_listed():
     assert "not a DOCX" in str(info.value)
 
 
-@pytest.mark.parametrize(("encoding", "codec"), [("UTF-32", "utf-32"), ("UTF-32LE", "utf-32-le"), ("ebcdic-cp-us", "cp037")])
+@pytest.mark.parametrize(
+    ("encoding", "codec"), [("UTF-32", "utf-32"), ("UTF-32LE", "utf-32-le"), ("ebcdic-cp-us", "cp037")]
+)
 def test_xml_that_expat_cannot_read_is_refused_not_skipped(encoding: str, codec: str):
     data = hostile.docx_with_encoded_document_xml(encoding, codec)
     with pytest.raises(DocumentRejected) as info:
@@ -178,8 +180,13 @@ def test_a_zip_directory_flood_on_disk_is_refused_from_its_tail(tmp_path):
 
 def test_a_main_part_hidden_in_word_media_is_checked_like_any_other():
     src = zipfile.ZipFile(io.BytesIO(hostile.docx_document([("p", "placeholder")])))
-    moved = {"word/document.xml": "word/media/main.xml", "word/_rels/document.xml.rels": "word/media/_rels/main.xml.rels"}
-    entity = '<?xml version="1.0"?><!DOCTYPE d [<!ENTITY e "expanded">]>' + hostile._BODY.format(text="Visible words &e;")
+    moved = {
+        "word/document.xml": "word/media/main.xml",
+        "word/_rels/document.xml.rels": "word/media/_rels/main.xml.rels",
+    }
+    entity = '<?xml version="1.0"?><!DOCTYPE d [<!ENTITY e "expanded">]>' + hostile._BODY.format(
+        text="Visible words &e;"
+    )
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
         for info in src.infolist():

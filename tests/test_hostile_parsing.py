@@ -29,7 +29,10 @@ PATHOLOGICAL = {
     "style of open braces": (DocKind.HTML, "<style>" + "a{" * 50_000 + "</style><p>x</p>"),
     "style of selectors": (DocKind.HTML, "<style>" + "a," * 100_000 + "b{display:none}</style><p>x</p>"),
     "nested @media": (DocKind.HTML, "<style>" + "@media screen{" * 5_000 + ".h{opacity:0}</style><p>x</p>"),
-    "many hiding rules": (DocKind.HTML, "<style>" + "".join(f".c{i}{{display:none}}" for i in range(20_000)) + "</style><p>x</p>"),
+    "many hiding rules": (
+        DocKind.HTML,
+        "<style>" + "".join(f".c{i}{{display:none}}" for i in range(20_000)) + "</style><p>x</p>",
+    ),
     "long inline style": (DocKind.HTML, '<p style="' + "color:" * 50_000 + '">x</p>'),
     "style of spaces": (DocKind.HTML, '<p style="font-size:' + " " * 100_000 + '0">y</p><p>x</p>'),
     "deep nesting": (DocKind.HTML, "<div>" * 50_000 + "x" + "</div>" * 50_000),

@@ -14,8 +14,8 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from ingest.cli import cli, collect_files, main, stale_documents
 from ingest.backends import KnownDocument
+from ingest.cli import cli, collect_files, main, stale_documents
 from rag.core.config import Settings
 from rag.store.chunks import StoreLock
 from tests import hostile
@@ -116,7 +116,9 @@ def test_ingest_folder_then_rerun_then_sync(local_env: dict[str, str], tmp_path:
 
 
 @pytest.mark.integration
-def test_a_failing_file_is_reported_and_the_exit_status_is_1(local_env: dict[str, str], tmp_path: Path, isolated_env: Path) -> None:
+def test_a_failing_file_is_reported_and_the_exit_status_is_1(
+    local_env: dict[str, str], tmp_path: Path, isolated_env: Path
+) -> None:
     good = tmp_path / "good.txt"
     good.write_text("Some perfectly fine text about owls.")
     bad = tmp_path / "tool.pdf"
@@ -175,9 +177,15 @@ def test_a_held_store_is_one_clear_line(
     monkeypatch.setenv("RAG_API_PORT", str(free_port()))
     (tmp_path / "a.txt").write_text("hello")
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from rag.store.chunks import StoreLock;"
-         "lock = StoreLock(Path(sys.argv[1])); lock.acquire('the rag API'); print('held', flush=True); time.sleep(60)", str(isolated_env)],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from rag.store.chunks import StoreLock;"
+            "lock = StoreLock(Path(sys.argv[1])); lock.acquire('the rag API'); print('held', flush=True); time.sleep(60)",
+            str(isolated_env),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
@@ -225,17 +233,26 @@ def test_the_embedder_that_ingest_started_dies_when_ingest_is_killed(tmp_path: P
     from tests.test_launcher import _alive, _children
 
     make_corpus(tmp_path / "docs")
-    env = {**os.environ, "RAG_API_PORT": str(free_port()), "RAG_EMBED_URL": f"http://127.0.0.1:{free_port()}",
-           "RAG_DATA_DIR": str(isolated_env)}
-    ingest = subprocess.Popen([sys.executable, "-m", "ingest.cli", str(tmp_path / "docs"), "-r"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "RAG_API_PORT": str(free_port()),
+        "RAG_EMBED_URL": f"http://127.0.0.1:{free_port()}",
+        "RAG_DATA_DIR": str(isolated_env),
+    }
+    ingest = subprocess.Popen(
+        [sys.executable, "-m", "ingest.cli", str(tmp_path / "docs"), "-r"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 120
         embedders: set[int] = set()
         while not embedders:
             assert ingest.poll() is None and time.monotonic() < deadline, "ingest started no embedding server"
-            embedders = {pid for pid in _children(ingest.pid)
-                         if b"serve-embeddings" in Path(f"/proc/{pid}/cmdline").read_bytes()}
+            embedders = {
+                pid for pid in _children(ingest.pid) if b"serve-embeddings" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            }
             time.sleep(0.1)
         os.kill(ingest.pid, signal.SIGKILL)
         ingest.wait()
@@ -260,7 +277,9 @@ def api(ingest_env: dict[str, str], tmp_path: Path) -> Iterator[Server]:
 
 
 @pytest.mark.integration
-def test_subprocess_sends_to_the_running_api(api: Server, ingest_env: dict[str, str], tmp_path: Path, isolated_env: Path) -> None:
+def test_subprocess_sends_to_the_running_api(
+    api: Server, ingest_env: dict[str, str], tmp_path: Path, isolated_env: Path
+) -> None:
     root = tmp_path / "corpus"
     files = make_corpus(root)
     port = api.url.rsplit(":", 1)[1]
@@ -290,7 +309,9 @@ def test_subprocess_sends_to_the_running_api(api: Server, ingest_env: dict[str, 
     assert httpx.get(f"{api.url}/v1/documents", params={"collection": "papers"}).json()["total"] == 2
 
     # Without --server and with the API elsewhere, the CLI refuses to open the store the API holds.
-    refused = subprocess.run([sys.executable, "-m", "ingest.cli", str(root)], env=env, capture_output=True, text=True, timeout=120)
+    refused = subprocess.run(
+        [sys.executable, "-m", "ingest.cli", str(root)], env=env, capture_output=True, text=True, timeout=120
+    )
     assert refused.returncode == 1 and "held by the rag API" in refused.stderr
     assert "Traceback" not in refused.stderr
 
@@ -323,7 +344,9 @@ def test_subprocess_reports_failures_through_the_api(api: Server, ingest_env: di
     (folder / "ok.txt").write_text("Good text about birds and their songs.")
     (folder / "scan.pdf").write_bytes(hostile.image_only_pdf())
     env = {**ingest_env, "RAG_INGEST_SERVER": api.url}
-    done = subprocess.run([sys.executable, "-m", "ingest.cli", str(folder)], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "ingest.cli", str(folder)], env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 1
     assert "scan.pdf" in done.stderr and "no extractable text" in done.stderr
     assert "1 indexed, 0 unchanged, 1 failed" in done.stdout and "via api" in done.stdout
@@ -346,7 +369,9 @@ def test_progress_bar_on_a_terminal(monkeypatch: pytest.MonkeyPatch, tmp_path: P
         for name, status in (("a.txt", "indexed"), ("b.pdf", "failed")):
             report.file_started(SourceFile(tmp_path / name, str(tmp_path / name), name))
             report.chunks_stored(3 if status == "indexed" else 0)
-            report.file_done(FileResult(name, str(tmp_path / name), "id", status, "broken" if status == "failed" else None, 3))
+            report.file_done(
+                FileResult(name, str(tmp_path / name), "id", status, "broken" if status == "failed" else None, 3)
+            )
     shown = terminal.getvalue()
     assert "2/2" in shown and "chunks/s" in shown and "ETA" in shown
     assert f"failed        {tmp_path / 'b.pdf'}: broken" in shown
@@ -368,6 +393,8 @@ def test_the_cli_never_imports_torch(ingest_env: dict[str, str], tmp_path: Path)
         "print('heavy:', heavy)\n"
     )
     env = {**ingest_env, "RAG_API_PORT": str(free_port())}
-    done = subprocess.run([sys.executable, "-c", code, str(folder)], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(folder)], env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert "files: 3 indexed" in done.stdout and "heavy: []" in done.stdout

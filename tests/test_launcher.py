@@ -62,8 +62,13 @@ def _env(data_dir: Path, generator_model: Path, **ports: int) -> dict[str, str]:
 
 def test_rag_up_starts_every_part_and_stops_them_cleanly(isolated_env: Path, generator_model: Path):
     ports = dict(llm=free_port(), embed=free_port(), api=free_port())
-    proc = subprocess.Popen([sys.executable, "-m", "rag.cli", "up"], env=_env(isolated_env, generator_model, **ports),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rag.cli", "up"],
+        env=_env(isolated_env, generator_model, **ports),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines: list[str] = []
     try:
         deadline = time.monotonic() + 240
@@ -99,8 +104,9 @@ def test_rag_up_refuses_a_busy_port(isolated_env: Path, generator_model: Path):
         busy.listen()
         port = busy.getsockname()[1]
         env = _env(isolated_env, generator_model, llm=free_port(), embed=free_port(), api=port)
-        done = subprocess.run([sys.executable, "-m", "rag.cli", "up"], env=env, capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-m", "rag.cli", "up"], env=env, capture_output=True, text=True, timeout=120
+        )
     assert done.returncode == 1
     assert f"port {port}" in done.stderr and "busy" in done.stderr and "RAG_API_PORT" in done.stderr
 
@@ -114,7 +120,9 @@ def test_rag_up_stops_the_rest_when_a_part_fails(isolated_env: Path, tmp_path: P
     assert "llama-server exited during start-up" in done.stderr
 
 
-def test_rag_up_restarts_a_killed_llama_server_while_chats_get_errors_and_503s(isolated_env: Path, generator_model: Path):
+def test_rag_up_restarts_a_killed_llama_server_while_chats_get_errors_and_503s(
+    isolated_env: Path, generator_model: Path
+):
     """kill -9 of llama-server while 5 chats stream: they end in `error` events (or a 503 if still queued),
     a new chat meanwhile is 503 with Retry-After, and rag up brings llama-server back within 30 s."""
     from concurrent.futures import ThreadPoolExecutor
@@ -125,8 +133,9 @@ def test_rag_up_restarts_a_killed_llama_server_while_chats_get_errors_and_503s(i
     # The chat style keeps the bundled base model writing (it echoes) so that answers are in flight at the kill;
     # in its own completion style it would have finished them.
     env = {**_env(isolated_env, generator_model, **ports), "RAG_LLM_PROMPT_STYLE": "chat"}
-    proc = subprocess.Popen([sys.executable, "-m", "rag.cli", "up"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rag.cli", "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     api = f"http://127.0.0.1:{ports['api']}"
     lines: list[str] = []
 
@@ -172,12 +181,14 @@ def test_rag_up_restarts_a_killed_llama_server_while_chats_get_errors_and_503s(i
 
 
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
-def test_rag_up_stopped_3_s_into_start_up_leaves_nothing_and_the_next_start_works(isolated_env: Path,
-                                                                                   generator_model: Path, how: str):
+def test_rag_up_stopped_3_s_into_start_up_leaves_nothing_and_the_next_start_works(
+    isolated_env: Path, generator_model: Path, how: str
+):
     ports = dict(llm=free_port(), embed=free_port(), api=free_port())
     env = _env(isolated_env, generator_model, **ports)
-    proc = subprocess.Popen([sys.executable, "-m", "rag.cli", "up"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rag.cli", "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     time.sleep(3)
     children = _children(proc.pid)
     proc.send_signal(getattr(signal, how))
@@ -186,8 +197,9 @@ def test_rag_up_stopped_3_s_into_start_up_leaves_nothing_and_the_next_start_work
     while time.monotonic() < deadline and any(_alive(p) for p in children):
         time.sleep(0.1)
     assert not [p for p in children if _alive(p)], "no orphans"
-    again = subprocess.Popen([sys.executable, "-m", "rag.cli", "up"], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    again = subprocess.Popen(
+        [sys.executable, "-m", "rag.cli", "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         lines = []
         deadline = time.monotonic() + 240
@@ -228,15 +240,26 @@ def test_the_api_gets_its_shutdown_grace_before_it_is_killed(tmp_path: Path):
     from rag.core.config import Settings
     from rag.deploy.launcher import Part, plan_parts
 
-    settings = Settings(data_dir=tmp_path, llm_model_path=tmp_path / "m.gguf", llm_server_bin=Path("/bin/true"),
-                        shutdown_grace_s=20)
+    settings = Settings(
+        data_dir=tmp_path, llm_model_path=tmp_path / "m.gguf", llm_server_bin=Path("/bin/true"), shutdown_grace_s=20
+    )
     api = next(p for p in plan_parts(settings) if p.name == "api")
     assert api.stop_timeout_s > settings.shutdown_grace_s
 
     # A part that takes its grace after SIGTERM (as the API does with uploads in flight) ends by itself.
-    script = "import signal, time; signal.signal(signal.SIGTERM, lambda *a: None); print('up', flush=True); time.sleep(3)"
-    slow = Part("slow", [sys.executable, "-c", script], "http://127.0.0.1:9/health", 9, "127.0.0.1", "-",
-                tmp_path / "slow.log", stop_timeout_s=30)
+    script = (
+        "import signal, time; signal.signal(signal.SIGTERM, lambda *a: None); print('up', flush=True); time.sleep(3)"
+    )
+    slow = Part(
+        "slow",
+        [sys.executable, "-c", script],
+        "http://127.0.0.1:9/health",
+        9,
+        "127.0.0.1",
+        "-",
+        tmp_path / "slow.log",
+        stop_timeout_s=30,
+    )
     slow.start(dict(os.environ))
     deadline = time.monotonic() + 30
     while "up" not in (slow.log_path.read_text() if slow.log_path.exists() else ""):

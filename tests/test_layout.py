@@ -123,8 +123,9 @@ def test_no_module_imports_itself_back():
 
 def test_no_module_imports_an_entry_point():
     # The entry points are run, never imported: what both share lives beneath them (rag.core.command_line).
-    importers = sorted(f"{module} -> {target}" for module, targets in import_graph().items()
-                       for target in targets & TOP)
+    importers = sorted(
+        f"{module} -> {target}" for module, targets in import_graph().items() for target in targets & TOP
+    )
     assert importers == []
 
 
@@ -151,12 +152,16 @@ def test_no_file_reads_beside_the_checkout():
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             continue
-        found += [f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group()}"
-                  for m in BESIDE.finditer(text)]
+        found += [
+            f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group()}"
+            for m in BESIDE.finditer(text)
+        ]
     assert found == []
 
 
 def test_the_readme_names_every_folder():
     readme = (ROOT / "README.md").read_text()
-    folders = {p.parent.relative_to(ROOT).as_posix() for top in ("rag", "ingest") for p in ROOT.glob(f"{top}/**/__init__.py")}
+    folders = {
+        p.parent.relative_to(ROOT).as_posix() for top in ("rag", "ingest") for p in ROOT.glob(f"{top}/**/__init__.py")
+    }
     assert sorted(f for f in folders - {"rag"} if f"`{f}/`" not in readme) == []

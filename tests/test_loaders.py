@@ -108,9 +108,14 @@ def test_kind_comes_from_content(data: bytes, name: str, kind: DocKind) -> None:
 
 @pytest.mark.parametrize(
     ("data", "name"),
-    [(b"", "empty.txt"), (b"   \n\t\r\n  ", "blank.txt"), ("\u3000\n ".encode(), "blank.md"), (b"<html><body> </body></html>", "a.html"),
-     ("\ufeff\u00a0\u2003\u200b\n\u2009\u200b\u2060\u202f".encode(), "unicode-blank.txt"),
-     ("<html><body><p>\u200b\u00a0</p></body></html>".encode(), "zero-width.html")],
+    [
+        (b"", "empty.txt"),
+        (b"   \n\t\r\n  ", "blank.txt"),
+        ("\u3000\n ".encode(), "blank.md"),
+        (b"<html><body> </body></html>", "a.html"),
+        ("\ufeff\u00a0\u2003\u200b\n\u2009\u200b\u2060\u202f".encode(), "unicode-blank.txt"),
+        ("<html><body><p>\u200b\u00a0</p></body></html>".encode(), "zero-width.html"),
+    ],
 )
 def test_empty_and_whitespace_only_are_rejected(data: bytes, name: str, load) -> None:
     with pytest.raises(DocumentRejected) as info:
@@ -326,7 +331,9 @@ def test_page_tree_loop_pdf_loads_once(load) -> None:
 
 
 def test_pdf_outline_gives_heading_paths(load) -> None:
-    data = hostile.text_pdf(["Preface text", "Chapter one text", "More of chapter one"], outline=[("Preface", 0), ("Chapter 1", 1)])
+    data = hostile.text_pdf(
+        ["Preface text", "Chapter one text", "More of chapter one"], outline=[("Preface", 0), ("Chapter 1", 1)]
+    )
     doc = load(data, "book.pdf")
     assert [(s.page, s.headings) for s in doc.sections] == [(1, ("Preface",)), (2, ("Chapter 1",)), (3, ("Chapter 1",))]
     assert_offsets(doc)
@@ -480,8 +487,12 @@ def test_short_western_texts_in_cp1252_or_latin1_are_read_as_written(codec: str)
 
 @pytest.mark.parametrize(
     ("text", "codec"),
-    [("Příliš žluťoučký kůň úpěl ďábelské ódy.", "cp1250"), ("Zażółć gęślą jaźń, to zdanie ma polskie litery.", "cp1250"),
-     ("Съешь же ещё этих мягких французских булок, да выпей чаю.", "cp1251"), ("Ξεσκεπάζω την ψυχοφθόρα βδελυγμία.", "cp1253")],
+    [
+        ("Příliš žluťoučký kůň úpěl ďábelské ódy.", "cp1250"),
+        ("Zażółć gęślą jaźń, to zdanie ma polskie litery.", "cp1250"),
+        ("Съешь же ещё этих мягких французских булок, да выпей чаю.", "cp1251"),
+        ("Ξεσκεπάζω την ψυχοφθόρα βδελυγμία.", "cp1253"),
+    ],
 )
 def test_other_single_byte_pages_still_win_where_they_fit(text: str, codec: str) -> None:
     from ingest.detect import decode_text

@@ -34,15 +34,20 @@ ROOT = Path(__file__).resolve().parent.parent
 @asynccontextmanager
 async def http_client(url: str, headers: dict[str, str] | None = None) -> AsyncIterator[Client]:
     timeout = httpx2.Timeout(30.0, read=300.0)
-    async with httpx2.AsyncClient(headers=headers or {}, timeout=timeout) as http, Client(
-        streamable_http_client(f"{url}/mcp", http_client=http)
-    ) as client:
+    async with (
+        httpx2.AsyncClient(headers=headers or {}, timeout=timeout) as http,
+        Client(streamable_http_client(f"{url}/mcp", http_client=http)) as client,
+    ):
         yield client
 
 
 def stdio_params(env: dict[str, str], *args: str) -> StdioServerParameters:
-    return StdioServerParameters(command=sys.executable, args=["-m", "rag.cli", "mcp", *args],
-                                 env={**env, "PYTHONPATH": str(ROOT)}, cwd=str(ROOT))
+    return StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "rag.cli", "mcp", *args],
+        env={**env, "PYTHONPATH": str(ROOT)},
+        cwd=str(ROOT),
+    )
 
 
 async def text_of(client: Client, uri: str) -> str:
@@ -56,7 +61,9 @@ async def check_the_tools(client: Client) -> None:
     assert set(tools) == {"search", "ask", "list_documents", "list_collections"}
     assert tools["search"].input_schema["required"] == ["query"]
 
-    found = (await client.call_tool("search", {"query": "How tall is the Eiffel Tower?", "top_k": 2})).structured_content
+    found = (
+        await client.call_tool("search", {"query": "How tall is the Eiffel Tower?", "top_k": 2})
+    ).structured_content
     assert found["query"] == "How tall is the Eiffel Tower?"
     assert len(found["results"]) == 2
     best = found["results"][0]
@@ -67,8 +74,9 @@ async def check_the_tools(client: Client) -> None:
     async def on_progress(done: float, total: float | None, message: str | None) -> None:
         progress.append((done, message))
 
-    answer = (await client.call_tool("ask", {"question": "How tall is the Eiffel Tower?"},
-                                     progress_callback=on_progress)).structured_content
+    answer = (
+        await client.call_tool("ask", {"question": "How tall is the Eiffel Tower?"}, progress_callback=on_progress)
+    ).structured_content
     assert answer["answer"].strip() and answer["no_sources"] is None
     assert answer["sources"][0]["source"] == "eiffel.txt"
     assert any(c["kind"] == "attributed" and c["source"] == "eiffel.txt" for c in answer["citations"]), answer
@@ -101,8 +109,16 @@ def test_over_http_the_tools_search_and_answer_with_citations(backend_settings: 
 
 def test_over_http_a_client_without_the_key_gets_401(backend_settings: Settings):
     with serve(changed(backend_settings, api_key=KEY)) as url:
-        initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+        initialize = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"},
+            },
+        }
         headers = {"Accept": "application/json, text/event-stream"}
         for auth in ({}, {"Authorization": "Bearer wrong"}):
             response = httpx.post(f"{url}/mcp", json=initialize, headers={**headers, **auth}, timeout=60)
@@ -119,15 +135,18 @@ def test_over_http_a_client_without_the_key_gets_401(backend_settings: Settings)
         assert failed.group_contains(MCPError, match="error response")
 
 
-@pytest.mark.parametrize("tool, arguments, field", [
-    ("search", {}, "query"),
-    ("search", {"query": "x" * 101}, "query"),
-    ("search", {"query": "Eiffel", "top_k": 0}, "top_k"),
-    ("ask", {"question": "Eiffel?", "history": [{"role": "user", "content": "hi"}] * 5}, "history"),
-    ("ask", {"question": "Eiffel?", "history": [{"role": "user", "content": "y" * 201}]}, "history.0.content"),
-    ("ask", {"question": "x" * 101}, "question"),
-    ("list_documents", {"limit": 100000}, "limit"),
-])
+@pytest.mark.parametrize(
+    "tool, arguments, field",
+    [
+        ("search", {}, "query"),
+        ("search", {"query": "x" * 101}, "query"),
+        ("search", {"query": "Eiffel", "top_k": 0}, "top_k"),
+        ("ask", {"question": "Eiffel?", "history": [{"role": "user", "content": "hi"}] * 5}, "history"),
+        ("ask", {"question": "Eiffel?", "history": [{"role": "user", "content": "y" * 201}]}, "history.0.content"),
+        ("ask", {"question": "x" * 101}, "question"),
+        ("list_documents", {"limit": 100000}, "limit"),
+    ],
+)
 def test_missing_or_oversized_arguments_are_a_json_rpc_error_naming_the_field(
     backend_settings: Settings, tool: str, arguments: dict[str, Any], field: str
 ):
@@ -163,8 +182,14 @@ def ingest_docs(env: dict[str, str], folder: Path) -> None:
     folder.mkdir()
     for name, text in DOCS.items():
         (folder / name).write_text(text)
-    done = subprocess.run([sys.executable, "-m", "ingest.cli", str(folder)], env={**env, "PYTHONPATH": str(ROOT)},
-                          capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "ingest.cli", str(folder)],
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -182,8 +207,9 @@ def test_over_stdio_without_an_api_it_opens_the_store(backend_env: dict[str, str
     assert f"rag mcp: on the store in {env['RAG_DATA_DIR']}" in log.read_text()
 
 
-def test_over_stdio_with_an_api_running_it_goes_through_the_api(backend_settings: Settings,
-                                                                backend_env: dict[str, str], tmp_path: Path):
+def test_over_stdio_with_an_api_running_it_goes_through_the_api(
+    backend_settings: Settings, backend_env: dict[str, str], tmp_path: Path
+):
     port = free_port()
     settings = changed(backend_settings, api_key=KEY, api_port=port)
     env = {**backend_env, "RAG_API_PORT": str(port), "RAG_API_KEY": KEY}
@@ -207,22 +233,55 @@ def _slot_busy(llama_url: str) -> bool:
     return any(s["is_processing"] for s in httpx.get(f"{llama_url}/slots", timeout=10).json())
 
 
-def test_a_stdio_client_that_disappears_stops_the_answer_being_generated(backend_env: dict[str, str],
-                                                                         endless_llama: Server, tmp_path: Path):
-    env = {**backend_env, "RAG_API_PORT": str(free_port()), "RAG_LLM_URL": endless_llama.url,
-           "RAG_COMPLETION_MAX_TOKENS": "1500", "PYTHONPATH": str(ROOT)}
+def test_a_stdio_client_that_disappears_stops_the_answer_being_generated(
+    backend_env: dict[str, str], endless_llama: Server, tmp_path: Path
+):
+    env = {
+        **backend_env,
+        "RAG_API_PORT": str(free_port()),
+        "RAG_LLM_URL": endless_llama.url,
+        "RAG_COMPLETION_MAX_TOKENS": "1500",
+        "PYTHONPATH": str(ROOT),
+    }
     ingest_docs(env, tmp_path / "docs")
     with (tmp_path / "mcp.log").open("w") as errlog:
-        server = subprocess.Popen([sys.executable, "-m", "rag.cli", "mcp"], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=errlog, env=env, cwd=ROOT, text=True)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "rag.cli", "mcp"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=errlog,
+            env=env,
+            cwd=ROOT,
+            text=True,
+        )
     try:
         send = _json_rpc(server)
-        send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "gone", "version": "1"}}})
+        send(
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "gone", "version": "1"},
+                },
+            }
+        )
         assert _read(server)["id"] == 1
         send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
-            "name": "ask", "arguments": {"question": "How tall is the Eiffel Tower?"}, "_meta": {"progressToken": 7}}})
+        send(
+            {
+                "jsonrpc": "2.0",
+                "id": 2,
+                "method": "tools/call",
+                "params": {
+                    "name": "ask",
+                    "arguments": {"question": "How tall is the Eiffel Tower?"},
+                    "_meta": {"progressToken": 7},
+                },
+            }
+        )
         first = _read(server)
         assert first.get("method") == "notifications/progress", first  # the answer is being generated
         assert _slot_busy(endless_llama.url)

@@ -25,8 +25,12 @@ def scrape(url: str, **kwargs) -> dict[tuple[str, tuple[tuple[str, str], ...]], 
 def test_metrics_count_requests_answers_retrieval_and_ingestion(backend_settings: Settings):
     with serve(backend_settings) as url:
         upload(url)
-        assert httpx.post(f"{url}/v1/chat", json=ask("When was the Eiffel Tower completed?", stream=False),
-                          timeout=300).status_code == 200
+        assert (
+            httpx.post(
+                f"{url}/v1/chat", json=ask("When was the Eiffel Tower completed?", stream=False), timeout=300
+            ).status_code
+            == 200
+        )
         assert httpx.get(f"{url}/v1/documents/nope", timeout=30).status_code == 404
         seen = scrape(url)
 

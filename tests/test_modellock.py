@@ -30,8 +30,15 @@ def test_lock_lists_every_role_with_pins():
 
 
 def _artifact(payload: bytes = PAYLOAD, **kw) -> Artifact:
-    fields = dict(name="blob", role="generator", profile="test", source="url", file="blob.gguf",
-                  size=len(payload), sha256=hashlib.sha256(payload).hexdigest())
+    fields = dict(
+        name="blob",
+        role="generator",
+        profile="test",
+        source="url",
+        file="blob.gguf",
+        size=len(payload),
+        sha256=hashlib.sha256(payload).hexdigest(),
+    )
     return Artifact(**{**fields, **kw})
 
 

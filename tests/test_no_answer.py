@@ -7,7 +7,7 @@ import pytest
 
 from rag.answering.no_answer import usable
 from rag.core.config import Settings
-from tests.chat_helpers import ask, chat_events, changed, parse_sse, serve, upload
+from tests.chat_helpers import ask, changed, chat_events, parse_sse, serve, upload
 
 LIGHTHOUSE = {"lighthouse.txt": "The lighthouse keeper lives on Skerry Island. She lights the lamp at dusk.\n"}
 NO_ANSWER = "The model gave no answer; see the sources (lighthouse.txt)."
@@ -23,7 +23,9 @@ def test_a_letter_or_digit_of_any_script_is_an_answer(text: str):
     assert usable(text)
 
 
-def test_a_completion_that_ends_its_line_at_once_is_tried_again_and_answers(forced_llama_server, backend_settings: Settings):
+def test_a_completion_that_ends_its_line_at_once_is_tried_again_and_answers(
+    forced_llama_server, backend_settings: Settings
+):
     # The server's grammar makes every first attempt a newline (what the base model sometimes writes
     # first): the newline stop ends it with no text. The retry's own grammar overrides the server's.
     forced = forced_llama_server("\n")
@@ -38,7 +40,8 @@ def test_a_completion_that_ends_its_line_at_once_is_tried_again_and_answers(forc
 
 
 def test_nothing_usable_is_said_in_words_naming_the_sources_on_every_endpoint(
-    forced_llama_server, backend_settings: Settings,
+    forced_llama_server,
+    backend_settings: Settings,
 ):
     # A chat-style reply of punctuation alone: no retry in that style, so the fixed line stands in.
     forced = forced_llama_server(" . . .")

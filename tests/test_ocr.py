@@ -66,7 +66,11 @@ def test_lines_read_columns_first_then_lines_with_a_box_each() -> None:
 
 
 def test_cells_of_a_table_row_read_across_the_row() -> None:
-    cells = [line(t, x, y, x + 0.1) for y, row in ((0.1, ("Item", "Price", "Stock")), (0.13, ("Kettle", "24.00", "7"))) for x, t in zip((0.1, 0.4, 0.7), row)]
+    cells = [
+        line(t, x, y, x + 0.1)
+        for y, row in ((0.1, ("Item", "Price", "Stock")), (0.13, ("Kettle", "24.00", "7")))
+        for x, t in zip((0.1, 0.4, 0.7), row)
+    ]
     text, _ = layout(list(reversed(cells)))
     assert text == "Item Price Stock\nKettle 24.00 7"
 
@@ -120,24 +124,35 @@ def test_a_multi_page_tiff_gives_a_section_per_page_with_its_boxes() -> None:
 def test_a_scanned_pdf_over_the_ocr_page_cap_is_refused_before_any_ocr() -> None:
     ocr = StandInOcr([line("never read", 0.1, 0.1, 0.5)])
     with pytest.raises(DocumentRejected, match=r"has 3 scanned pages \(of 4\).*at most 2 .*RAG_MAX_OCR_PAGES"):
-        parse(DocKind.PDF, hostile.mixed_scan_pdf(["A text page", None, None, None]), "scan.pdf", ocr=ocr, max_ocr_pages=2)
+        parse(
+            DocKind.PDF, hostile.mixed_scan_pdf(["A text page", None, None, None]), "scan.pdf", ocr=ocr, max_ocr_pages=2
+        )
     assert ocr.calls == 0
 
 
 def test_a_mixed_pdf_keeps_its_text_pages_and_reads_its_scanned_pages() -> None:
-    ocr = StandInOcr([line("Scanned: the lease ends in 2031", 0.1, 0.1, 0.7), line("smudged", 0.1, 0.2, 0.3, confidence=0.5)])
+    ocr = StandInOcr(
+        [line("Scanned: the lease ends in 2031", 0.1, 0.1, 0.7), line("smudged", 0.1, 0.2, 0.3, confidence=0.5)]
+    )
     pdf = hostile.mixed_scan_pdf(["Typed: the rent is 900 a month", None], running_head="Page 2")
     doc = parse(DocKind.PDF, pdf, "lease.pdf", ocr=ocr, min_confidence=0.8)
     assert ocr.calls == 1, "only the scanned page is read by OCR, its page number notwithstanding"
     typed, scanned = doc.sections
     assert (typed.page, typed.text) == (1, "Typed: the rent is 900 a month")
     # Text-layer lines have their boxes too, from PDFium, with no OCR score.
-    assert [(doc.text[b.start : b.end], b.confidence) for b in typed.boxes] == [("Typed: the rent is 900 a month", None)]
+    assert [(doc.text[b.start : b.end], b.confidence) for b in typed.boxes] == [
+        ("Typed: the rent is 900 a month", None)
+    ]
     assert scanned.page == 2 and scanned.text == "Scanned: the lease ends in 2031\n\nsmudged"
     assert [doc.text[b.start : b.end] for b in scanned.boxes] == ["Scanned: the lease ends in 2031", "smudged"]
     assert doc.warnings == ("page 2: 1 of 2 OCR lines read with confidence under 0.8",)
-    assert ocr_flags(doc, {"page": 2, "start": scanned.start, "end": scanned.end}, 0.8) == {"ocr_lines": 2, "ocr_low_confidence": 1}
-    assert ocr_flags(doc, {"page": 1, "start": typed.start, "end": typed.end}, 0.8) == {}, "text-layer chunks carry no flags"
+    assert ocr_flags(doc, {"page": 2, "start": scanned.start, "end": scanned.end}, 0.8) == {
+        "ocr_lines": 2,
+        "ocr_low_confidence": 1,
+    }
+    assert ocr_flags(doc, {"page": 1, "start": typed.start, "end": typed.end}, 0.8) == {}, (
+        "text-layer chunks carry no flags"
+    )
 
 
 def test_a_page_whose_ocr_is_skipped_is_left_out_with_a_warning() -> None:

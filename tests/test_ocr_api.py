@@ -25,15 +25,23 @@ PHOTO = (
 
 
 def test_a_scanned_pdf_and_a_photo_are_read_and_answer_questions_with_their_source(backend_settings: Settings) -> None:
-    pdf = scans.image_pdf([scans.scanned(scans.render_page([ENGLISH]), seed=1), scans.scanned(scans.render_page([CHINESE]), seed=2)])
+    pdf = scans.image_pdf(
+        [scans.scanned(scans.render_page([ENGLISH]), seed=1), scans.scanned(scans.render_page([CHINESE]), seed=2)]
+    )
     photo = scans.image_bytes(scans.photographed(scans.render_page([PHOTO]), seed=3), "PNG")
     with serve(backend_settings) as url:
         upload(url)  # other documents, for the scans to be found among
-        files = [("files", ("velmora-scan.pdf", pdf, "application/pdf")), ("files", ("kettle-photo.png", photo, "image/png"))]
+        files = [
+            ("files", ("velmora-scan.pdf", pdf, "application/pdf")),
+            ("files", ("kettle-photo.png", photo, "image/png")),
+        ]
         response = httpx.post(f"{url}/v1/documents", files=files, timeout=600)
         assert response.status_code == 200, response.text
         results = {r["filename"]: r for r in response.json()["results"]}
-        assert {name: r["status"] for name, r in results.items()} == {"velmora-scan.pdf": "indexed", "kettle-photo.png": "indexed"}
+        assert {name: r["status"] for name, r in results.items()} == {
+            "velmora-scan.pdf": "indexed",
+            "kettle-photo.png": "indexed",
+        }
         assert all(isinstance(r["warnings"], list) for r in results.values())
 
         for question, source, page, fact in [

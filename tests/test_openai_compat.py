@@ -45,7 +45,11 @@ def test_the_sdk_gets_a_whole_completion_with_the_rag_field(api: str):
 
 def test_the_sdk_streams_chunks_and_the_final_one_carries_rag(api: str):
     stream = client(api).chat.completions.create(
-        model=MODEL, messages=QUESTION, max_tokens=12, temperature=0, stream=True,
+        model=MODEL,
+        messages=QUESTION,
+        max_tokens=12,
+        temperature=0,
+        stream=True,
         stream_options={"include_usage": True},
     )
     chunks = list(stream)
@@ -92,8 +96,9 @@ def test_retrieval_options_ride_in_extra_body_and_system_messages_are_left_out(a
 
 def test_errors_reach_the_sdk_as_its_own_exceptions(api: str):
     with pytest.raises(openai.BadRequestError) as caught:
-        client(api).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Why? " * 3000}],
-                                            max_tokens=8)
+        client(api).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Why? " * 3000}], max_tokens=8
+        )
     assert caught.value.body["code"] == "question_too_long"
 
 
@@ -133,8 +138,15 @@ def test_an_unknown_model_is_a_404_in_openais_shape(api: str):
 def test_langchain_openai_chats_and_streams_with_usage(api: str):
     from langchain_openai import ChatOpenAI
 
-    chat = ChatOpenAI(base_url=f"{api}/v1", api_key="unused", model=MODEL, max_tokens=8, max_retries=0,
-                      temperature=0, stream_usage=True)
+    chat = ChatOpenAI(
+        base_url=f"{api}/v1",
+        api_key="unused",
+        model=MODEL,
+        max_tokens=8,
+        max_retries=0,
+        temperature=0,
+        stream_usage=True,
+    )
     reply = chat.invoke("When was the Eiffel Tower completed?")
     assert reply.content and reply.usage_metadata["output_tokens"] > 0
     pieces = list(chat.stream("When was the Eiffel Tower completed?"))

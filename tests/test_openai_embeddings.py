@@ -29,8 +29,13 @@ def api(ingest_settings: Settings) -> Iterator[str]:
 @pytest.fixture
 def no_embedder(ingest_settings: Settings) -> Iterator[str]:
     """The API with nothing at its embedding server's address, and at most 2 inputs a request."""
-    settings = changed(ingest_settings, embed_url=f"http://127.0.0.1:{free_port()}", embed_max_inputs=2,
-                       max_message_chars=100, max_request_bytes=4096)
+    settings = changed(
+        ingest_settings,
+        embed_url=f"http://127.0.0.1:{free_port()}",
+        embed_max_inputs=2,
+        max_message_chars=100,
+        max_request_bytes=4096,
+    )
     with serve(settings) as url:
         yield url
 
@@ -70,8 +75,7 @@ def test_an_input_longer_than_the_model_reads_is_counted_as_truncated(api: str, 
 
 
 def test_float_and_base64_give_the_same_vectors(api: str, ingest_settings: Settings):
-    as_float = client(api).embeddings.create(model=ingest_settings.embed_model, input=TEXTS[0],
-                                             encoding_format="float")
+    as_float = client(api).embeddings.create(model=ingest_settings.embed_model, input=TEXTS[0], encoding_format="float")
     body = {"model": ingest_settings.embed_model, "input": TEXTS[0], "encoding_format": "base64"}
     as_base64 = httpx.post(f"{api}/v1/embeddings", json=body, timeout=120).json()["data"][0]["embedding"]
     assert isinstance(as_base64, str) and len(as_float.data) == 1
@@ -134,8 +138,13 @@ def test_the_api_key_guards_embeddings_and_metrics_count_them(ingest_settings: S
 def test_langchain_openai_embeds_through_the_api(api: str, ingest_settings: Settings, embedding_server: Server):
     from langchain_openai import OpenAIEmbeddings
 
-    embeddings = OpenAIEmbeddings(base_url=f"{api}/v1", api_key="unused", model=ingest_settings.embed_model,
-                                  check_embedding_ctx_length=False, max_retries=0)
+    embeddings = OpenAIEmbeddings(
+        base_url=f"{api}/v1",
+        api_key="unused",
+        model=ingest_settings.embed_model,
+        check_embedding_ctx_length=False,
+        max_retries=0,
+    )
     documents = np.array(embeddings.embed_documents(TEXTS), dtype=np.float32)
     query = np.array([embeddings.embed_query(TEXTS[1])], dtype=np.float32)
     assert cosines(documents, direct(embedding_server, TEXTS)).min() > 0.999

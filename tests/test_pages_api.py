@@ -30,7 +30,9 @@ def upload_one(api: LiveApi, name: str, data: bytes) -> str:
 
 def chunks_of(api: LiveApi, doc_id: str) -> list[dict]:
     got = api.services.store.collection("default").get(where={"doc_id": doc_id})
-    return sorted(({"text": t, **m} for t, m in zip(got["documents"], got["metadatas"])), key=lambda c: c["chunk_index"])
+    return sorted(
+        ({"text": t, **m} for t, m in zip(got["documents"], got["metadatas"])), key=lambda c: c["chunk_index"]
+    )
 
 
 def png(response) -> Image.Image:
@@ -40,14 +42,18 @@ def png(response) -> Image.Image:
 
 
 def test_a_cited_pdf_page_opens_with_the_passage_highlighted(api: LiveApi) -> None:
-    doc_id = upload_one(api, "stock.pdf", table_pdf("Table 1: Stock", ["Item", "Price", "Stock"], ROWS, outro="The end."))
+    doc_id = upload_one(
+        api, "stock.pdf", table_pdf("Table 1: Stock", ["Item", "Price", "Stock"], ROWS, outro="The end.")
+    )
     chunks = chunks_of(api, doc_id)
     on_two = next(c for c in chunks if c.get("page") == 2 and "Widget" in c["text"])
     assert on_two["text"].startswith("Table 1: Stock (continued)\n| Item | Price | Stock |")
 
     plain = png(api.client.get(f"/v1/documents/{doc_id}/pages/2"))
     assert plain.width == 1000 and abs(plain.height - 1000 * 792 / 612) <= 1
-    marked = png(api.client.get(f"/v1/documents/{doc_id}/pages/2", params={"chunk": on_two["chunk_index"], "width": 600}))
+    marked = png(
+        api.client.get(f"/v1/documents/{doc_id}/pages/2", params={"chunk": on_two["chunk_index"], "width": 600})
+    )
     assert marked.width == 600
     # The highlight is yellow over the chunk's first row, where the plain page is white.
     x0, y0, x1, y1 = [round(v * s) for v, s in zip(json.loads(on_two["boxes"])[1], (600, marked.height) * 2)]
@@ -98,7 +104,9 @@ def test_the_page_routes_need_the_key(ingest_settings: Settings, tmp_path: Path)
     key = {"Authorization": "Bearer s3cret"}
     try:
         with httpx.Client(base_url=url, timeout=120) as client:
-            sent = client.post("/v1/documents", files={"files": ("a.pdf", hostile.text_pdf(["Owls at night."]))}, headers=key)
+            sent = client.post(
+                "/v1/documents", files={"files": ("a.pdf", hostile.text_pdf(["Owls at night."]))}, headers=key
+            )
             doc_id = sent.json()["results"][0]["document_id"]
             assert client.get(f"/v1/documents/{doc_id}/pages/1").status_code == 401
             assert client.get(f"/v1/documents/{doc_id}/chunks/0").status_code == 401

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from ingest.pipeline import IngestPipeline, SourceFile, document_id
-from rag.store.catalog import DocumentCatalog, OwnerLease
 from rag.core.config import Settings
 from rag.core.errors import Conflict, EmbedderUnavailable
+from rag.store.catalog import DocumentCatalog, OwnerLease
 from tests.data import CMRC
 from tests.ingest_helpers import HashEmbedder, census, expected_chunks, open_pipeline, paragraph_chunks
 
@@ -93,7 +93,9 @@ def test_identical_content_is_unchanged_and_costs_no_embedding(
     assert len(embedder.calls) == calls
 
 
-def test_the_same_file_twice_in_one_run_is_indexed_once(pipeline: IngestPipeline, tmp_path: Path, settings: Settings) -> None:
+def test_the_same_file_twice_in_one_run_is_indexed_once(
+    pipeline: IngestPipeline, tmp_path: Path, settings: Settings
+) -> None:
     file = write(tmp_path, "a.txt", paras("a", 2))
     results = run(pipeline, [file, file])
     assert [r.status for r in results] == ["indexed", "unchanged"]
@@ -112,7 +114,9 @@ def test_a_new_version_replaces_the_old_one(pipeline: IngestPipeline, tmp_path: 
     assert [r.doc_id for r in pipeline.catalog.by_source("default", v2.source)] == [new]
 
 
-def test_switching_back_to_an_old_content_keeps_one_version(pipeline: IngestPipeline, tmp_path: Path, settings: Settings) -> None:
+def test_switching_back_to_an_old_content_keeps_one_version(
+    pipeline: IngestPipeline, tmp_path: Path, settings: Settings
+) -> None:
     a = write(tmp_path / "x", "a.txt", paras("shared", 2))
     b = write(tmp_path / "x", "b.txt", paras("b", 1))
     run(pipeline, [a, b])
@@ -123,9 +127,14 @@ def test_switching_back_to_an_old_content_keeps_one_version(pipeline: IngestPipe
     assert seen.consistent() and list(seen.indexed()) == [result.document_id]
 
 
-def test_a_failing_file_is_reported_and_the_run_goes_on(pipeline: IngestPipeline, tmp_path: Path, settings: Settings) -> None:
-    files = [write(tmp_path, "ok1.txt", paras("ok1", 2)), write(tmp_path, "bad.txt", "FAIL please"),
-             write(tmp_path, "ok2.txt", paras("ok2", 1))]
+def test_a_failing_file_is_reported_and_the_run_goes_on(
+    pipeline: IngestPipeline, tmp_path: Path, settings: Settings
+) -> None:
+    files = [
+        write(tmp_path, "ok1.txt", paras("ok1", 2)),
+        write(tmp_path, "bad.txt", "FAIL please"),
+        write(tmp_path, "ok2.txt", paras("ok2", 1)),
+    ]
     missing = SourceFile(tmp_path / "gone.txt", str(tmp_path / "gone.txt"), "gone.txt")
     results = run(pipeline, [*files, missing])
     assert [r.status for r in results] == ["indexed", "failed", "indexed", "failed"]
@@ -199,12 +208,19 @@ def test_recover_removes_what_a_dead_process_left(settings: Settings, tmp_path: 
     """A process that died mid-ingest (its lease free) left a pending document with some chunks and a
     deleting one: recovery deletes their chunks and rows; indexed documents stay."""
     pipeline = open_pipeline(settings, HashEmbedder(), paragraph_chunks)
-    kept, doomed = run(pipeline, [write(tmp_path, "keep.txt", paras("k", 2)), write(tmp_path, "old.txt", paras("o", 2))])
+    kept, doomed = run(
+        pipeline, [write(tmp_path, "keep.txt", paras("k", 2)), write(tmp_path, "old.txt", paras("o", 2))]
+    )
     dead = OwnerLease(settings.data_dir / "owners")
     catalog = pipeline.catalog
-    catalog.claim("default", "half", source="half.txt", name="half.txt", size=1, owner=dead.token, is_live=lambda t: False)
-    pipeline.stores.write_chunks("default", paragraph_chunks(b"one\n\ntwo", SourceFile(tmp_path, "half.txt", "half.txt"), "half").records,
-                          [HashEmbedder()._vector("x")] * 2)
+    catalog.claim(
+        "default", "half", source="half.txt", name="half.txt", size=1, owner=dead.token, is_live=lambda t: False
+    )
+    pipeline.stores.write_chunks(
+        "default",
+        paragraph_chunks(b"one\n\ntwo", SourceFile(tmp_path, "half.txt", "half.txt"), "half").records,
+        [HashEmbedder()._vector("x")] * 2,
+    )
     catalog.mark_deleting("default", doomed.document_id or "", owner=dead.token, is_live=lambda t: False)
     assert pipeline.recover() == []  # the owner is alive: nothing to do
     dead.release()

@@ -29,10 +29,29 @@ from tests.servers import free_port, llama_server_binary, start_server
 
 V100 = get_gpu("v100-16g")
 # A qwen35 with the production model's proportions (n_ff ~ 3.4 n_embd, 3 recurrent : 1 attention).
-TINY_QWEN35 = Qwen35Hparams(n_layer=8, n_embd=512, n_ff=1536, n_vocab=8192, n_head=6, n_head_kv=2, head_dim=64,
-                            ssm_d_state=32, ssm_n_group=4, ssm_dt_rank=12, context_length=8192)
-FIELD_RECIPE = Flags(ctx=4096, parallel=1, cache_type_k="q8_0", cache_type_v="q8_0", batch=512, ubatch=1024,
-                     flash_attn=True, gpu_layers=999)
+TINY_QWEN35 = Qwen35Hparams(
+    n_layer=8,
+    n_embd=512,
+    n_ff=1536,
+    n_vocab=8192,
+    n_head=6,
+    n_head_kv=2,
+    head_dim=64,
+    ssm_d_state=32,
+    ssm_n_group=4,
+    ssm_dt_rank=12,
+    context_length=8192,
+)
+FIELD_RECIPE = Flags(
+    ctx=4096,
+    parallel=1,
+    cache_type_k="q8_0",
+    cache_type_v="q8_0",
+    batch=512,
+    ubatch=1024,
+    flash_attn=True,
+    gpu_layers=999,
+)
 
 
 def production(quant: str):
@@ -118,8 +137,10 @@ def test_token_embd_stays_on_the_host_and_partial_offload_moves_layers() -> None
 
 def test_every_gpu_preset_gives_a_verdict() -> None:
     model, extra = production("Q4_K_S")
-    verdicts = {name: plan(model, gpu, Flags(cache_type_k="q8_0", cache_type_v="q8_0"), extra_weight_bytes=extra).verdict
-                for name, gpu in GPUS.items()}
+    verdicts = {
+        name: plan(model, gpu, Flags(cache_type_k="q8_0", cache_type_v="q8_0"), extra_weight_bytes=extra).verdict
+        for name, gpu in GPUS.items()
+    }
     assert verdicts["t4"] == "does not fit"
     assert verdicts["a100-40g"] == verdicts["h200"] == "fits"
 
@@ -177,8 +198,9 @@ def test_a_gguf_without_tensors_is_one_line_of_error(tmp_path: Path) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    done = subprocess.run([sys.executable, "-m", "rag.cli", "plan", str(path), "--gpu", "t4"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "rag.cli", "plan", str(path), "--gpu", "t4"], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip().count("\n") == 0, done.stderr
     assert done.stderr.startswith(f"Error: cannot plan {path}: ") and "holds no tensors" in done.stderr
@@ -269,10 +291,18 @@ def small_models(tmp_path_factory: pytest.TempPathFactory, generator_model: Path
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("which, flags", CASES, ids=lambda c: c if isinstance(c, str) else
-                         f"c{c.ctx}-np{c.parallel}-{c.cache_type_k}-fa{int(c.flash_attn)}-ub{c.n_ubatch}{'-swafull' * c.swa_full}")
-def test_prediction_within_3_percent_of_llama_server(which: str, flags: Flags, small_models: dict[str, Path],
-                                                     tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "which, flags",
+    CASES,
+    ids=lambda c: (
+        c
+        if isinstance(c, str)
+        else f"c{c.ctx}-np{c.parallel}-{c.cache_type_k}-fa{int(c.flash_attn)}-ub{c.n_ubatch}{'-swafull' * c.swa_full}"
+    ),
+)
+def test_prediction_within_3_percent_of_llama_server(
+    which: str, flags: Flags, small_models: dict[str, Path], tmp_path: Path
+) -> None:
     path = small_models[which]
     extra = ["--no-jinja", "--chat-template", "gemma"] if which == GEMMA else []
     measured = loaded_buffers(path, flags, tmp_path, extra)

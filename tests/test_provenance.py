@@ -28,8 +28,7 @@ def test_outside_a_checkout_the_installed_version(tmp_path: Path, monkeypatch: p
     assert prov.summary(p).startswith(f"version {p['version']}, ")
 
 
-def test_a_folder_inside_another_repository_is_not_a_checkout(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_folder_inside_another_repository_is_not_a_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An installed package under a venv that sits in some repository must not report that repository's commit."""
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     inner = tmp_path / "venv" / "site-packages"

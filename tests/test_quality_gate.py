@@ -25,18 +25,29 @@ SLICES = [(SQUAD, "squad-retrieval.json"), (CMRC, "cmrc-retrieval.json")]
 
 @pytest.mark.integration
 @pytest.mark.parametrize(("dataset", "baseline"), SLICES, ids=["squad", "cmrc"])
-def test_retrieval_does_not_fall_below_its_baseline(dataset: Path, baseline: str, embedding_server: Server,
-                                                      tmp_path: Path) -> None:
+def test_retrieval_does_not_fall_below_its_baseline(
+    dataset: Path, baseline: str, embedding_server: Server, tmp_path: Path
+) -> None:
     path = BASELINES / baseline
     limit = json.loads(path.read_text())["dataset"]["limit"]
     env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("RAG_")}
     env.update(RAG_DATA_DIR=str(tmp_path / "data"), RAG_EMBED_URL=embedding_server.url)
     get_settings.cache_clear()
     try:
-        result = CliRunner().invoke(eval_command, [
-            str(dataset), "--limit", str(limit), "--json", "--baseline", str(path),
-            "--max-drop", str(MAX_DROP),
-        ], env=env)
+        result = CliRunner().invoke(
+            eval_command,
+            [
+                str(dataset),
+                "--limit",
+                str(limit),
+                "--json",
+                "--baseline",
+                str(path),
+                "--max-drop",
+                str(MAX_DROP),
+            ],
+            env=env,
+        )
     finally:
         get_settings.cache_clear()
     assert "not the same questions" not in result.stderr, result.stderr

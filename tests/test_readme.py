@@ -26,6 +26,6 @@ def test_the_readme_opens_with_a_five_line_quick_start_that_says_what_a_cached_b
     assert "## Quick start" in opening
     block = opening.split("```sh\n", 1)[1].split("```", 1)[0]
     lines = [line for line in block.splitlines() if line.strip()]
-    assert len(lines) == 5 and lines[0].startswith("git clone") and any(l.startswith("make up") for l in lines)
+    assert len(lines) == 5 and lines[0].startswith("git clone") and any(line.startswith("make up") for line in lines)
     assert "cached llama-server build" in block
     assert "a cached build skips the compile, about 15 minutes saved" in README

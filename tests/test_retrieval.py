@@ -17,13 +17,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rag.core.config import Settings
-from rag.clients.embedding import EmbeddingClient
-from rag.core.errors import BackendUnavailable, InvalidRequest, NotFound, UpstreamError
-from rag.store.lexical import LexicalIndex, lexical_tokens
-from rag.clients.rerank import RerankClient
 from rag.answering.retrieval import Retriever, dense_weight_for, fuse, min_max
+from rag.clients.embedding import EmbeddingClient
+from rag.clients.rerank import RerankClient
+from rag.core.config import Settings
+from rag.core.errors import BackendUnavailable, InvalidRequest, NotFound, UpstreamError
 from rag.store.chunks import ChunkStore
+from rag.store.lexical import LexicalIndex, lexical_tokens
 from tests.data import CMRC, SQUAD
 
 DIM = 64
@@ -83,10 +83,14 @@ def two_lists(draw):
     ids = [f"c{i}" for i in range(16)]
     dense_ids = draw(st.lists(st.sampled_from(ids), unique=True, max_size=10))
     lexical_ids = draw(st.lists(st.sampled_from(ids), unique=True, max_size=10))
-    dense = sorted(zip(dense_ids, draw(st.lists(st.floats(-1, 1), min_size=len(dense_ids), max_size=len(dense_ids)))),
-                   key=lambda h: -h[1])
-    lexical = sorted(zip(lexical_ids, draw(st.lists(st.floats(0, 50), min_size=len(lexical_ids), max_size=len(lexical_ids)))),
-                     key=lambda h: -h[1])
+    dense = sorted(
+        zip(dense_ids, draw(st.lists(st.floats(-1, 1), min_size=len(dense_ids), max_size=len(dense_ids)))),
+        key=lambda h: -h[1],
+    )
+    lexical = sorted(
+        zip(lexical_ids, draw(st.lists(st.floats(0, 50), min_size=len(lexical_ids), max_size=len(lexical_ids)))),
+        key=lambda h: -h[1],
+    )
     return dense, lexical, draw(st.floats(0, 1))
 
 
@@ -187,8 +191,14 @@ DOCS = {
 }
 
 
-async def index_docs(store: ChunkStore, lexical: LexicalIndex, collection: str, docs: dict[str, list[str]],
-                     catalog: DictCatalog | None = None, embed=BagOfWordsEmbedder.vector) -> None:
+async def index_docs(
+    store: ChunkStore,
+    lexical: LexicalIndex,
+    collection: str,
+    docs: dict[str, list[str]],
+    catalog: DictCatalog | None = None,
+    embed=BagOfWordsEmbedder.vector,
+) -> None:
     ids, vectors, texts, metas = [], [], [], []
     for doc_id, chunks in docs.items():
         for i, text in enumerate(chunks):
@@ -386,10 +396,10 @@ def sample(path: Path, paragraphs: int) -> tuple[dict[str, list[str]], list[tupl
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize(("dataset", "collection"), [(SQUAD, "squad"), (CMRC, "cmrc")],
-                         ids=["squad", "cmrc"])
-async def test_hybrid_search_with_the_real_embedder_and_chroma(embedding_server, tmp_path: Path, dataset: Path,
-                                                                collection: str) -> None:
+@pytest.mark.parametrize(("dataset", "collection"), [(SQUAD, "squad"), (CMRC, "cmrc")], ids=["squad", "cmrc"])
+async def test_hybrid_search_with_the_real_embedder_and_chroma(
+    embedding_server, tmp_path: Path, dataset: Path, collection: str
+) -> None:
     settings = Settings(data_dir=tmp_path, embed_url=embedding_server.url)
     docs, questions = sample(dataset, 40)
     embedder = EmbeddingClient(settings.embed_url, model=settings.embed_model)

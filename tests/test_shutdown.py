@@ -28,9 +28,13 @@ def test_sigterm_during_an_upload_stops_within_the_grace_and_leaves_nothing_half
     env = {**ingest_env, "RAG_SHUTDOWN_GRACE_S": str(GRACE_S)}
     api = start_api(tmp_path, env, ready_path="/v1/collections")
     url = api.url
-    small = httpx.post(f"{url}/v1/documents", files={"files": ("kept.txt", b"A short note that is indexed first.")}, timeout=120)
+    small = httpx.post(
+        f"{url}/v1/documents", files={"files": ("kept.txt", b"A short note that is indexed first.")}, timeout=120
+    )
     assert small.status_code == 200, small.text
-    big = "\n\n".join(f"Paragraph {i}: the harbour, the ferries and the tides of spring, told again." for i in range(4000))
+    big = "\n\n".join(
+        f"Paragraph {i}: the harbour, the ferries and the tides of spring, told again." for i in range(4000)
+    )
     outcome: list[object] = []
 
     def upload() -> None:

@@ -17,9 +17,15 @@ def test_a_write_while_another_process_holds_the_lock_is_store_unavailable(tmp_p
     path = tmp_path / "catalog.sqlite"
     DocumentCatalog(path).close()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sqlite3, sys, time; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
-         "db.execute('BEGIN EXCLUSIVE'); print('held', flush=True); time.sleep(60)", str(path)],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import sqlite3, sys, time; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
+            "db.execute('BEGIN EXCLUSIVE'); print('held', flush=True); time.sleep(60)",
+            str(path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"

@@ -40,11 +40,7 @@ def _files(folder: Path, numbers: range) -> list[SourceFile]:
     out = []
     for i in numbers:
         path = folder / f"f{i}.txt"
-        path.write_text(
-            "\n\n".join(
-                f"file {i} paragraph {j} about topic {i}-{j}." for j in range(40)
-            )
-        )
+        path.write_text("\n\n".join(f"file {i} paragraph {j} about topic {i}-{j}." for j in range(40)))
         out.append(SourceFile(path, str(path), path.name))
     return out
 
@@ -59,16 +55,10 @@ def _close(pipeline) -> None:
 def _state(settings: Settings, queries: np.ndarray) -> tuple[dict, dict]:
     """Every collection's documents (id, name, chunks) and each query's top 10 chunk ids."""
     catalog = DocumentCatalog(settings.data_dir / "catalog.sqlite")
-    docs = {
-        c: sorted((r.doc_id, r.name, r.chunks) for r in catalog.list(c))
-        for c in COLLECTIONS
-    }
+    docs = {c: sorted((r.doc_id, r.name, r.chunks) for r in catalog.list(c)) for c in COLLECTIONS}
     catalog.close()
     store = ChunkStore.open(settings)
-    top = {
-        c: [[h.id for h in store.query(c, q.tolist(), 10)] for q in queries]
-        for c in COLLECTIONS
-    }
+    top = {c: [[h.id for h in store.query(c, q.tolist(), 10)] for q in queries] for c in COLLECTIONS}
     _forget_chroma()
     return docs, top
 
@@ -89,19 +79,14 @@ def _rag(*args: str):
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
-def test_backup_wipe_restore_gives_the_same_documents_and_top_10(
-    store, tmp_path: Path
-) -> None:
+def test_backup_wipe_restore_gives_the_same_documents_and_top_10(store, tmp_path: Path) -> None:
     settings, queries = store
     before = _state(settings, queries)
     dest = tmp_path / "backups" / "rag"
     result = _rag("store", "backup", str(dest))
     assert result.exit_code == 0, result.output
     manifest = json.loads((dest / "manifest.json").read_text())
-    assert (
-        manifest["collections"]["alpha"]["chunks"] == 480
-        and manifest["collections"]["beta"]["documents"] == 3
-    )
+    assert manifest["collections"]["alpha"]["chunks"] == 480 and manifest["collections"]["beta"]["documents"] == 3
     assert manifest["collections"]["alpha"]["embedder"]["model"] == settings.embed_model
     assert manifest["schema"] == {"catalog.sqlite": 1, "lexical.sqlite": 1}
     assert set(manifest["files"]) == {
@@ -114,25 +99,17 @@ def test_backup_wipe_restore_gives_the_same_documents_and_top_10(
     shutil.rmtree(settings.data_dir)
     result = _rag("store", "restore", str(dest))
     assert result.exit_code == 0, result.output
-    assert (
-        "consistent" in result.output
-        and "BM25 index: 600 of the record's 600 chunks" in result.output
-    )
+    assert "consistent" in result.output and "BM25 index: 600 of the record's 600 chunks" in result.output
     assert not (settings.data_dir / "restore.json").exists()
     assert _state(settings, queries) == before
 
 
-def test_with_indexes_the_restore_uses_the_copied_indexes(
-    store, tmp_path: Path
-) -> None:
+def test_with_indexes_the_restore_uses_the_copied_indexes(store, tmp_path: Path) -> None:
     settings, queries = store
     before = _state(settings, queries)
     dest = tmp_path / "full"
     assert _rag("store", "backup", str(dest), "--with-indexes").exit_code == 0
-    assert any(
-        name.startswith("chroma/")
-        for name in json.loads((dest / "manifest.json").read_text())["files"]
-    )
+    assert any(name.startswith("chroma/") for name in json.loads((dest / "manifest.json").read_text())["files"])
     shutil.rmtree(settings.data_dir)
     result = _rag("store", "restore", str(dest))
     assert result.exit_code == 0, result.output
@@ -140,9 +117,7 @@ def test_with_indexes_the_restore_uses_the_copied_indexes(
     assert _state(settings, queries) == before
 
 
-def test_a_backup_while_another_process_holds_the_store_and_writes(
-    store, tmp_path: Path
-) -> None:
+def test_a_backup_while_another_process_holds_the_store_and_writes(store, tmp_path: Path) -> None:
     """The other process (as the API would) holds the store's lock and ingests; the backup still works
     and its copy is consistent; --with-indexes is refused, since Chroma is being written."""
     settings, _ = store
@@ -166,9 +141,7 @@ def test_a_backup_while_another_process_holds_the_store_and_writes(
 
         pipeline = open_pipeline(settings, HashEmbedder(), paragraph_chunks)
         writer = threading.Thread(
-            target=lambda: asyncio.run(
-                pipeline.run(_files(tmp_path / "more", range(20, 30)), "alpha")
-            )
+            target=lambda: asyncio.run(pipeline.run(_files(tmp_path / "more", range(20, 30)), "alpha"))
         )
         writer.start()
         result = _rag("store", "backup", str(tmp_path / "b"))
@@ -183,9 +156,7 @@ def test_a_backup_while_another_process_holds_the_store_and_writes(
     assert result.exit_code == 0 and "consistent" in result.output, result.output
 
 
-def test_a_killed_backup_leaves_the_previous_one(
-    store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_killed_backup_leaves_the_previous_one(store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     settings, _ = store
     dest = tmp_path / "rag"
     assert _rag("store", "backup", str(dest)).exit_code == 0
@@ -201,10 +172,7 @@ def test_a_killed_backup_leaves_the_previous_one(
     monkeypatch.undo()
     assert _rag("store", "backup", str(dest)).exit_code == 0
     assert (dest / "manifest.json").read_text() != first
-    assert (
-        not (tmp_path / ".rag.partial").exists()
-        and not (tmp_path / ".rag.previous").exists()
-    )
+    assert not (tmp_path / ".rag.partial").exists() and not (tmp_path / ".rag.previous").exists()
 
 
 @pytest.fixture
@@ -263,9 +231,7 @@ def test_a_backup_of_a_newer_schema_is_refused(backup) -> None:
     _refused(dest, "schema version 9", "reads up to 1")
 
 
-def test_a_restore_into_a_store_is_refused_unless_forced(
-    backup, tmp_path: Path
-) -> None:
+def test_a_restore_into_a_store_is_refused_unless_forced(backup, tmp_path: Path) -> None:
     settings, dest = backup
     assert _rag("store", "restore", str(dest)).exit_code == 0
     catalog_before = (settings.data_dir / "catalog.sqlite").read_bytes()
@@ -277,32 +243,22 @@ def test_a_restore_into_a_store_is_refused_unless_forced(
     )
     assert (settings.data_dir / "catalog.sqlite").read_bytes() == catalog_before
     result = _rag("store", "restore", str(dest), "--force")
-    assert (
-        result.exit_code == 0
-        and "replaced catalog.sqlite, lexical.sqlite, chroma, lexical.tantivy"
-        in result.output
-    )
+    assert result.exit_code == 0 and "replaced catalog.sqlite, lexical.sqlite, chroma, lexical.tantivy" in result.output
     (aside,) = settings.data_dir.glob("replaced-*")
     assert (aside / "catalog.sqlite").exists() and "consistent" in result.output
 
 
-def test_an_interrupted_restore_goes_on_when_run_again(
-    backup, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_an_interrupted_restore_goes_on_when_run_again(backup, monkeypatch: pytest.MonkeyPatch) -> None:
     settings, dest = backup
     from rag.store import repair
 
     real = repair._rebuild
 
     def stop(*args, **kwargs):
-        raise RuntimeError(
-            "killed"
-        )  # stands for a kill after the copy, during the rebuild
+        raise RuntimeError("killed")  # stands for a kill after the copy, during the rebuild
 
     monkeypatch.setattr(repair, "_rebuild", stop)
-    assert isinstance(
-        CliRunner().invoke(cli, ["store", "restore", str(dest)]).exception, RuntimeError
-    )
+    assert isinstance(CliRunner().invoke(cli, ["store", "restore", str(dest)]).exception, RuntimeError)
     assert (settings.data_dir / "restore.json").exists()
     monkeypatch.setattr(repair, "_rebuild", real)
     _forget_chroma()

@@ -128,8 +128,11 @@ def _truncate_hnsw(chroma: Path, collection: str | None = None) -> None:
 
 def _vector_segment(chroma: Path, collection: str) -> str:
     with sqlite3.connect(f"file:{chroma / 'chroma.sqlite3'}?mode=ro", uri=True) as db:
-        row = db.execute("SELECT s.id FROM segments s JOIN collections c ON s.collection = c.id "
-                         "WHERE c.name = ? AND s.scope = 'VECTOR'", (collection,)).fetchone()
+        row = db.execute(
+            "SELECT s.id FROM segments s JOIN collections c ON s.collection = c.id "
+            "WHERE c.name = ? AND s.scope = 'VECTOR'",
+            (collection,),
+        ).fetchone()
     return str(row[0])
 
 
@@ -145,12 +148,19 @@ def _add_orphans(chroma: Path) -> None:
     client = chromadb.PersistentClient(path=str(chroma))
     coll = client.get_collection("alpha", embedding_function=None)
     sample = coll.get(limit=1, include=["embeddings", "documents", "metadatas"])
-    coll.add(ids=[f"orphan:{i}" for i in range(5)], embeddings=[sample["embeddings"][0]] * 5,
-             documents=["orphan"] * 5, metadatas=[sample["metadatas"][0]] * 5)
+    coll.add(
+        ids=[f"orphan:{i}" for i in range(5)],
+        embeddings=[sample["embeddings"][0]] * 5,
+        documents=["orphan"] * 5,
+        metadatas=[sample["metadatas"][0]] * 5,
+    )
 
 
-@pytest.mark.parametrize("damage", [_delete_segment_folders, _truncate_hnsw, _drop_rows, _add_orphans],
-                         ids=["deleted segment folder", "truncated HNSW files", "missing rows", "orphan vectors"])
+@pytest.mark.parametrize(
+    "damage",
+    [_delete_segment_folders, _truncate_hnsw, _drop_rows, _add_orphans],
+    ids=["deleted segment folder", "truncated HNSW files", "missing rows", "orphan vectors"],
+)
 def test_a_damaged_chroma_is_found_and_rebuilt_from_the_record(built, damage) -> None:
     settings, queries, before = built
     damage(settings.chroma_path)
@@ -193,7 +203,11 @@ def test_another_embedder_is_refused_with_the_reindex_command(built, tmp_path: P
     # The command it names re-embeds the collection from the record; then the new file goes in.
     other = HashEmbedder(dim=32)
     written = reindex_collection(
-        settings.data_dir, settings.chroma_path, "alpha", model="other", embed=lambda texts: asyncio.run(other.embed(texts))
+        settings.data_dir,
+        settings.chroma_path,
+        "alpha",
+        model="other",
+        embed=lambda texts: asyncio.run(other.embed(texts)),
     )
     assert written == SIZES and other.texts == SIZES["alpha"]
     _forget_chroma()
@@ -253,8 +267,10 @@ def damaged_store(request: pytest.FixtureRequest, tmp_path: Path) -> CrashingSto
         shutil.copytree(request.getfixturevalue("crashing_store_made_here"), tmp_path / "store")
         return CrashingStore(tmp_path / "store", "default", "other", 160)
     if not FIELD_ARCHIVE:
-        pytest.skip(f"set {FIELD_STORE}=/path/to/chroma-segfault-store.tar.zst (18 MB, a store damaged in the "
-                    "field, kept outside the repository) to run this test on it too")
+        pytest.skip(
+            f"set {FIELD_STORE}=/path/to/chroma-segfault-store.tar.zst (18 MB, a store damaged in the "
+            "field, kept outside the repository) to run this test on it too"
+        )
     if shutil.which("zstd") is None and shutil.which("unzstd") is None:
         pytest.skip("zstd is not installed: apt-get install zstd")
     subprocess.run(["tar", "--zstd", "-xf", FIELD_ARCHIVE, "-C", str(tmp_path)], check=True)
@@ -269,24 +285,35 @@ def test_a_store_that_crashes_chroma_is_probed_without_crashing(damaged_store: C
 
 
 @pytest.mark.integration
-def test_the_api_starts_on_a_store_that_crashes_chroma_and_reports_it(damaged_store: CrashingStore,
-                                                                      ingest_settings: Settings) -> None:
+def test_the_api_starts_on_a_store_that_crashes_chroma_and_reports_it(
+    damaged_store: CrashingStore, ingest_settings: Settings
+) -> None:
     settings = ingest_settings.model_copy(update={"data_dir": damaged_store.data_dir})
-    with TestClient(__import__("rag.api.app", fromlist=["create_app"]).create_app(settings), base_url="http://127.0.0.1") as client:
+    with TestClient(
+        __import__("rag.api.app", fromlist=["create_app"]).create_app(settings), base_url="http://127.0.0.1"
+    ) as client:
         store = client.get("/health").json()["backends"]["store"]
         assert store["state"] == "damaged" and damaged_store.damaged in store["problems"]
         assert "rag store repair" in store["fix"]
-        refused = client.post("/v1/documents", data={"collection": damaged_store.damaged},
-                              files={"files": ("a.txt", b"Some words to index.")})
+        refused = client.post(
+            "/v1/documents",
+            data={"collection": damaged_store.damaged},
+            files={"files": ("a.txt", b"Some words to index.")},
+        )
         assert refused.status_code == 503 and "rag store repair" in refused.json()["error"]["message"]
         assert "retry-after" not in refused.headers  # it never clears by itself
-        fine = client.post("/v1/documents", data={"collection": damaged_store.healthy},
-                           files={"files": ("b.txt", b"Other words here.")})
+        fine = client.post(
+            "/v1/documents",
+            data={"collection": damaged_store.healthy},
+            files={"files": ("b.txt", b"Other words here.")},
+        )
         assert fine.status_code == 200, fine.text
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(2400)  # the field's store: ~3 min idle; its 3,035 chunks embedded on a busy 2-core machine took 15 min
+@pytest.mark.timeout(
+    2400
+)  # the field's store: ~3 min idle; its 3,035 chunks embedded on a busy 2-core machine took 15 min
 def test_rag_store_repair_restores_every_indexed_document(
     damaged_store: CrashingStore, embedding_server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -350,9 +377,13 @@ def test_repair_starts_its_own_embedding_server_when_none_answers(
     from rag.core.config import get_settings
     from tests.servers import free_port
 
-    pipeline = open_pipeline(ingest_settings, EmbeddingClient(ingest_settings.embed_url, model=ingest_settings.embed_model))
+    pipeline = open_pipeline(
+        ingest_settings, EmbeddingClient(ingest_settings.embed_url, model=ingest_settings.embed_model)
+    )
     path = tmp_path / "keeper.txt"
-    path.write_text("The lighthouse keeper lives on Skerry Island. She lights the lamp at dusk.\n\nSupplies come on Tuesdays.")
+    path.write_text(
+        "The lighthouse keeper lives on Skerry Island. She lights the lamp at dusk.\n\nSupplies come on Tuesdays."
+    )
     assert asyncio.run(pipeline.run([SourceFile(path, str(path), path.name)], "default"))[0].status == "indexed"
     pipeline.lexical.close()
     pipeline.catalog.close()

@@ -26,43 +26,25 @@ def v0_store(tmp_path: Path) -> Path:
     return data
 
 
-def test_a_store_from_before_versions_is_migrated_and_answers(
-    v0_store: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    assert (
-        user_version(v0_store / "lexical.sqlite")
-        == user_version(v0_store / "catalog.sqlite")
-        == 0
-    )
+def test_a_store_from_before_versions_is_migrated_and_answers(v0_store: Path, caplog: pytest.LogCaptureFixture) -> None:
+    assert user_version(v0_store / "lexical.sqlite") == user_version(v0_store / "catalog.sqlite") == 0
     with caplog.at_level(logging.INFO, logger="rag.store.schema"):
         catalog = DocumentCatalog(v0_store / "catalog.sqlite")
         lexical = LexicalIndex(v0_store / "lexical.sqlite")
     try:
         assert [r.name for r in catalog.list("default")] == ["lighthouse.txt"]
-        assert (
-            catalog.indexed_chunks("garden")
-            and sum(catalog.indexed_chunks("garden").values()) == 2
-        )
-        texts = {
-            cid: text
-            for batch in lexical.records("default")
-            for cid, _, text, _, _ in batch
-        }
+        assert catalog.indexed_chunks("garden") and sum(catalog.indexed_chunks("garden").values()) == 2
+        texts = {cid: text for batch in lexical.records("default") for cid, _, text, _, _ in batch}
         hits = lexical.search("default", "whale oil lamp", 3)
         assert "whale oil" in texts[hits[0].chunk_id]
-        assert (
-            lexical.search("garden", "Bramley apples", 1)[0].doc_id
-            == catalog.list("garden")[0].doc_id
-        )
+        assert lexical.search("garden", "Bramley apples", 1)[0].doc_id == catalog.list("garden")[0].doc_id
         assert lexical.embedder("default") is not None
     finally:
         lexical.close()
         catalog.close()
     for name in ("catalog.sqlite", "lexical.sqlite"):
         assert user_version(v0_store / name) == LATEST[name] == 1
-        assert (
-            user_version(v0_store / f"{name}.v0.bak") == 0
-        )  # the file as it was, beside it
+        assert user_version(v0_store / f"{name}.v0.bak") == 0  # the file as it was, beside it
         assert f"{name}: schema 0 -> 1" in caplog.text
 
 
@@ -71,11 +53,7 @@ def test_a_new_store_starts_at_the_latest_version_without_a_copy(
 ) -> None:
     DocumentCatalog(tmp_path / "catalog.sqlite").close()
     LexicalIndex(tmp_path / "lexical.sqlite").close()
-    assert (
-        user_version(tmp_path / "catalog.sqlite")
-        == user_version(tmp_path / "lexical.sqlite")
-        == 1
-    )
+    assert user_version(tmp_path / "catalog.sqlite") == user_version(tmp_path / "lexical.sqlite") == 1
     assert not list(tmp_path.glob("*.bak"))
 
 
@@ -87,9 +65,7 @@ def test_a_store_newer_than_the_code_is_refused_with_both_versions(
     db.close()
     with pytest.raises(StoreTooNew) as refused:
         LexicalIndex(v0_store / "lexical.sqlite")
-    assert (
-        "schema version 7" in refused.value.message and "(1)" in refused.value.message
-    )
+    assert "schema version 7" in refused.value.message and "(1)" in refused.value.message
     assert user_version(v0_store / "lexical.sqlite") == 7
 
 

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 
-PART = r'''
+PART = r"""
 import http.server, os, subprocess, sys, threading, time
 port, delay, crash_after, grandchild = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "1"
 if grandchild:
@@ -46,9 +46,9 @@ if crash_after > 0:
     os._exit(3)
 while True:
     time.sleep(60)
-'''
+"""
 
-DRIVER = r'''
+DRIVER = r"""
 import json, sys
 from pathlib import Path
 from rag.deploy.launcher import LaunchError, Part, RestartPolicy, Stack, Stopped, stop_on_signals
@@ -67,7 +67,7 @@ except Stopped as exc:
 except LaunchError as exc:
     print("error:", exc.message, flush=True)
     sys.exit(1)
-'''
+"""
 
 
 class Supervisor:
@@ -80,8 +80,13 @@ class Supervisor:
         self.parts = parts
         cfg = {"parts": parts, "pid_file": str(tmp / "run" / "up.json"), "policy": policy or {}}
         env = dict(os.environ, PYTHONPATH=str(REPO))
-        self.proc = subprocess.Popen([sys.executable, str(tmp / "driver.py"), json.dumps(cfg)], env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(tmp / "driver.py"), json.dumps(cfg)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self.lines: list[str] = []
 
     def read_until(self, text: str, timeout: float = 30) -> str:
@@ -100,12 +105,25 @@ class Supervisor:
         return "".join(self.lines) + out
 
 
-def part(tmp: Path, name: str, *, delay: float = 0.0, crash_after: float = 0.0, grandchild: bool = False,
-         ready: float = 30.0) -> dict:
+def part(
+    tmp: Path, name: str, *, delay: float = 0.0, crash_after: float = 0.0, grandchild: bool = False, ready: float = 30.0
+) -> dict:
     port = free_port()
-    return {"name": name, "port": port, "health": f"http://127.0.0.1:{port}/health", "ready": ready,
-            "log": str(tmp / "logs" / f"{name}.log"),
-            "command": [sys.executable, str(tmp / "part.py"), str(port), str(delay), str(crash_after), "1" if grandchild else "0"]}
+    return {
+        "name": name,
+        "port": port,
+        "health": f"http://127.0.0.1:{port}/health",
+        "ready": ready,
+        "log": str(tmp / "logs" / f"{name}.log"),
+        "command": [
+            sys.executable,
+            str(tmp / "part.py"),
+            str(port),
+            str(delay),
+            str(crash_after),
+            "1" if grandchild else "0",
+        ],
+    }
 
 
 def descendants(pid: int) -> set[int]:

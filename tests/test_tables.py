@@ -33,10 +33,16 @@ def test_markdown_table_has_caption_header_and_one_line_a_row() -> None:
 
 
 def test_a_long_pdf_table_keeps_its_header_in_every_chunk() -> None:
-    doc = parse(DocKind.PDF, table_pdf("Table 4: Stock by item", HEADER, ROWS, intro="December stock.", outro="End."), "stock.pdf")
+    doc = parse(
+        DocKind.PDF,
+        table_pdf("Table 4: Stock by item", HEADER, ROWS, intro="December stock.", outro="End."),
+        "stock.pdf",
+    )
     tables = [s for s in doc.sections if s.table_header]
     assert [s.page for s in tables] == [1, 2, 3]  # the table runs over three pages
-    assert tables[0].table_header == "Table 4: Stock by item\n| Item | Price | Stock | Depot |\n| --- | --- | --- | --- |"
+    assert (
+        tables[0].table_header == "Table 4: Stock by item\n| Item | Price | Stock | Depot |\n| --- | --- | --- | --- |"
+    )
     # Pages 2 and 3 draw no header row: they get the first page's.
     assert tables[1].table_header.startswith("Table 4: Stock by item (continued)\n| Item | Price | Stock | Depot |")
     assert doc.sections[0].text == "December stock." and doc.sections[-1].text == "End."
@@ -75,7 +81,9 @@ def test_pdf_text_lines_and_table_rows_have_boxes_on_their_page() -> None:
     table = next(s for s in doc.sections if s.table_header)
     assert [doc.text[b.start : b.end] for b in table.boxes] == ["| Item | Price |", "| Tea | 3 |", "| Cake | 4 |"]
     chunk = chunk_document(doc, "d", Chunker(words, chunk_tokens=200, chunk_overlap=8))[0]
-    assert decode_boxes(chunk.metadata()["boxes"]) == [[round(v, 4) for v in (b.x0, b.y0, b.x1, b.y1)] for b in table.boxes]
+    assert decode_boxes(chunk.metadata()["boxes"]) == [
+        [round(v, 4) for v in (b.x0, b.y0, b.x1, b.y1)] for b in table.boxes
+    ]
 
 
 def test_chunk_boxes_stay_compact() -> None:
@@ -89,7 +97,13 @@ def test_chunk_boxes_stay_compact() -> None:
 
 def test_docx_table_takes_its_caption_and_keeps_its_header() -> None:
     data = hostile.docx_document(
-        [("heading1", "Stock"), ("p", "Intro."), ("p", "Table 2: Depots"), ("table", [HEADER, *ROWS[:30]]), ("p", "After.")]
+        [
+            ("heading1", "Stock"),
+            ("p", "Intro."),
+            ("p", "Table 2: Depots"),
+            ("table", [HEADER, *ROWS[:30]]),
+            ("p", "After."),
+        ]
     )
     doc = parse(DocKind.DOCX, data, "stock.docx")
     table = next(s for s in doc.sections if s.table_header)
@@ -123,7 +137,9 @@ def test_ocr_boxes_that_line_up_become_rows_and_columns() -> None:
     assert align_rows(lines) == [["Name", "Age", "City"], ["Bob", "42", "Oslo"], ["Al", "", "Lyon"]]
     table = table_from_boxes(lines, caption="Members")
     assert table is not None and table.header == "Members\n| Name | Age | City |\n| --- | --- | --- |"
-    assert align_rows([LineBox("Just a paragraph line", 10, 10, 300, 20), LineBox("and another", 10, 30, 200, 40)]) is None
+    assert (
+        align_rows([LineBox("Just a paragraph line", 10, 10, 300, 20), LineBox("and another", 10, 30, 200, 40)]) is None
+    )
 
 
 def test_table_detection_has_a_time_budget_per_document(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -75,7 +75,9 @@ def test_a_watched_folder_picks_up_new_changed_deleted_and_renamed_files(ingest_
             await until(w.backend, lambda d: set(d) == {"rivers.txt", "towers.txt"})
 
             (folder / "rivers.txt").write_text("The Danube flows through ten countries and four capitals.")
-            changed = await until(w.backend, lambda d: d.get("rivers.txt") and d["rivers.txt"].id != first["rivers.txt"].id)
+            changed = await until(
+                w.backend, lambda d: d.get("rivers.txt") and d["rivers.txt"].id != first["rivers.txt"].id
+            )
             assert set(changed) == {"rivers.txt", "towers.txt"}, "the old version is gone"
 
             (folder / "towers.txt").rename(folder / "eiffel.txt")
@@ -142,7 +144,9 @@ def test_a_file_still_being_written_is_indexed_once_complete(ingest_settings: Se
             await until(w.backend, lambda d: "report.txt" in d)
             await asyncio.sleep(2 * w.watch.settle_s + 1)  # anything still pending would land now
             assert w.statuses("report.txt") == ["indexed"], "indexed once, not half and then whole"
-            chunks = w.backend.pipeline.lexical.document_chunks("default", (await until(w.backend, lambda d: True))["report.txt"].id)
+            chunks = w.backend.pipeline.lexical.document_chunks(
+                "default", (await until(w.backend, lambda d: True))["report.txt"].id
+            )
             assert sentences[-1] in " ".join(text for text, _ in chunks)
 
     asyncio.run(main())

@@ -126,8 +126,11 @@ def test_a_page_on_another_port_cannot_write(context, backend_env, attacker, tmp
     env = {**backend_env, **({"RAG_ALLOWED_ORIGINS": origin} if allowed else {})}
     api = next(gen := _api(tmp_path, env))
     try:
-        kept = httpx.post(f"{api.url}/v1/documents", files=[("files", ("kept.txt", b"A document the user keeps.", "text/plain"))],
-                          timeout=120).json()["results"][0]
+        kept = httpx.post(
+            f"{api.url}/v1/documents",
+            files=[("files", ("kept.txt", b"A document the user keeps.", "text/plain"))],
+            timeout=120,
+        ).json()["results"][0]
         recorder.page = ATTACK_PAGE.format(api=api.url, doc=kept["document_id"]).encode()
         page = context.new_page()
         page.goto(f"{origin}/cats.html")

@@ -27,8 +27,14 @@ integration = pytest.mark.integration
 pytestmark = [pytest.mark.browser]
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
 ANSWER_TIMEOUT_MS = 120_000
 UPLOAD_TIMEOUT_MS = 120_000
@@ -207,8 +213,9 @@ def test_upload_then_answer_streams_with_sources_budget_and_citation(context, ci
     page.evaluate(RECORD_STATES)
     answer = ask(page, "Where does the keeper live?", max_tokens=64)
     # Functions, not expression strings: the page's policy forbids eval, which Playwright uses for those.
-    page.wait_for_function("() => window.__states.filter(s => s.s === 'streaming' && s.t).length >= 2",
-                           timeout=ANSWER_TIMEOUT_MS)
+    page.wait_for_function(
+        "() => window.__states.filter(s => s.s === 'streaming' && s.t).length >= 2", timeout=ANSWER_TIMEOUT_MS
+    )
     shot(page, "answer-streaming")
     wait_finished(answer)
     expect(answer).to_have_attribute("data-state", "done")
@@ -318,17 +325,25 @@ def test_dropped_files_upload_one_by_one_with_reasons_empty_collection_and_delet
     page.fill("#new-collection", "empty-shelf")
     page.click("#new-collection-form button[type=submit]")
     expect(page.locator("#collection")).to_have_value("empty-shelf")
-    expect(page.locator("#documents-empty")).to_have_text("No documents in “empty-shelf” yet: upload some files to ask about them.")
+    expect(page.locator("#documents-empty")).to_have_text(
+        "No documents in “empty-shelf” yet: upload some files to ask about them."
+    )
     expect(page.locator("#empty-hint")).to_contain_text("is empty")
     shot(page, "empty-collection")
 
     # Enough text for some seconds of indexing, so that the row shows each stage.
-    notes = "".join(f"Shelf note {i}: jar {i} holds honey from hive {i % 7}, labelled in blue ink.\n" for i in range(600))
+    notes = "".join(
+        f"Shelf note {i}: jar {i} holds honey from hive {i % 7}, labelled in blue ink.\n" for i in range(600)
+    )
     files = {"random.bin": bytes(range(256)) * 64, "blank.txt": b"   \n", "shelf-notes.txt": notes.encode()}
     reasons = {}
     for name in ("random.bin", "blank.txt"):
-        response = httpx.post(f"{api.url}/v1/documents", data={"collection": "scratch-checks"},
-                              files={"files": (name, files[name])}, timeout=60)
+        response = httpx.post(
+            f"{api.url}/v1/documents",
+            data={"collection": "scratch-checks"},
+            files={"files": (name, files[name])},
+            timeout=60,
+        )
         assert response.status_code in (413, 415, 422), response.text
         reasons[name] = (response.status_code, response.json()["error"]["message"])
 
@@ -379,13 +394,17 @@ def test_markup_in_documents_and_answers_never_runs(context, api, tmp_path):
     doc.write_text(
         "Harbour notes. The harbour gate opens at six.\n"
         "<script>window.__pwned=1</script>\n"
-        "<img src=x onerror=\"window.__pwned=2\">\n"
+        '<img src=x onerror="window.__pwned=2">\n'
         "![tracker](http://tracker.invalid/pixel.png)\n"
     )
     expect(upload(page, doc)).to_have_attribute("data-status", "indexed")
 
-    answer = ask(page, "Repeat exactly: <script>window.__pwned=3</script><img src=x onerror=window.__pwned=4> "
-                       "When does the harbour gate open?", max_tokens=80)
+    answer = ask(
+        page,
+        "Repeat exactly: <script>window.__pwned=3</script><img src=x onerror=window.__pwned=4> "
+        "When does the harbour gate open?",
+        max_tokens=80,
+    )
     wait_finished(answer)
     answer.locator(".sources summary").click()
     expect(answer.locator(".snippet").first).to_be_visible()
@@ -401,31 +420,91 @@ def test_markup_in_documents_and_answers_never_runs(context, api, tmp_path):
 
 
 SOURCES = [
-    {"id": "S1", "chunk_id": "d1:0", "doc_id": "d1", "source": "router-guide.md", "page": 3, "heading": "Setup > Power",
-     "text": "To restart the router, hold the power button for five seconds until the light turns amber.",
-     "snippet": "To restart the router, hold the power button…", "score": 0.81},
-    {"id": "S2", "chunk_id": "d2:4", "doc_id": "d2", "source": "router-faq.md",
-     "text": "A factory reset clears <b>all</b> settings, including the Wi-Fi password.",
-     "snippet": "A factory reset clears all settings…", "score": 0.64},
+    {
+        "id": "S1",
+        "chunk_id": "d1:0",
+        "doc_id": "d1",
+        "source": "router-guide.md",
+        "page": 3,
+        "heading": "Setup > Power",
+        "text": "To restart the router, hold the power button for five seconds until the light turns amber.",
+        "snippet": "To restart the router, hold the power button…",
+        "score": 0.81,
+    },
+    {
+        "id": "S2",
+        "chunk_id": "d2:4",
+        "doc_id": "d2",
+        "source": "router-faq.md",
+        "text": "A factory reset clears <b>all</b> settings, including the Wi-Fi password.",
+        "snippet": "A factory reset clears all settings…",
+        "score": 0.64,
+    },
 ]
-BUDGET = {"n_ctx": 4096, "reserve": 512, "limit": 3584, "used": 301, "system": 120, "history": 0, "question": 21,
-          "chunks": [{"id": "S1", "chunk_id": "d1:0", "tokens": 60, "cut": False},
-                     {"id": "S2", "chunk_id": "d2:4", "tokens": 40, "cut": True}],
-          "dropped": [{"chunk_id": "d3:1", "reason": "over budget"}], "dropped_turns": 0}
-CITATIONS = {"citations": [{"id": "S1", "chunk_id": "d1:0", "doc_id": "d1", "source": "router-guide.md", "page": 3,
-                            "kind": "model", "support": 1.0},
-                           {"id": "S2", "chunk_id": "d2:4", "doc_id": "d2", "source": "router-faq.md", "kind": "model"},
-                           {"id": "S1", "chunk_id": "d1:0", "doc_id": "d1", "source": "router-guide.md", "page": 3,
-                            "kind": "attributed", "support": 0.8, "sentences": [1]}],
-             "invalid": ["S9"], "echoed": [],
-             "sentences": [{"text": "Restarting", "start": 0, "end": 10, "support": 0.0, "sources": [], "supported": False},
-                           {"text": "1. Hold <b>power</b> for five seconds [S1].", "start": 11, "end": 50,
-                            "support": 0.8, "sources": ["S1"], "supported": True}]}
-DONE = {"usage": {"completion_tokens": 42}, "timings": {"predicted_per_second": 55.5}, "ttft_ms": 240,
-        "invalid_citations": 1, "cache_n": 0}
-MARKUP = ["<script>window.__pwned=1</script> <img src=x onerror=window.__pwned=2> ",
-          "![pixel](http://tracker.invalid/p.png) [bad](javascript:window.__pwned=3) ",
-          "[manual](https://example.invalid/manual) `code <i>`"]
+BUDGET = {
+    "n_ctx": 4096,
+    "reserve": 512,
+    "limit": 3584,
+    "used": 301,
+    "system": 120,
+    "history": 0,
+    "question": 21,
+    "chunks": [
+        {"id": "S1", "chunk_id": "d1:0", "tokens": 60, "cut": False},
+        {"id": "S2", "chunk_id": "d2:4", "tokens": 40, "cut": True},
+    ],
+    "dropped": [{"chunk_id": "d3:1", "reason": "over budget"}],
+    "dropped_turns": 0,
+}
+CITATIONS = {
+    "citations": [
+        {
+            "id": "S1",
+            "chunk_id": "d1:0",
+            "doc_id": "d1",
+            "source": "router-guide.md",
+            "page": 3,
+            "kind": "model",
+            "support": 1.0,
+        },
+        {"id": "S2", "chunk_id": "d2:4", "doc_id": "d2", "source": "router-faq.md", "kind": "model"},
+        {
+            "id": "S1",
+            "chunk_id": "d1:0",
+            "doc_id": "d1",
+            "source": "router-guide.md",
+            "page": 3,
+            "kind": "attributed",
+            "support": 0.8,
+            "sentences": [1],
+        },
+    ],
+    "invalid": ["S9"],
+    "echoed": [],
+    "sentences": [
+        {"text": "Restarting", "start": 0, "end": 10, "support": 0.0, "sources": [], "supported": False},
+        {
+            "text": "1. Hold <b>power</b> for five seconds [S1].",
+            "start": 11,
+            "end": 50,
+            "support": 0.8,
+            "sources": ["S1"],
+            "supported": True,
+        },
+    ],
+}
+DONE = {
+    "usage": {"completion_tokens": 42},
+    "timings": {"predicted_per_second": 55.5},
+    "ttft_ms": 240,
+    "invalid_citations": 1,
+    "cache_n": 0,
+}
+MARKUP = [
+    "<script>window.__pwned=1</script> <img src=x onerror=window.__pwned=2> ",
+    "![pixel](http://tracker.invalid/p.png) [bad](javascript:window.__pwned=3) ",
+    "[manual](https://example.invalid/manual) `code <i>`",
+]
 
 
 def sse(events: list[tuple[str, Any]]) -> str:
@@ -447,20 +526,34 @@ def json_error(status: int, error: dict[str, Any]) -> dict[str, Any]:
 def test_scripted_stream_renders_markdown_citations_budget_and_errors_safely(context, api, tmp_path):
     page, errors = open_page(context, api)
     page.set_viewport_size({"width": 1440, "height": 900})  # wide enough for the chat beside the source
-    for name, text in [("router-guide.md", "# Setup\n## Power\nHold the power button for five seconds.\n"),
-                       ("router-faq.md", "A factory reset clears all settings.\n")]:
+    for name, text in [
+        ("router-guide.md", "# Setup\n## Power\nHold the power button for five seconds.\n"),
+        ("router-faq.md", "A factory reset clears all settings.\n"),
+    ]:
         (tmp_path / name).write_text(text)
         expect(upload(page, tmp_path / name)).to_have_attribute("data-status", "indexed")
     requests: list[str] = []
     page.on("request", lambda request: requests.append(request.url))
     bodies: list[dict[str, Any]] = []
     replies = [
-        scripted_answer(["## Restarting\n", "1. Hold **power** for *five* seconds [S1].\n",
-                         "2. If that fails, a factory reset [S2] clears every setting; ask support [S9] first.\n"]),
+        scripted_answer(
+            [
+                "## Restarting\n",
+                "1. Hold **power** for *five* seconds [S1].\n",
+                "2. If that fails, a factory reset [S2] clears every setting; ask support [S9] first.\n",
+            ]
+        ),
         scripted_answer(MARKUP),
-        {"status": 200, "content_type": "text/event-stream",
-         "body": sse([("sources", {"sources": [], "query": "Show me the raw notes. And then?", "rewrite": "rule"}),
-                      ("error", {"code": "upstream_error", "message": "llama-server closed the stream"})])},
+        {
+            "status": 200,
+            "content_type": "text/event-stream",
+            "body": sse(
+                [
+                    ("sources", {"sources": [], "query": "Show me the raw notes. And then?", "rewrite": "rule"}),
+                    ("error", {"code": "upstream_error", "message": "llama-server closed the stream"}),
+                ]
+            ),
+        },
         json_error(503, {"code": "llm_unavailable", "message": "llama-server is loading its model"}),
         json_error(429, {"code": "busy", "message": "8 questions are waiting", "detail": {"retry_after": 3}}),
     ]
@@ -482,7 +575,9 @@ def test_scripted_stream_renders_markdown_citations_budget_and_errors_safely(con
     expect(body.locator("a.cite")).to_have_count(2)
     expect(body.locator("a.cite[data-source=S9]")).to_have_count(0)
     expect(body.locator(".cite-invalid")).to_have_text("S9")
-    expect(answer.locator(".budget-summary")).to_have_text("Budget: 301 of 3,584 prompt tokens · 2 chunks 100 · 1 dropped")
+    expect(answer.locator(".budget-summary")).to_have_text(
+        "Budget: 301 of 3,584 prompt tokens · 2 chunks 100 · 1 dropped"
+    )
     answer.locator(".budget-details summary").click()
     expect(answer.locator(".budget-dropped")).to_have_text("d3:1: over budget")
     expect(answer.locator(".budget-chunks")).to_contain_text("cut to fit")
@@ -494,7 +589,9 @@ def test_scripted_stream_renders_markdown_citations_budget_and_errors_safely(con
 
     body.locator("a.cite[data-source=S2]").click()
     expect(page.locator("#source-title")).to_have_text("S2: router-faq.md")
-    expect(page.locator("#source-text")).to_have_text("A factory reset clears <b>all</b> settings, including the Wi-Fi password.")
+    expect(page.locator("#source-text")).to_have_text(
+        "A factory reset clears <b>all</b> settings, including the Wi-Fi password."
+    )
     body.locator("a.cite[data-source=S1]").click()
     expect(page.locator("#source-meta")).to_contain_text("Page3")
     expect(page.locator("#source-meta")).to_contain_text("Setup > Power")
@@ -525,10 +622,13 @@ def test_scripted_stream_renders_markdown_citations_budget_and_errors_safely(con
     unavailable = ask(page, "Still there?")
     wait_finished(unavailable)
     expect(unavailable.locator(".status")).to_have_text(
-        "The language model is not available: llama-server is loading its model (HTTP 503).")
+        "The language model is not available: llama-server is loading its model (HTTP 503)."
+    )
     busy = ask(page, "Now?")
     wait_finished(busy)
-    expect(busy.locator(".status")).to_have_text("The server is busy: 8 questions are waiting (HTTP 429). Try again in 3 s.")
+    expect(busy.locator(".status")).to_have_text(
+        "The server is busy: 8 questions are waiting (HTTP 429). Try again in 3 s."
+    )
     shot(page, "scripted-errors")
 
     # The conversation is kept and sent whole; questions that got no answer leave it.
@@ -547,10 +647,22 @@ def test_scripted_stream_renders_markdown_citations_budget_and_errors_safely(con
 
 @integration
 def test_backend_states_loading_blocks_asking_until_ready(context, api):
-    down = {"status": "down", "backends": {"llm": {"state": "ok"}, "store": {"state": "ok"},
-                                           "embedder": {"state": "down", "reason": "connection refused"}}}
-    loading = {"status": "loading", "backends": {"llm": {"state": "loading", "reason": "loading model"},
-                                                 "embedder": {"state": "ok"}, "store": {"state": "ok"}}}
+    down = {
+        "status": "down",
+        "backends": {
+            "llm": {"state": "ok"},
+            "store": {"state": "ok"},
+            "embedder": {"state": "down", "reason": "connection refused"},
+        },
+    }
+    loading = {
+        "status": "loading",
+        "backends": {
+            "llm": {"state": "loading", "reason": "loading model"},
+            "embedder": {"state": "ok"},
+            "store": {"state": "ok"},
+        },
+    }
     replies = [down, loading, loading]
 
     def health(route: Any) -> None:
@@ -640,10 +752,19 @@ def static_page(context: Any) -> Any:
     def serve(route: Any) -> None:
         name = route.request.url.removeprefix(f"{UNIT_ORIGIN}/static/")
         if route.request.url == f"{UNIT_ORIGIN}/":
-            route.fulfill(status=200, headers=HEADERS, content_type=MEDIA_TYPES[".html"], body="<!doctype html><title>unit</title>")
+            route.fulfill(
+                status=200,
+                headers=HEADERS,
+                content_type=MEDIA_TYPES[".html"],
+                body="<!doctype html><title>unit</title>",
+            )
         elif (STATIC_DIR / name).is_file():
-            route.fulfill(status=200, headers=HEADERS, content_type=MEDIA_TYPES[Path(name).suffix],
-                          body=(STATIC_DIR / name).read_bytes())
+            route.fulfill(
+                status=200,
+                headers=HEADERS,
+                content_type=MEDIA_TYPES[Path(name).suffix],
+                body=(STATIC_DIR / name).read_bytes(),
+            )
         else:
             route.fulfill(status=404, body="")
 
@@ -654,51 +775,73 @@ def static_page(context: Any) -> Any:
 
 
 def test_sse_parser_handles_split_crlf_comments_and_multiline_data(static_page):
-    chunks = ["event: a\r", "\ndata: {\"x\":1}\r\n", "\r\n: ping\r\n\r\nevent: b\ndata: 1\ndata:2\n\n",
-              "event: c\rdata:  z\r\r", "data: plain\n\n", "event: partial\ndata: never dispatched"]
-    events = static_page.evaluate("""async (chunks) => {
+    chunks = [
+        "event: a\r",
+        '\ndata: {"x":1}\r\n',
+        "\r\n: ping\r\n\r\nevent: b\ndata: 1\ndata:2\n\n",
+        "event: c\rdata:  z\r\r",
+        "data: plain\n\n",
+        "event: partial\ndata: never dispatched",
+    ]
+    events = static_page.evaluate(
+        """async (chunks) => {
         const { readEvents } = await import("/static/sse.js");
         const bytes = new TextEncoder();
         const body = new ReadableStream({ start(c) { chunks.forEach((x) => c.enqueue(bytes.encode(x))); c.close(); } });
         const out = [];
         for await (const e of readEvents(body)) out.push([e.event, e.data]);
         return out;
-    }""", chunks)
+    }""",
+        chunks,
+    )
     assert events == [["a", '{"x":1}'], ["b", "1\n2"], ["c", " z"], ["message", "plain"]]
 
 
-UNFOLLOWED = ('<span class="unfollowed-url" title="A link the model wrote to another site: not opened. Copy it only if '
-              'you trust it.">{}</span>')
+UNFOLLOWED = (
+    '<span class="unfollowed-url" title="A link the model wrote to another site: not opened. Copy it only if '
+    'you trust it.">{}</span>'
+)
 MARKDOWN_CASES = [
     ("**a** _b_ *c* `d`", "<p><strong>a</strong> <em>b</em> <em>c</em> <code>d</code></p>"),
     ("snake_case_name and window.__x__y", "<p>snake_case_name and window.__x__y</p>"),
     ("<b>bold?</b> <script>x()</script>", "<p>&lt;b&gt;bold?&lt;/b&gt; &lt;script&gt;x()&lt;/script&gt;</p>"),
     # Only links to the page's own origin are links; any other URL the model writes is marked text.
-    (f"[ok]({UNIT_ORIGIN}/x) [own](/v1/documents) [away](https://a.test/x) [no](javascript:alert(1)) "
-     "![alt](http://a.test/i.png?data=SECRET) see https://a.test/?d=1.",
-     f'<p><a href="{UNIT_ORIGIN}/x" target="_blank" rel="noopener noreferrer nofollow">ok</a> '
-     '<a href="/v1/documents" target="_blank" rel="noopener noreferrer nofollow">own</a> '
-     f'<span>away {UNFOLLOWED.format("https://a.test/x")}</span> <span>no {UNFOLLOWED.format("javascript:alert(1)")}</span> '
-     f'<span class="image-placeholder">[image: alt] {UNFOLLOWED.format("http://a.test/i.png?data=SECRET")}</span> '
-     f'see {UNFOLLOWED.format("https://a.test/?d=1")}.</p>'),
-    ("# Title\n- one\n- two\n\n3. three", "<h3>Title</h3><ul><li>one</li><li>two</li></ul><ol start=\"3\"><li>three</li></ol>"),
+    (
+        f"[ok]({UNIT_ORIGIN}/x) [own](/v1/documents) [away](https://a.test/x) [no](javascript:alert(1)) "
+        "![alt](http://a.test/i.png?data=SECRET) see https://a.test/?d=1.",
+        f'<p><a href="{UNIT_ORIGIN}/x" target="_blank" rel="noopener noreferrer nofollow">ok</a> '
+        '<a href="/v1/documents" target="_blank" rel="noopener noreferrer nofollow">own</a> '
+        f"<span>away {UNFOLLOWED.format('https://a.test/x')}</span> <span>no {UNFOLLOWED.format('javascript:alert(1)')}</span> "
+        f'<span class="image-placeholder">[image: alt] {UNFOLLOWED.format("http://a.test/i.png?data=SECRET")}</span> '
+        f"see {UNFOLLOWED.format('https://a.test/?d=1')}.</p>",
+    ),
+    (
+        "# Title\n- one\n- two\n\n3. three",
+        '<h3>Title</h3><ul><li>one</li><li>two</li></ul><ol start="3"><li>three</li></ol>',
+    ),
     ("```\n<i>code</i>\n```\nafter", "<pre><code>&lt;i&gt;code&lt;/i&gt;</code></pre><p>after</p>"),
     ("> quoted\nline one\nline two", "<blockquote><p>quoted</p></blockquote><p>line one<br>line two</p>"),
-    ("see [S1, S2] and [S3]", '<p>see <span class="citations">[<a>S1</a>, <a>S2</a>]</span> and '
-     '<span class="citations">[<a>S3</a>]</span></p>'),
+    (
+        "see [S1, S2] and [S3]",
+        '<p>see <span class="citations">[<a>S1</a>, <a>S2</a>]</span> and '
+        '<span class="citations">[<a>S3</a>]</span></p>',
+    ),
     ("```\nunterminated while streaming", "<pre><code>unterminated while streaming</code></pre>"),
 ]
 
 
 @pytest.mark.parametrize(("markdown", "html"), MARKDOWN_CASES)
 def test_markdown_renderer_builds_nodes_from_text(static_page, markdown, html):
-    rendered = static_page.evaluate("""async (text) => {
+    rendered = static_page.evaluate(
+        """async (text) => {
         await (await import("/static/i18n.js")).useLanguage("en");
         const { renderMarkdown } = await import("/static/markdown.js");
         const box = document.createElement("div");
         box.append(renderMarkdown(text, (id) => Object.assign(document.createElement("a"), { textContent: id })));
         return box.innerHTML;
-    }""", markdown)
+    }""",
+        markdown,
+    )
     assert rendered == html
 
 
@@ -760,10 +903,16 @@ def test_a_chinese_browser_gets_the_page_in_chinese_and_answers_in_chinese(brows
 
         # No English message of the page is left on the Chinese page.
         shown = page.evaluate("document.body.innerText")
-        english = {v.split("{")[0].strip() for k, value in en.items() for v in _plain(value)
-                   if k not in ("list.separator", "list.comma", "chat.default")  # "default" is also the collection
-                   and not k.startswith(("bytes.", "reason."))}
-        left = sorted(e for e in english if len(e) > 3 and e in shown and e not in {v for z in zh.values() for v in _plain(z)})
+        english = {
+            v.split("{")[0].strip()
+            for k, value in en.items()
+            for v in _plain(value)
+            if k not in ("list.separator", "list.comma", "chat.default")  # "default" is also the collection
+            and not k.startswith(("bytes.", "reason."))
+        }
+        left = sorted(
+            e for e in english if len(e) > 3 and e in shown and e not in {v for z in zh.values() for v in _plain(z)}
+        )
         assert left == []
 
         page.select_option("#language", "en")
@@ -799,7 +948,9 @@ def test_an_english_browser_gets_english_and_the_switch_turns_the_page_chinese(b
 
 @integration
 def test_every_count_of_a_store_agrees_failures_apart_and_one_content_under_two_names(
-    context: Any, backend_env: dict[str, str], tmp_path: Path,
+    context: Any,
+    backend_env: dict[str, str],
+    tmp_path: Path,
 ):
     """`ingest --json`, `/v1/documents`, `/v1/collections`, the page and `rag store check` count alike."""
     import subprocess
@@ -823,10 +974,13 @@ def test_every_count_of_a_store_agrees_failures_apart_and_one_content_under_two_
     server = start_api(tmp_path, backend_env)
     try:
         # The same bytes under the upload's own name: one more name, not one more document.
-        sent = httpx.post(f"{server.url}/v1/documents", files={"files": ("notes-copy.txt", LIGHTHOUSE.encode())}, timeout=120)
+        sent = httpx.post(
+            f"{server.url}/v1/documents", files={"files": ("notes-copy.txt", LIGHTHOUSE.encode())}, timeout=120
+        )
         assert sent.json()["results"][0]["status"] == "unchanged"
-        via_api = subprocess.run(ingest, env={**backend_env, "RAG_INGEST_SERVER": server.url}, capture_output=True,
-                                 text=True, timeout=300)
+        via_api = subprocess.run(
+            ingest, env={**backend_env, "RAG_INGEST_SERVER": server.url}, capture_output=True, text=True, timeout=300
+        )
         assert {k: json.loads(via_api.stdout)[f"collection_{k}"] for k in expected} == expected, via_api.stderr
         listing = httpx.get(f"{server.url}/v1/documents", timeout=30).json()
         assert {"documents": listing["total"], "failed": listing["failed"]} == expected
@@ -846,7 +1000,12 @@ def test_every_count_of_a_store_agrees_failures_apart_and_one_content_under_two_
     finally:
         server.stop()
 
-    check = subprocess.run([sys.executable, "-m", "rag.cli", "store", "check", "--json"], env=backend_env,
-                           capture_output=True, text=True, timeout=300)
+    check = subprocess.run(
+        [sys.executable, "-m", "rag.cli", "store", "check", "--json"],
+        env=backend_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     (checked,) = json.loads(check.stdout)["collections"]
     assert {"documents": checked["documents"], "failed": checked["failed"]} == expected, check.stderr

@@ -38,8 +38,24 @@ PROMPT_TOKENS = 3_584  # with 512 generated: the whole 4,096-token context
 ANSWER_TOKENS = 512
 SHIPPED = PROFILES["v100-16g"]
 SHIPPED_QUANT = (SHIPPED.model or "x-q4_k_s").rsplit("-", 1)[1].upper()  # qwen3.6-27b-q4_k_s -> Q4_K_S
-FIELD_FLAGS = ["-ngl", "999", "-c", "4096", "-b", "512", "-ub", "1024", "-ctk", "q8_0", "-ctv", "q8_0",
-               "-fa", "on", "-np", "1"]
+FIELD_FLAGS = [
+    "-ngl",
+    "999",
+    "-c",
+    "4096",
+    "-b",
+    "512",
+    "-ub",
+    "1024",
+    "-ctk",
+    "q8_0",
+    "-ctv",
+    "q8_0",
+    "-fa",
+    "on",
+    "-np",
+    "1",
+]
 DEFAULT_FLAGS = ["-ngl", "999", "-c", "4096", "-np", "1"]
 BUFFER_LINE = re.compile(r"(\S+)\s+(model|KV|RS|compute) buffer size =\s+([\d.]+) MiB")
 
@@ -93,8 +109,19 @@ class Server:
         self.port = free_port()
         self.log_path = run.logs / f"server-{name}.log"
         threads = ["-t", "1"] if run.dry else []
-        command = [str(run.bin / "llama-server"), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port),
-                   *flags, *threads, "-lv", "4"]
+        command = [
+            str(run.bin / "llama-server"),
+            "-m",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *flags,
+            *threads,
+            "-lv",
+            "4",
+        ]
         with self.log_path.open("wb") as log:
             log.write((" ".join(command) + "\n").encode())
             log.flush()
@@ -138,10 +165,18 @@ class Server:
                 self.proc.wait()
 
 
-def stream_completion(url: str, prompt: list[int], n_predict: int, *, cache_prompt: bool) -> tuple[float, float, int, dict[str, Any]]:
+def stream_completion(
+    url: str, prompt: list[int], n_predict: int, *, cache_prompt: bool
+) -> tuple[float, float, int, dict[str, Any]]:
     """Stream one greedy `/completion` of token ids: (time to first token s, total s, chunks, the server's timings)."""
-    body = {"prompt": prompt, "n_predict": n_predict, "ignore_eos": True, "stream": True, "cache_prompt": cache_prompt,
-            "temperature": 0.0}
+    body = {
+        "prompt": prompt,
+        "n_predict": n_predict,
+        "ignore_eos": True,
+        "stream": True,
+        "cache_prompt": cache_prompt,
+        "temperature": 0.0,
+    }
     started = time.perf_counter()
     first = None
     timings: dict[str, Any] = {}
@@ -184,8 +219,12 @@ def probe(run: Run) -> None:
     """The machine: GPU, driver, measured copy bandwidth."""
     info: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "host_cpus": os.cpu_count()}
     try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30)
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         info["nvidia_smi"] = smi.stdout.strip()
     except (OSError, subprocess.TimeoutExpired) as exc:
         info["nvidia_smi"] = f"unavailable: {exc}"
@@ -215,8 +254,12 @@ def probe(run: Run) -> None:
 
 
 def holder(leave_mib: int) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("hold.py")), str(leave_mib)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("hold.py")), str(leave_mib)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     line = proc.stdout.readline() if proc.stdout else ""
     if not line:
         raise RuntimeError("the memory holder did not start")
@@ -272,11 +315,17 @@ def emulate(run: Run) -> None:
         extra = 0 if run.dry else published_extra_bytes(qwen35_model(ftype=quant), quant)
         published = plan(spec, gpu, Flags.from_server_args(flags), extra_weight_bytes=extra)
         entry: dict[str, Any] = {
-            "quant": quant, "file_bytes": model.stat().st_size, "flags": flags,
-            "planner": {"verdict": planned.verdict, "reported_mib": round(planned.memory.reported_gpu / MIB, 1),
-                        "total_mib": round(planned.memory.total_gpu / MIB, 1), "free_mib": round(planned.free / MIB, 1),
-                        "components_mib": {k: round(v / MIB, 1) for k, v in planned.memory.__dict__.items()},
-                        "verdict_at_published_size": published.verdict},
+            "quant": quant,
+            "file_bytes": model.stat().st_size,
+            "flags": flags,
+            "planner": {
+                "verdict": planned.verdict,
+                "reported_mib": round(planned.memory.reported_gpu / MIB, 1),
+                "total_mib": round(planned.memory.total_gpu / MIB, 1),
+                "free_mib": round(planned.free / MIB, 1),
+                "components_mib": {k: round(v / MIB, 1) for k, v in planned.memory.__dict__.items()},
+                "verdict_at_published_size": published.verdict,
+            },
         }
         hold = None if run.dry else holder(V100_MIB)
         entry["free_before_mib"] = holder_free(hold)
@@ -323,7 +372,18 @@ def llama_bench(run: Run, name: str, model: Path, args: list[str], timeout: floa
         rows = json.loads(done.stdout)
     except json.JSONDecodeError:
         return []
-    keep = ("n_prompt", "n_gen", "n_depth", "n_batch", "n_ubatch", "type_k", "type_v", "flash_attn", "avg_ts", "stddev_ts")
+    keep = (
+        "n_prompt",
+        "n_gen",
+        "n_depth",
+        "n_batch",
+        "n_ubatch",
+        "type_k",
+        "type_v",
+        "flash_attn",
+        "avg_ts",
+        "stddev_ts",
+    )
     return [{k: r.get(k) for k in keep} for r in rows]
 
 
@@ -340,8 +400,10 @@ def bench(run: Run) -> None:
         ("fa-on-q8_0", ["-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0", "-ub", "256,512,1024"]),
         ("fa-on-q8_0-b512", ["-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0", "-b", "512", "-ub", "512"]),
         ("depth-f16", ["-fa", "on", "-p", "0", "-n", "128" if not run.dry else "8", "-d", depth]),
-        ("depth-q8_0", ["-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0", "-p", "0", "-n", "128" if not run.dry else "8",
-                        "-d", depth]),
+        (
+            "depth-q8_0",
+            ["-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0", "-p", "0", "-n", "128" if not run.dry else "8", "-d", depth],
+        ),
     ]
     for name, args in grid:
         if run.done("llama_bench", name):
@@ -354,18 +416,29 @@ def bench(run: Run) -> None:
         run.save("llama_bench", name, rows)
     shipped = run.model(SHIPPED_QUANT)
     if run.left() > 60 and shipped.exists() and not run.done("llama_bench", f"shipped-{SHIPPED_QUANT}"):
-        rows = llama_bench(run, "shipped", shipped, [*small, *reps, "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0", "-b", "512",
-                                                     "-ub", "512"], timeout=min(120, run.left() - 20))
+        rows = llama_bench(
+            run,
+            "shipped",
+            shipped,
+            [*small, *reps, "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0", "-b", "512", "-ub", "512"],
+            timeout=min(120, run.left() - 20),
+        )
         run.save("llama_bench", f"shipped-{SHIPPED_QUANT}", rows)
 
 
 def best_flags(run: Run) -> list[str] | None:
     """The llama-bench configuration with the shortest 4K RAG answer (3,584-token prompt + 512 decoded)."""
     rows = [r for rows in run.results.get("llama_bench", {}).values() if isinstance(rows, list) for r in rows]
-    pp = {(r["n_ubatch"], r["n_batch"], r["type_k"], r["flash_attn"]): r["avg_ts"] for r in rows
-          if r["n_prompt"] and not r["n_gen"]}
-    tg = {(r["n_ubatch"], r["n_batch"], r["type_k"], r["flash_attn"]): r["avg_ts"] for r in rows
-          if r["n_gen"] and not r["n_prompt"] and not r["n_depth"]}
+    pp = {
+        (r["n_ubatch"], r["n_batch"], r["type_k"], r["flash_attn"]): r["avg_ts"]
+        for r in rows
+        if r["n_prompt"] and not r["n_gen"]
+    }
+    tg = {
+        (r["n_ubatch"], r["n_batch"], r["type_k"], r["flash_attn"]): r["avg_ts"]
+        for r in rows
+        if r["n_gen"] and not r["n_prompt"] and not r["n_depth"]
+    }
     best = None
     for key in pp.keys() & tg.keys():
         seconds = PROMPT_TOKENS / pp[key] + ANSWER_TOKENS / tg[key]
@@ -374,8 +447,24 @@ def best_flags(run: Run) -> list[str] | None:
     if best is None:
         return None
     ub, b, type_k, fa = best[1]
-    flags = ["-ngl", "999", "-c", "4096", "-np", "1", "-b", str(b), "-ub", str(ub), "-ctk", type_k, "-ctv", type_k,
-             "-fa", "on" if fa in (True, 1, "on") else "off"]
+    flags = [
+        "-ngl",
+        "999",
+        "-c",
+        "4096",
+        "-np",
+        "1",
+        "-b",
+        str(b),
+        "-ub",
+        str(ub),
+        "-ctk",
+        type_k,
+        "-ctv",
+        type_k,
+        "-fa",
+        "on" if fa in (True, 1, "on") else "off",
+    ]
     run.save("sweep", "best", {"flags": flags, "predicted_answer_s": round(best[0], 2)})
     return flags
 

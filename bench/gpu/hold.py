@@ -22,8 +22,12 @@ def main() -> None:
     held = torch.empty(max(0, free - leave), dtype=torch.uint8, device="cuda")
     torch.cuda.synchronize()
     free_now = torch.cuda.mem_get_info()[0]
-    print(json.dumps({"event": "holding", "held_mib": held.numel() / MIB, "free_mib": free_now / MIB,
-                      "total_mib": total / MIB}), flush=True)
+    print(
+        json.dumps(
+            {"event": "holding", "held_mib": held.numel() / MIB, "free_mib": free_now / MIB, "total_mib": total / MIB}
+        ),
+        flush=True,
+    )
     for line in sys.stdin:
         command = line.strip()
         if command == "free":

@@ -18,8 +18,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from rag.deploy.model_shapes import QWEN36_27B, Qwen35Hparams, qwen35_model, write_gguf  # noqa: E402
 
-TINY = Qwen35Hparams(n_layer=8, n_embd=512, n_ff=1536, n_vocab=8192, n_head=6, n_head_kv=2, head_dim=64,
-                     ssm_d_state=32, ssm_n_group=4, ssm_dt_rank=12, context_length=8192)
+TINY = Qwen35Hparams(
+    n_layer=8,
+    n_embd=512,
+    n_ff=1536,
+    n_vocab=8192,
+    n_head=6,
+    n_head_kv=2,
+    head_dim=64,
+    ssm_d_state=32,
+    ssm_n_group=4,
+    ssm_dt_rank=12,
+    context_length=8192,
+)
 
 
 def main() -> None:
@@ -42,8 +53,18 @@ def main() -> None:
         part.rename(path)
         seconds = time.monotonic() - started
         size = path.stat().st_size
-        print(json.dumps({"model": quant, "path": str(path), "bytes": size, "seconds": round(seconds, 1),
-                          "gb_per_s": round(size / seconds / 1e9, 2)}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "model": quant,
+                    "path": str(path),
+                    "bytes": size,
+                    "seconds": round(seconds, 1),
+                    "gb_per_s": round(size / seconds / 1e9, 2),
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

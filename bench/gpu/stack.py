@@ -39,10 +39,19 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
-from bench.stream_fidelity import measure, sse, summary  # noqa: E402
 from driver import (  # noqa: E402
-    V100_MIB, Run, Server, free_port, holder, holder_free, holder_stop, stream_completion, vocab_size,
+    V100_MIB,
+    Run,
+    Server,
+    free_port,
+    holder,
+    holder_free,
+    holder_stop,
+    stream_completion,
+    vocab_size,
 )
+
+from bench.stream_fidelity import measure, sse, summary  # noqa: E402
 from rag.deploy.profiles import PROFILES  # noqa: E402
 
 PROFILE = os.environ.get("RAG_LLM_PROFILE", "v100-16g")
@@ -59,14 +68,18 @@ def median(values: list[float]) -> float | None:
 
 def timed_completion(url: str, prompt: list[int], n_predict: int) -> dict[str, Any]:
     first, _, _, timings = stream_completion(url, prompt, n_predict, cache_prompt=True)
-    return {"ttft_ms": round(1000 * first, 1), "prompt_n": timings.get("prompt_n"),
-            "cache_n": timings.get("cache_n"), "prompt_ms": round(timings.get("prompt_ms", 0.0), 1)}
+    return {
+        "ttft_ms": round(1000 * first, 1),
+        "prompt_n": timings.get("prompt_n"),
+        "cache_n": timings.get("cache_n"),
+        "prompt_ms": round(timings.get("prompt_ms", 0.0), 1),
+    }
 
 
 def cache_ram(run: Run, model: Path) -> None:
     """New questions (a shared 700-token system prefix + ~2,900 new tokens) and returns to earlier ones."""
     shipped = PROFILES[PROFILE].flags()
-    default = shipped[:shipped.index("--cache-ram")] + shipped[shipped.index("--cache-ram") + 2:]
+    default = shipped[: shipped.index("--cache-ram")] + shipped[shipped.index("--cache-ram") + 2 :]
     n_vocab = vocab_size(model)
     rng = random.Random(7)
     system, body = (64, 192) if run.dry else (700, 2900)
@@ -84,8 +97,9 @@ def cache_ram(run: Run, model: Path) -> None:
                 entry["error"] = server.failure()
             else:
                 timed_completion(server.url, prefix[:16], 4)
-                entry["runs"] = [{"kind": kind, "question": q, **timed_completion(server.url, questions[q], 8)}
-                                 for q, kind in order]
+                entry["runs"] = [
+                    {"kind": kind, "question": q, **timed_completion(server.url, questions[q], 8)} for q, kind in order
+                ]
                 for kind in ("new", "return"):
                     rows = [r for r in entry["runs"] if r["kind"] == kind]
                     entry[f"{kind}_ttft_ms_median"] = median([r["ttft_ms"] for r in rows])
@@ -109,9 +123,15 @@ class Stack:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
         self.env.update(
-            RAG_DATA_DIR=str(self.data), RAG_LLM_PROFILE=PROFILE, RAG_LLM_SERVER_BIN=str(Path(args.bin) / "llama-server"),
-            RAG_LLM_MODEL_PATH=str(args.model), RAG_LLM_MODEL="qwen3.6-27b", RAG_EMBED_MODEL_PATH=str(args.embedder),
-            HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1",
+            RAG_DATA_DIR=str(self.data),
+            RAG_LLM_PROFILE=PROFILE,
+            RAG_LLM_SERVER_BIN=str(Path(args.bin) / "llama-server"),
+            RAG_LLM_MODEL_PATH=str(args.model),
+            RAG_LLM_MODEL="qwen3.6-27b",
+            RAG_EMBED_MODEL_PATH=str(args.embedder),
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            PYTHONUNBUFFERED="1",
         )
         if args.dry_run:
             self.env.update(RAG_LLM_PROFILE="cpu", RAG_EMBED_DEVICE="cpu")
@@ -121,8 +141,14 @@ class Stack:
         self.env.update(env)
         log = (self.logs / "rag-up.log").open("wb")
         self.started = time.monotonic()
-        self.proc = subprocess.Popen([sys.executable, "-m", "rag.cli", "up"], cwd=REPO, env=self.env, stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rag.cli", "up"],
+            cwd=REPO,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def wait_ready(self, timeout: float) -> float | None:
         end = time.monotonic() + timeout
@@ -137,8 +163,25 @@ class Stack:
 
     def ingest(self, corpus: Path) -> dict[str, Any]:
         started = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "ingest.cli", str(corpus), "--recursive", "--glob", "*.txt", "--json", "--server",
-                               self.api], cwd=REPO, env=self.env, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ingest.cli",
+                str(corpus),
+                "--recursive",
+                "--glob",
+                "*.txt",
+                "--json",
+                "--server",
+                self.api,
+            ],
+            cwd=REPO,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         (self.logs / "ingest.log").write_text(done.stdout + "\n" + done.stderr)
         summary_ = json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip().startswith("{") else {}
         return {"rc": done.returncode, "seconds": round(time.monotonic() - started, 1), "summary": summary_}
@@ -155,8 +198,9 @@ class Stack:
             (self.logs / log.name).write_bytes(log.read_bytes()[-2_000_000:])
 
 
-async def chat(http: httpx.AsyncClient, api: str, messages: list[dict[str, str]], top_k: int,
-               max_tokens: int) -> dict[str, Any]:
+async def chat(
+    http: httpx.AsyncClient, api: str, messages: list[dict[str, str]], top_k: int, max_tokens: int
+) -> dict[str, Any]:
     """One /v1/chat answer: client TTFT and decode, and what the API reports in its events."""
     body = {"messages": messages, "top_k": top_k, "max_tokens": max_tokens, "temperature": 0, "stream": True}
     started = time.perf_counter()
@@ -179,19 +223,34 @@ async def chat(http: httpx.AsyncClient, api: str, messages: list[dict[str, str]]
         "decode_tps": round((len(stamps) - 1) / span, 1) if span else None,
         "budget_used": (events.get("budget") or {}).get("used"),
         "sources": len((events.get("sources") or {}).get("sources", [])),
-        "prompt_n": prompt_n, "cache_n": cache_n,
+        "prompt_n": prompt_n,
+        "cache_n": cache_n,
         "reuse": round(cache_n / (cache_n + prompt_n), 3) if prompt_n is not None and cache_n is not None else None,
         "prompt_tps": round(timings.get("prompt_per_second") or 0.0, 1),
         "server_decode_tps": round(timings.get("predicted_per_second") or 0.0, 1),
-        "retrieval_ms": done.get("retrieval_ms"), "pack_ms": done.get("pack_ms"),
-        "upstream_ttft_ms": done.get("upstream_ttft_ms"), "error": events.get("error"),
+        "retrieval_ms": done.get("retrieval_ms"),
+        "pack_ms": done.get("pack_ms"),
+        "upstream_ttft_ms": done.get("upstream_ttft_ms"),
+        "error": events.get("error"),
         "answer": "".join(text),
     }
 
 
 def digest(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = ("ttft_ms", "decode_tps", "budget_used", "sources", "prompt_n", "cache_n", "reuse", "prompt_tps",
-            "server_decode_tps", "retrieval_ms", "pack_ms", "upstream_ttft_ms")
+    keys = (
+        "ttft_ms",
+        "decode_tps",
+        "budget_used",
+        "sources",
+        "prompt_n",
+        "cache_n",
+        "reuse",
+        "prompt_tps",
+        "server_decode_tps",
+        "retrieval_ms",
+        "pack_ms",
+        "upstream_ttft_ms",
+    )
     out = {f"{k}_median": median([r.get(k) for r in rows]) for k in keys}
     out["answered"] = sum(1 for r in rows if r.get("tokens") and not r.get("error"))
     out["n"] = len(rows)
@@ -212,8 +271,11 @@ async def follow_ups(api: str, questions: list[str], top_k: int, max_tokens: int
     async with httpx.AsyncClient(timeout=600) as http:
         for q in questions:
             first = await chat(http, api, [{"role": "user", "content": q}], top_k, max_tokens)
-            history = [{"role": "user", "content": q}, {"role": "assistant", "content": first.pop("answer")[:400]},
-                       {"role": "user", "content": q}]
+            history = [
+                {"role": "user", "content": q},
+                {"role": "assistant", "content": first.pop("answer")[:400]},
+                {"role": "user", "content": q},
+            ]
             second = await chat(http, api, history, top_k, max_tokens)
             second.pop("answer")
             firsts.append(first)
@@ -227,23 +289,36 @@ def openai_sdk(api: str, question: str, max_tokens: int) -> dict[str, Any]:
     client = OpenAI(base_url=f"{api}/v1", api_key="unused")
     started = time.perf_counter()
     first, chunks, text = None, 0, []
-    stream = client.chat.completions.create(model="qwen3.6-27b", messages=[{"role": "user", "content": question}],
-                                            max_tokens=max_tokens, stream=True)
+    stream = client.chat.completions.create(
+        model="qwen3.6-27b", messages=[{"role": "user", "content": question}], max_tokens=max_tokens, stream=True
+    )
     for chunk in stream:
         chunks += 1
         delta = chunk.choices[0].delta.content if chunk.choices else None
         if delta:
             first = first or time.perf_counter() - started
             text.append(delta)
-    whole = client.chat.completions.create(model="qwen3.6-27b", messages=[{"role": "user", "content": question}],
-                                           max_tokens=16)
-    return {"stream_chunks": chunks, "stream_ttft_ms": round(1000 * (first or 0.0), 1), "stream_chars": len("".join(text)),
-            "non_stream_finish": whole.choices[0].finish_reason, "non_stream_usage": whole.usage.model_dump()
-            if whole.usage else None}
+    whole = client.chat.completions.create(
+        model="qwen3.6-27b", messages=[{"role": "user", "content": question}], max_tokens=16
+    )
+    return {
+        "stream_chunks": chunks,
+        "stream_ttft_ms": round(1000 * (first or 0.0), 1),
+        "stream_chars": len("".join(text)),
+        "non_stream_finish": whole.choices[0].finish_reason,
+        "non_stream_usage": whole.usage.model_dump() if whole.usage else None,
+    }
 
 
-def stack_phase(run: Run, args: argparse.Namespace, name: str, questions: list[str], env: dict[str, str],
-                steps: tuple[str, ...], hold: bool = False) -> None:
+def stack_phase(
+    run: Run,
+    args: argparse.Namespace,
+    name: str,
+    questions: list[str],
+    env: dict[str, str],
+    steps: tuple[str, ...],
+    hold: bool = False,
+) -> None:
     if run.done("stack", name) or run.left() < 90:
         return
     small = args.dry_run
@@ -262,15 +337,17 @@ def stack_phase(run: Run, args: argparse.Namespace, name: str, questions: list[s
             run.save("stack", f"{name}-partial", entry)
         if "fidelity" in steps:
             fid_args = SimpleNamespace(max_tokens=32 if small else 256)
-            pairs = asyncio.run(measure(fid_args, stack.api, stack.llm, questions[:4 if small else 12], stack.proc.pid))
+            pairs = asyncio.run(
+                measure(fid_args, stack.api, stack.llm, questions[: 4 if small else 12], stack.proc.pid)
+            )
             entry["stream_fidelity"] = {"top_k": int(env.get("RAG_TOP_K", 8)), **summary(pairs)}
             run.save("stack", f"{name}-partial", entry)
         if "full" in steps:
-            entry["full_budget"] = asyncio.run(full_budget(stack.api, questions[12:14 if small else 19], tokens))
+            entry["full_budget"] = asyncio.run(full_budget(stack.api, questions[12 : 14 if small else 19], tokens))
             run.save("stack", f"{name}-partial", entry)
         if "follow" in steps:  # TTFT and reuse are what count here: short answers
-            entry["follow_up"] = asyncio.run(follow_ups(stack.api, questions[20:22 if small else 25], 16, 64))
-            entry["follow_up_top4"] = asyncio.run(follow_ups(stack.api, questions[30:32 if small else 34], 4, 64))
+            entry["follow_up"] = asyncio.run(follow_ups(stack.api, questions[20 : 22 if small else 25], 16, 64))
+            entry["follow_up_top4"] = asyncio.run(follow_ups(stack.api, questions[30 : 32 if small else 34], 4, 64))
             run.save("stack", f"{name}-partial", entry)
         if "openai" in steps:
             entry["openai_sdk"] = openai_sdk(stack.api, questions[40], 32 if small else 128)
@@ -308,15 +385,19 @@ def main() -> None:
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--steps", default="cache_ram,whole_card,emulation,no_cutoff")
     args = parser.parse_args()
-    run = Run(SimpleNamespace(bin=args.bin, models=str(args.model.parent), out=args.out, deadline=args.deadline,
-                              dry_run=args.dry_run))
+    run = Run(
+        SimpleNamespace(
+            bin=args.bin, models=str(args.model.parent), out=args.out, deadline=args.deadline, dry_run=args.dry_run
+        )
+    )
     questions = json.loads((Path(args.corpus) / "questions.json").read_text())
     steps = args.steps.split(",")
     if "cache_ram" in steps:
         cache_ram(run, args.model)
     if "whole_card" in steps:
-        stack_phase(run, args, "whole_card", questions, {"RAG_TOP_K": "2"},
-                    ("ingest", "fidelity", "full", "follow", "openai"))
+        stack_phase(
+            run, args, "whole_card", questions, {"RAG_TOP_K": "2"}, ("ingest", "fidelity", "full", "follow", "openai")
+        )
     if "emulation" in steps:
         stack_phase(run, args, "emulation_16g", questions, {"RAG_EMBED_DEVICE": "cpu"}, ("full", "follow"), hold=True)
     if "no_cutoff" in steps:
@@ -326,8 +407,10 @@ def main() -> None:
     if "after" in steps:
         stack_phase(run, args, "after", questions, {}, ("ingest", "full", "follow"))
     if "before" in steps:
-        before = {"RAG_LLM_SERVER_BIN": str(without_cache_ram_flag(Path(args.bin) / "llama-server", Path(args.out))),
-                  CUTOFF_SETTING: "0"}
+        before = {
+            "RAG_LLM_SERVER_BIN": str(without_cache_ram_flag(Path(args.bin) / "llama-server", Path(args.out))),
+            CUTOFF_SETTING: "0",
+        }
         stack_phase(run, args, "before", questions, before, ("full", "follow"))
 
 

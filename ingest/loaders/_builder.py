@@ -101,7 +101,9 @@ class DocumentBuilder:
         text = "".join(self._parts)
         sections = tuple(s for s in (self._section(text, *span) for span in self._spans) if _VISIBLE.search(s.text))
         if not sections:
-            raise DocumentRejected(f"{name} has no text to index (it is empty, or whitespace and invisible characters only)")
+            raise DocumentRejected(
+                f"{name} has no text to index (it is empty, or whitespace and invisible characters only)"
+            )
         return LoadedDocument(name=name, kind=kind, text=text, sections=sections, **fields)  # type: ignore[arg-type]
 
     def _append(self, text: str, sep: str) -> int:
@@ -128,7 +130,12 @@ class DocumentBuilder:
 
     @staticmethod
     def _section(
-        text: str, start: int, end: int, page: int | None, headings: tuple[str, ...], boxes: tuple[TextBox, ...],
+        text: str,
+        start: int,
+        end: int,
+        page: int | None,
+        headings: tuple[str, ...],
+        boxes: tuple[TextBox, ...],
         header_end: int | None,
     ) -> Section:
         span = text[start:end]
@@ -138,5 +145,6 @@ class DocumentBuilder:
         end = start + len(stripped)
         table_header = text[start:header_end] if header_end is not None and start < header_end <= end else ""
         boxes = tuple(b for b in boxes if b.start < end and b.end > start)
-        return Section(text=stripped, start=start, end=end, page=page, headings=headings, boxes=boxes,
-                       table_header=table_header)
+        return Section(
+            text=stripped, start=start, end=end, page=page, headings=headings, boxes=boxes, table_header=table_header
+        )

@@ -27,7 +27,19 @@ from tinycss2 import ast
 
 _OFFSETS = {"left", "top", "right", "text-indent", "margin-left", "margin-top"}
 _BOXES = {"height", "width", "max-height", "max-width"}
-_PX = {"px": 1.0, "pt": 4 / 3, "pc": 16.0, "em": 16.0, "rem": 16.0, "ex": 8.0, "ch": 8.0, "mm": 3.78, "cm": 37.8, "in": 96.0, "q": 0.945}
+_PX = {
+    "px": 1.0,
+    "pt": 4 / 3,
+    "pc": 16.0,
+    "em": 16.0,
+    "rem": 16.0,
+    "ex": 8.0,
+    "ch": 8.0,
+    "mm": 3.78,
+    "cm": 37.8,
+    "in": 96.0,
+    "q": 0.945,
+}
 _SCALES = {"scale", "scalex", "scaley", "scale3d"}
 _NESTED = {"media", "supports", "layer", "container", "document"}
 MAX_RULES = 2_000  # a page's hiding rules matched against its DOM (each match walks the tree)
@@ -35,7 +47,9 @@ MAX_RULES = 2_000  # a page's hiding rules matched against its DOM (each match w
 
 def hides(declarations: str) -> bool:
     """Whether an inline `style` attribute (a declaration list) hides its element."""
-    return _hiding(_declarations(tinycss2.parse_blocks_contents(declarations, skip_comments=True, skip_whitespace=True)))
+    return _hiding(
+        _declarations(tinycss2.parse_blocks_contents(declarations, skip_comments=True, skip_whitespace=True))
+    )
 
 
 def text_color(declarations: str) -> tuple[str | None, str | None]:
@@ -66,7 +80,12 @@ def _qualified(rules: Iterable[Any]) -> Iterator[tuple[str, list[Any]]]:
             stack.pop()
         elif rule.type == "qualified-rule" and rule.content is not None:
             yield tinycss2.serialize(rule.prelude).strip(), rule.content
-        elif rule.type == "at-rule" and rule.lower_at_keyword in _NESTED and rule.content is not None and _on_screen(rule):
+        elif (
+            rule.type == "at-rule"
+            and rule.lower_at_keyword in _NESTED
+            and rule.content is not None
+            and _on_screen(rule)
+        ):
             stack.append(iter(tinycss2.parse_rule_list(rule.content, skip_comments=True, skip_whitespace=True)))
 
 
@@ -119,7 +138,7 @@ def _length_px(value: str) -> float | None:
     if token.type == "number" and token.value == 0:
         return 0.0
     if token.type == "dimension" and token.lower_unit in _PX:
-        return token.value * _PX[token.lower_unit]
+        return float(token.value * _PX[token.lower_unit])
     return None
 
 
@@ -129,7 +148,7 @@ def _tiny_font(value: str) -> bool:
         return False
     token = tokens[0]
     if token.type == "percentage":
-        return token.value < 20
+        return bool(token.value < 20)
     size = _length_px(value)
     return size is not None and size < 2
 
@@ -138,7 +157,7 @@ def _number(token: Any) -> float | None:
     if token.type == "number":
         return float(token.value)
     if token.type == "percentage":
-        return token.value / 100
+        return float(token.value) / 100
     return None
 
 

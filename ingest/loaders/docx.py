@@ -160,7 +160,9 @@ def _inflate_member(data: bytes, member: zipfile.ZipInfo, name: str, budget: int
         if not out and not pending:
             break
     if total != member.file_size:
-        raise DocumentRejected(f"{name}: {member.filename} inflates to {total:,} bytes, not the {member.file_size:,} stated")
+        raise DocumentRejected(
+            f"{name}: {member.filename} inflates to {total:,} bytes, not the {member.file_size:,} stated"
+        )
     if parser is not None:
         parser.close(name)
     return total
@@ -223,7 +225,9 @@ class _XmlCheck:
     def close(self, name: str) -> None:
         """Refuses the member if expat could not read it (after the size checks had their say)."""
         if self.unreadable is not None:
-            raise DocumentRejected(f"{name}: {self.filename} is XML we cannot check ({self.unreadable}); refused unparsed")
+            raise DocumentRejected(
+                f"{name}: {self.filename} is XML we cannot check ({self.unreadable}); refused unparsed"
+            )
 
 
 def _refusing_parser() -> Any:

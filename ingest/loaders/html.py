@@ -33,8 +33,8 @@ from selectolax.lexbor import LexborHTMLParser, LexborNode, SelectolaxError
 
 from ..detect import decode_text
 from ..models import DocKind, LoadedDocument
-from .css import hides, hiding_selectors, text_color
 from ._builder import DocumentBuilder, clean
+from .css import hides, hiding_selectors, text_color
 from .tables import MarkdownTable, markdown_table
 
 _SKIP = {
@@ -219,7 +219,9 @@ class _Walker:
                 continue
             if not node.is_element_node or tag in _SKIP or self.rules.hidden(node, frame.background):
                 continue
-            furniture = tag in _BLOCKS and node is not root and self.rules.furniture(node)  # not inline: <b class=header>
+            furniture = (
+                tag in _BLOCKS and node is not root and self.rules.furniture(node)
+            )  # not inline: <b class=header>
             if not frame.in_content and (tag in _CHROME or furniture):
                 continue
             if self._enter(node, tag or ""):  # an element node has a tag
@@ -300,4 +302,6 @@ def html_table(node: LexborNode, rules: _PageRules) -> MarkdownTable | None:
     if sum(1 for row in rows if len(row) >= 2) < 2:
         return None
     caption = node.css_first("caption")
-    return markdown_table(rows, caption=_collapse(caption.text(deep=True, separator=" ")) if caption is not None else None)
+    return markdown_table(
+        rows, caption=_collapse(caption.text(deep=True, separator=" ")) if caption is not None else None
+    )

@@ -216,7 +216,11 @@ def ocr_flags(doc: LoadedDocument, chunk: Mapping[str, Any], min_confidence: flo
         for section in doc.sections
         if section.page == page and section.boxes
         for box in section.boxes
-        if box.confidence is not None and isinstance(start, int) and isinstance(end, int) and box.start < end and box.end > start
+        if box.confidence is not None
+        and isinstance(start, int)
+        and isinstance(end, int)
+        and box.start < end
+        and box.end > start
     ]
     if not scores:
         return {}

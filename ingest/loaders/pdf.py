@@ -81,7 +81,8 @@ def _extract(pdf: pdfium.PdfDocument, name: str, max_pages: int, plan: _OcrPlan,
     if n_pages > max_pages:
         # Checked before any page is read: 6,000 pages sharing one content stream fit in 862 KB.
         raise DocumentRejected(
-            f"{name} has {n_pages:,} pages; at most {max_pages:,} per document (RAG_MAX_DOCUMENT_PAGES)", limit=max_pages
+            f"{name} has {n_pages:,} pages; at most {max_pages:,} per document (RAG_MAX_DOCUMENT_PAGES)",
+            limit=max_pages,
         )
     outline = _outline_by_page(pdf)
     texts = [_page_text(pdf, index) for index in range(n_pages)]
@@ -107,7 +108,9 @@ def _extract(pdf: pdfium.PdfDocument, name: str, max_pages: int, plan: _OcrPlan,
         return builder.build(name, DocKind.PDF, title=doc_title, pages=n_pages, warnings=tuple(notes))
     except DocumentRejected:
         how = "nor text that OCR could read" if scanned else "and no scanned pages to read by OCR"
-        raise DocumentRejected(f"{name} has no extractable text: no text layer on its {n_pages} page(s), {how}") from None
+        raise DocumentRejected(
+            f"{name} has no extractable text: no text layer on its {n_pages} page(s), {how}"
+        ) from None
 
 
 def _scanned_pages(pdf: pdfium.PdfDocument, texts: list[str]) -> set[int]:

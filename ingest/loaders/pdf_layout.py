@@ -178,7 +178,10 @@ def _add_with_tables(
     height = float(found[0].page.height) or 1.0
     width = float(found[0].page.width) or 1.0
     regions = [(t.bbox[1] / height, t.bbox[3] / height, t) for t in found]
-    inside = lambda ln: any(top <= (ln.top + ln.bottom) / 2 <= bottom for top, bottom, _ in regions)
+
+    def inside(ln: Any) -> bool:
+        return any(top <= (ln.top + ln.bottom) / 2 <= bottom for top, bottom, _ in regions)
+
     lines = sorted((ln for ln in _lines(textpage, page) if not inside(ln)), key=lambda ln: ln.top)
     chars = 0
     for n, (top, _, table) in enumerate(regions):
@@ -207,16 +210,26 @@ def _flush_lines(builder: DocumentBuilder, lines: list[_Line]) -> int:
 
 
 def _add_table(
-    builder: DocumentBuilder, table: Any, caption: str, first_on_page: bool, state: TableState, width: float, height: float
-) -> None:
+    builder: DocumentBuilder,
+    table: Any,
+    caption: str,
+    first_on_page: bool,
+    state: TableState,
+    width: float,
+    height: float,
+) -> int:
     rows = [[clean(c or "") for c in row] for row in table.extract()]
     row_boxes = [r.bbox for r in table.rows]
     if not rows:
         return 0
     continued = first_on_page and not caption and state.header is not None and len(rows[0]) == len(state.header)
-    if continued and rows[0] != state.header:
+    if continued and state.header is not None and rows[0] != state.header:
         rows, row_boxes = [state.header, *rows], [None, *row_boxes]
-        caption = f"{state.caption} (continued)" if state.caption and not state.caption.endswith("(continued)") else state.caption
+        caption = (
+            f"{state.caption} (continued)"
+            if state.caption and not state.caption.endswith("(continued)")
+            else state.caption
+        )
     md = markdown_table(rows, caption=caption or None)
     if md is None:
         return 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from typing import Any
 
 from rag.core.errors import DocumentRejected
 
@@ -23,7 +24,11 @@ _EDGE = (230, 120, 0, 255)
 
 def render_page(data: bytes, page: int, width: int, boxes: Sequence[Sequence[float]] = ()) -> bytes:
     """Page `page` (1-based) of the PDF or image in `data` as PNG bytes, with `boxes` highlighted."""
-    image = _pdf_page(data, page, width) if data[:5] == b"%PDF-" or b"%PDF-" in data[:1024] else _image_page(data, page, width)
+    image = (
+        _pdf_page(data, page, width)
+        if data[:5] == b"%PDF-" or b"%PDF-" in data[:1024]
+        else _image_page(data, page, width)
+    )
     if boxes:
         image = _highlight(image, boxes)
     out = io.BytesIO()
@@ -31,7 +36,7 @@ def render_page(data: bytes, page: int, width: int, boxes: Sequence[Sequence[flo
     return out.getvalue()
 
 
-def _pdf_page(data: bytes, page: int, width: int):
+def _pdf_page(data: bytes, page: int, width: int) -> Any:  # a PIL image
     import pypdfium2 as pdfium
 
     pdf = pdfium.PdfDocument(data)
@@ -52,7 +57,7 @@ def _pdf_page(data: bytes, page: int, width: int):
         pdf.close()
 
 
-def _image_page(data: bytes, page: int, width: int):
+def _image_page(data: bytes, page: int, width: int) -> Any:  # a PIL image
     from PIL import Image, ImageOps
 
     with Image.open(io.BytesIO(data)) as image:
@@ -66,7 +71,7 @@ def _image_page(data: bytes, page: int, width: int):
     return frame
 
 
-def _highlight(image, boxes: Sequence[Sequence[float]]):
+def _highlight(image: Any, boxes: Sequence[Sequence[float]]) -> Any:
     from PIL import Image, ImageDraw
 
     overlay = Image.new("RGBA", image.size, (0, 0, 0, 0))

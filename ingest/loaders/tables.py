@@ -113,7 +113,9 @@ def align_rows(lines: Sequence[LineBox], min_columns: int = 2) -> list[list[str]
     return table
 
 
-def table_from_boxes(lines: Sequence[LineBox], caption: str | None = None, min_columns: int = 2) -> MarkdownTable | None:
+def table_from_boxes(
+    lines: Sequence[LineBox], caption: str | None = None, min_columns: int = 2
+) -> MarkdownTable | None:
     """OCR lines that line up as a markdown table (the top row as header), or None (see `align_rows`)."""
     rows = align_rows(lines, min_columns)
     return markdown_table(rows, caption) if rows is not None else None

@@ -33,10 +33,20 @@ import anyio
 from rag.answering.budget import Candidate, PackedPrompt, PromptBudget
 from rag.answering.citations import citations_event
 from rag.answering.events import (
-    Budget, Citations, Done, Dropped, Event, NoSourcesDone, NoSourcesReason, SourceEntry, Sources, Token,
+    Budget,
+    Citations,
+    Done,
+    Dropped,
+    Event,
+    NoSourcesDone,
+    NoSourcesReason,
+    SourceEntry,
+    Sources,
+    Token,
 )
 from rag.answering.followup import SearchQuery, search_query
 from rag.answering.gate import GenerationGate, Permit
+from rag.answering.no_answer import ANSWER_LINE_GRAMMAR, no_answer_text, usable
 from rag.answering.prompt import (
     COMPLETION_EXAMPLE_ANSWERS,
     COMPLETION_EXAMPLES,
@@ -48,7 +58,6 @@ from rag.answering.prompt import (
     choose_style,
     no_sources_answer,
 )
-from rag.answering.no_answer import ANSWER_LINE_GRAMMAR, no_answer_text, usable
 from rag.answering.retrieval import relevance, relevance_floor
 from rag.clients.llm import LlamaServerClient, ServerProps, StreamDelta, StreamEnd
 from rag.core.config import Settings
@@ -131,8 +140,15 @@ def source_entry(source_id: str, hit: Hit, text: str) -> SourceEntry:
     """A source as the API shows it."""
     meta = hit.metadata
     return SourceEntry(
-        id=source_id, chunk_id=hit.chunk_id, doc_id=hit.doc_id, source=meta.get("source", ""), text=text,
-        snippet=snippet(text), score=round(float(hit.score), 4), page=meta.get("page"), heading=meta.get("heading"),
+        id=source_id,
+        chunk_id=hit.chunk_id,
+        doc_id=hit.doc_id,
+        source=meta.get("source", ""),
+        text=text,
+        snippet=snippet(text),
+        score=round(float(hit.score), 4),
+        page=meta.get("page"),
+        heading=meta.get("heading"),
         ocr_low_confidence=meta.get("ocr_low_confidence"),
     )
 
@@ -180,7 +196,9 @@ class Answerer:
     def with_defaults(self, query: ChatQuery) -> ChatQuery:
         """The query with the style's max_tokens and temperature where the request left them out."""
         completion = self.style_choice.name == "completion"
-        max_tokens = query.max_tokens or (self.settings.completion_max_tokens if completion else self.settings.answer_reserve)
+        max_tokens = query.max_tokens or (
+            self.settings.completion_max_tokens if completion else self.settings.answer_reserve
+        )
         temperature = query.temperature if query.temperature is not None else (0.0 if completion else 0.2)
         return replace(query, max_tokens=max_tokens, temperature=temperature)
 
@@ -219,15 +237,19 @@ class Answerer:
         ahead = asyncio.ensure_future(self._look_ahead(question, bool(history)))
         try:
             searched = await search_query(self.settings.followup_rewrite, history, question, self.llm)
-            hits = list(await self.searcher.search(
-                searched.text, collection=query.collection, k=query.top_k, doc_ids=query.doc_ids
-            ))
+            hits = list(
+                await self.searcher.search(
+                    searched.text, collection=query.collection, k=query.top_k, doc_ids=query.doc_ids
+                )
+            )
         except BaseException:
             await _discard(ahead)
             raise
         clock.mark("retrieved")
         good = [h for h in hits if h.score >= self.settings.min_score]
-        below = [Dropped(chunk_id=h.chunk_id, reason="below_min_score") for h in hits if h.score < self.settings.min_score]
+        below = [
+            Dropped(chunk_id=h.chunk_id, reason="below_min_score") for h in hits if h.score < self.settings.min_score
+        ]
         reason: NoSourcesReason = "no_match" if hits else "nothing_retrieved"
         if good and relevance(searched.text, good, self.settings) < relevance_floor(searched.text, self.settings):
             reason, good = "not_relevant", []
@@ -245,8 +267,9 @@ class Answerer:
         packed.dropped += below
         clock.mark("packed")
         if not packed.chunks:
-            return NoSourcesAnswer(query, clock, "no_room", packed.dropped, packed, searched=searched,
-                                   style=packed.style)
+            return NoSourcesAnswer(
+                query, clock, "no_room", packed.dropped, packed, searched=searched, style=packed.style
+            )
         permit = await self.gate.acquire()
         clock.mark("admitted")
         return Answer(self, query, history, question, candidates, by_id, packed, permit, clock, searched=searched)
@@ -263,14 +286,25 @@ class Answerer:
         await self.pack(query, [], question, [], props.n_ctx)
 
     async def pack(
-        self, query: ChatQuery, history: list[Message], question: str, candidates: list[Candidate], n_ctx: int,
+        self,
+        query: ChatQuery,
+        history: list[Message],
+        question: str,
+        candidates: list[Candidate],
+        n_ctx: int,
         correction: int = 0,
     ) -> PackedPrompt:
         """The query's prompt packed for a context of `n_ctx` (less `correction` tokens)."""
         assert query.max_tokens is not None  # with_defaults filled it in
         return await self.budget.pack(
-            question=question, candidates=candidates, history=history, n_ctx=n_ctx, reserve=query.max_tokens,
-            ceiling=self.settings.context_budget, correction=correction, history_share=self.settings.history_share,
+            question=question,
+            candidates=candidates,
+            history=history,
+            n_ctx=n_ctx,
+            reserve=query.max_tokens,
+            ceiling=self.settings.context_budget,
+            correction=correction,
+            history_share=self.settings.history_share,
             style=self.style,
         )
 
@@ -279,9 +313,18 @@ class Answer:
     """One admitted question: its packed prompt and its generation slot."""
 
     def __init__(
-        self, answerer: Answerer, query: ChatQuery, history: list[Message], question: str,
-        candidates: list[Candidate], hits: Mapping[str, Hit], packed: PackedPrompt, permit: Permit,
-        clock: _Clock, *, searched: SearchQuery | None = None,
+        self,
+        answerer: Answerer,
+        query: ChatQuery,
+        history: list[Message],
+        question: str,
+        candidates: list[Candidate],
+        hits: Mapping[str, Hit],
+        packed: PackedPrompt,
+        permit: Permit,
+        clock: _Clock,
+        *,
+        searched: SearchQuery | None = None,
     ) -> None:
         self.answerer = answerer
         self.query = query
@@ -352,7 +395,9 @@ class Answer:
             answerer.budget.forget()  # the server counts differently than our remembered pieces
         log.warning(
             "llama-server refused a %s-token prompt (its n_ctx %s, we packed for %s): packing again",
-            overflow.n_prompt_tokens, n_ctx, self.packed.n_ctx,
+            overflow.n_prompt_tokens,
+            n_ctx,
+            self.packed.n_ctx,
         )
         packed = await answerer.pack(self.query, self.history, self.question, self.candidates, n_ctx, correction)
         packed.repacked = True
@@ -365,12 +410,15 @@ class Answer:
         assert self.query.max_tokens is not None and self.query.temperature is not None
         prompt = self.packed.messages
         if isinstance(prompt, str):
-            return self._never_blank([
-                lambda: _lstripped(self._complete(llm, prompt)),
-                lambda: _lstripped(self._complete(llm, prompt, grammar=ANSWER_LINE_GRAMMAR)),
-            ])
-        return self._never_blank([lambda: llm.stream_chat(
-            prompt, max_tokens=self.query.max_tokens, temperature=self.query.temperature)])  # type: ignore[arg-type]
+            return self._never_blank(
+                [
+                    lambda: _lstripped(self._complete(llm, prompt)),
+                    lambda: _lstripped(self._complete(llm, prompt, grammar=ANSWER_LINE_GRAMMAR)),
+                ]
+            )
+        max_tokens, temperature = self.query.max_tokens, self.query.temperature
+        assert max_tokens is not None and temperature is not None  # chat_query fills them in
+        return self._never_blank([lambda: llm.stream_chat(prompt, max_tokens=max_tokens, temperature=temperature)])
 
     async def _never_blank(
         self, attempts: list[Callable[[], AsyncIterator[StreamDelta | StreamEnd]]]
@@ -409,7 +457,10 @@ class Answer:
         ban = await self.answerer.example_ban(prompt)
         extra = ({"logit_bias": ban} if ban else {}) | ({"grammar": grammar} if grammar else {})
         stream = llm.stream_completion(
-            prompt, max_tokens=self.query.max_tokens, temperature=self.query.temperature, stop=list(COMPLETION_STOP),
+            prompt,
+            max_tokens=self.query.max_tokens,
+            temperature=self.query.temperature,
+            stop=list(COMPLETION_STOP),
             extra=extra or None,
         )
         try:
@@ -422,8 +473,7 @@ class Answer:
         text = "" if self.no_answer else "".join(self.text_parts)  # our own line cites and claims nothing
         chunks = {c.source_id: c.text for c in self.packed.chunks}
         fixed_text = (CompletionStyle if self.packed.style == "completion" else ChatStyle).fixed_text
-        citations, check, attribution = citations_event(text, chunks, self.hits,
-                                                        fixed_text=fixed_text)
+        citations, check, attribution = citations_event(text, chunks, self.hits, fixed_text=fixed_text)
         timings = end.timings or {}
         done = Done(
             usage=end.usage,
@@ -448,8 +498,15 @@ class NoSourcesAnswer:
     """The fixed answer when no source is good enough: no model call, nothing cited, no generation slot."""
 
     def __init__(
-        self, query: ChatQuery, clock: _Clock, reason: NoSourcesReason, dropped: list[Dropped],
-        packed: PackedPrompt | None = None, *, searched: SearchQuery, style: str,
+        self,
+        query: ChatQuery,
+        clock: _Clock,
+        reason: NoSourcesReason,
+        dropped: list[Dropped],
+        packed: PackedPrompt | None = None,
+        *,
+        searched: SearchQuery,
+        style: str,
     ) -> None:
         self.query = query
         self.clock = clock
@@ -474,8 +531,11 @@ class NoSourcesAnswer:
         self.clock.mark("first_token")
         yield Token(text=text)
         yield Citations()
-        yield NoSourcesDone(ttft_ms=self.clock.ms(None, "first_token"), no_sources=self.reason,
-                            retrieval_ms=self.clock.ms(None, "retrieved"))
+        yield NoSourcesDone(
+            ttft_ms=self.clock.ms(None, "first_token"),
+            no_sources=self.reason,
+            retrieval_ms=self.clock.ms(None, "retrieved"),
+        )
 
 
 async def _lstripped(stream: AsyncIterator[StreamDelta | StreamEnd]) -> AsyncIterator[StreamDelta | StreamEnd]:

@@ -97,13 +97,24 @@ class PackedPrompt:
 
     def budget(self) -> Budget:
         """The `budget` event of the API."""
-        chunks = [BudgetChunk(id=c.source_id, chunk_id=c.candidate.chunk_id, tokens=c.tokens, cut=c.cut)
-                  for c in self.chunks]
+        chunks = [
+            BudgetChunk(id=c.source_id, chunk_id=c.candidate.chunk_id, tokens=c.tokens, cut=c.cut) for c in self.chunks
+        ]
         return Budget(
-            n_ctx=self.n_ctx, reserve=self.reserve, limit=self.limit, used=self.used, system=self.system,
-            history=self.history, question=self.question, chunks=chunks, dropped=self.dropped,
-            dropped_turns=self.dropped_turns, kept_turns=self.kept_turns,
-            latest_turn_reserved=self.latest_turn_reserved, rounds=self.rounds, repacked=self.repacked,
+            n_ctx=self.n_ctx,
+            reserve=self.reserve,
+            limit=self.limit,
+            used=self.used,
+            system=self.system,
+            history=self.history,
+            question=self.question,
+            chunks=chunks,
+            dropped=self.dropped,
+            dropped_turns=self.dropped_turns,
+            kept_turns=self.kept_turns,
+            latest_turn_reserved=self.latest_turn_reserved,
+            rounds=self.rounds,
+            repacked=self.repacked,
             style=self.style,
         )
 
@@ -137,8 +148,12 @@ class _Pieces:
     @property
     def numbers(self) -> dict[str, int]:
         """What a QuestionTooLong reports."""
-        return {"question_tokens": self.question_tokens, "limit": self.limits.limit, "n_ctx": self.limits.n_ctx,
-                "reserve": self.limits.reserve}
+        return {
+            "question_tokens": self.question_tokens,
+            "limit": self.limits.limit,
+            "n_ctx": self.limits.n_ctx,
+            "reserve": self.limits.reserve,
+        }
 
 
 def _limits(n_ctx: int, reserve: int, ceiling: int | None, correction: int) -> _Limits:
@@ -148,7 +163,9 @@ def _limits(n_ctx: int, reserve: int, ceiling: int | None, correction: int) -> _
     if limit <= 0:
         raise InvalidRequest(
             f"max_tokens {reserve} leaves no room for a prompt in a context of {context} tokens",
-            n_ctx=n_ctx, context=context, reserve=reserve,
+            n_ctx=n_ctx,
+            context=context,
+            reserve=reserve,
         )
     return _Limits(n_ctx, reserve, limit)
 
@@ -224,7 +241,9 @@ class PromptBudget:
     async def warm(self, question: str, *, history: bool = False, style: PromptStyle = CHAT) -> None:
         """Count ahead what every pack of this question needs (run it while retrieval runs)."""
         await asyncio.gather(
-            self._skeleton(style), self._memo.count(defuse(question)), self._memo.count(style.wrapper()),
+            self._skeleton(style),
+            self._memo.count(defuse(question)),
+            self._memo.count(style.wrapper()),
             self._per_message_overhead(style) if history else _zero(),
         )
 
@@ -258,7 +277,11 @@ class PromptBudget:
         return await self._question_only(pieces, limits)
 
     async def _measure(
-        self, question: str, candidates: Sequence[Candidate], turns: list[list[Message]], style: PromptStyle,
+        self,
+        question: str,
+        candidates: Sequence[Candidate],
+        turns: list[list[Message]],
+        style: PromptStyle,
         limits: _Limits,
     ) -> _Pieces:
         """Every piece's tokens in one round of concurrent /tokenize calls (remembered pieces cost none);
@@ -266,15 +289,25 @@ class PromptBudget:
         kept = list(candidates[: style.max_sources]) if style.max_sources is not None else list(candidates)
         rendered = [style.render_source(c.source_id, c.text, c.metadata) for c in kept]
         skeleton, question_tokens, chunk_tokens, per_message, wrapper = await asyncio.gather(
-            self._skeleton(style), self._memo.count(defuse(question)), self._memo.count_all(rendered),
+            self._skeleton(style),
+            self._memo.count(defuse(question)),
+            self._memo.count_all(rendered),
             self._per_message_overhead(style) if turns else _zero(),
             self._memo.count(style.wrapper()) if kept else _zero(),
         )
         pieces = _Pieces(
-            question=question, style=style, candidates=kept, over_style=list(candidates[len(kept) :]),
-            chunk_tokens=chunk_tokens, turns=turns, skeleton=skeleton,
-            question_tokens=question_tokens, per_message=per_message, wrapper=wrapper,
-            base=skeleton + question_tokens, limits=limits,
+            question=question,
+            style=style,
+            candidates=kept,
+            over_style=list(candidates[len(kept) :]),
+            chunk_tokens=chunk_tokens,
+            turns=turns,
+            skeleton=skeleton,
+            question_tokens=question_tokens,
+            per_message=per_message,
+            wrapper=wrapper,
+            base=skeleton + question_tokens,
+            limits=limits,
         )
         if pieces.base > limits.limit:  # the sum of pieces may be off at a seam: count the question alone exactly
             pieces.base = await self._count(style.build([], [], question))
@@ -306,10 +339,20 @@ class PromptBudget:
         sources = [style.render_source(c.source_id, c.text, c.candidate.metadata) for c in chunks]
         messages = style.build(sources, [m for turn in kept_turns for m in turn], pieces.question)
         return PackedPrompt(
-            messages=messages, n_ctx=limits.n_ctx, reserve=limits.reserve, limit=limits.limit,
-            used=await self._count(messages), system=pieces.skeleton, question=pieces.question_tokens,
-            history=history_tokens, chunks=chunks, dropped=dropped, dropped_turns=len(pieces.turns) - len(kept_turns),
-            kept_turns=len(kept_turns), latest_turn_reserved=latest, style=style.name,
+            messages=messages,
+            n_ctx=limits.n_ctx,
+            reserve=limits.reserve,
+            limit=limits.limit,
+            used=await self._count(messages),
+            system=pieces.skeleton,
+            question=pieces.question_tokens,
+            history=history_tokens,
+            chunks=chunks,
+            dropped=dropped,
+            dropped_turns=len(pieces.turns) - len(kept_turns),
+            kept_turns=len(kept_turns),
+            latest_turn_reserved=latest,
+            style=style.name,
         )
 
     async def _question_only(self, pieces: _Pieces, limits: _Limits) -> PackedPrompt:
@@ -319,10 +362,19 @@ class PromptBudget:
         if used > limits.limit:
             raise _too_long(used, pieces.numbers)
         return PackedPrompt(
-            messages=messages, n_ctx=limits.n_ctx, reserve=limits.reserve, limit=limits.limit, used=used,
-            system=pieces.skeleton, question=pieces.question_tokens, history=0, chunks=[],
+            messages=messages,
+            n_ctx=limits.n_ctx,
+            reserve=limits.reserve,
+            limit=limits.limit,
+            used=used,
+            system=pieces.skeleton,
+            question=pieces.question_tokens,
+            history=0,
+            chunks=[],
             dropped=[Dropped(chunk_id=c.chunk_id, reason="budget") for c in pieces.candidates],
-            dropped_turns=len(pieces.turns), rounds=MAX_ROUNDS + 1, style=pieces.style.name,
+            dropped_turns=len(pieces.turns),
+            rounds=MAX_ROUNDS + 1,
+            style=pieces.style.name,
         )
 
     async def _pack_chunks(
@@ -404,5 +456,6 @@ def _too_long(prompt_tokens: int, numbers: dict[str, int]) -> QuestionTooLong:
     return QuestionTooLong(
         f"the question needs {prompt_tokens} prompt tokens with the system prompt; the limit is {numbers['limit']} "
         f"(n_ctx {numbers['n_ctx']} - {numbers['reserve']} reserved for the answer)",
-        prompt_tokens=prompt_tokens, **numbers,
+        prompt_tokens=prompt_tokens,
+        **numbers,
     )

@@ -82,8 +82,17 @@ class Attribution:
         return sum(not s.supported for s in self.sentences)
 
     def sentence_entries(self) -> list[SentenceEntry]:
-        return [SentenceEntry(text=s.text, start=s.start, end=s.end, support=round(s.support, 3), sources=s.sources,
-                              supported=s.supported) for s in self.sentences]
+        return [
+            SentenceEntry(
+                text=s.text,
+                start=s.start,
+                end=s.end,
+                support=round(s.support, 3),
+                sources=s.sources,
+                supported=s.supported,
+            )
+            for s in self.sentences
+        ]
 
 
 def cited_ids(text: str) -> list[str]:
@@ -102,8 +111,12 @@ def strip_ids(text: str) -> str:
 def check_citations(text: str, in_prompt: Collection[str], *, fixed_text: str = "") -> CitationCheck:
     """Split the ids the model cited into those that were in the prompt and those that were not."""
     check = CitationCheck()
-    echoed = {sid for sentence in split_sentences(text) if is_echo(sentence.text, fixed_text)
-              for sid in cited_ids(sentence.text)}
+    echoed = {
+        sid
+        for sentence in split_sentences(text)
+        if is_echo(sentence.text, fixed_text)
+        for sid in cited_ids(sentence.text)
+    }
     for source_id in cited_ids(text):
         if source_id in echoed:
             check.echoed.append(source_id)
@@ -162,8 +175,10 @@ def citation_entries(
     entries = []
     for source_id in check.valid:
         chunk_words = set(words_of(chunks.get(source_id, "")))
-        support = max((support_in(s.text, chunk_words) for s in attribution.sentences
-                       if source_id in cited_ids(s.text)), default=None)
+        support = max(
+            (support_in(s.text, chunk_words) for s in attribution.sentences if source_id in cited_ids(s.text)),
+            default=None,
+        )
         entries.append(_entry(source_id, hits[source_id], "model", None if support is None else round(support, 3)))
     attributed: dict[str, CitationEntry] = {}
     for index, sentence in enumerate(attribution.sentences):
@@ -175,14 +190,19 @@ def citation_entries(
     return entries + list(attributed.values())
 
 
-def citations_event(text: str, chunks: Mapping[str, str], hits: Mapping[str, CitedChunk], *,
-                    fixed_text: str = "") -> tuple[Citations, CitationCheck, Attribution]:
+def citations_event(
+    text: str, chunks: Mapping[str, str], hits: Mapping[str, CitedChunk], *, fixed_text: str = ""
+) -> tuple[Citations, CitationCheck, Attribution]:
     """The `citations` event of an answer `text` from the prompt's `chunks` (source id -> text), with the
     check and the attribution it was made from."""
     check = check_citations(text, chunks, fixed_text=fixed_text)
     attribution = attribute(text, chunks)
-    event = Citations(citations=citation_entries(check, attribution, hits, chunks), invalid=check.invalid,
-                      echoed=check.echoed, sentences=attribution.sentence_entries())
+    event = Citations(
+        citations=citation_entries(check, attribution, hits, chunks),
+        invalid=check.invalid,
+        echoed=check.echoed,
+        sentences=attribution.sentence_entries(),
+    )
     return event, check, attribution
 
 
@@ -192,11 +212,23 @@ def support_in(sentence: str, chunk_words: Collection[str]) -> float:
     return sum(w in chunk_words for w in wanted) / len(wanted) if wanted else 0.0
 
 
-def _entry(source_id: str, hit: CitedChunk, kind: Literal["model", "attributed"], support: float | None,
-           sentences: list[int] | None = None) -> CitationEntry:
-    return CitationEntry(id=source_id, chunk_id=hit.chunk_id, doc_id=hit.doc_id,
-                         source=str(hit.metadata.get("source", "")), page=hit.metadata.get("page"), kind=kind,
-                         support=support, sentences=sentences)
+def _entry(
+    source_id: str,
+    hit: CitedChunk,
+    kind: Literal["model", "attributed"],
+    support: float | None,
+    sentences: list[int] | None = None,
+) -> CitationEntry:
+    return CitationEntry(
+        id=source_id,
+        chunk_id=hit.chunk_id,
+        doc_id=hit.doc_id,
+        source=str(hit.metadata.get("source", "")),
+        page=hit.metadata.get("page"),
+        kind=kind,
+        support=support,
+        sentences=sentences,
+    )
 
 
 def words_of(text: str) -> list[str]:

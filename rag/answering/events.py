@@ -246,6 +246,10 @@ class Collected:
         """The answer as one document; every event must have come."""
         assert self.sources and self.budget and self.citations and self.done, "the answer has not ended"
         return AnswerDocument(
-            answer=self.text, sources=self.sources.sources, search=self.sources.search, budget=self.budget,
-            citations=self.citations, done=self.done,
+            answer=self.text,
+            sources=self.sources.sources,
+            search=self.sources.search,
+            budget=self.budget,
+            citations=self.citations,
+            done=self.done,
         )

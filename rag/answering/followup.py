@@ -44,7 +44,9 @@ REWRITE_SYSTEM = (
 
 
 class ChatCompleter(Protocol):
-    async def complete_chat(self, messages: list[Message], *, max_tokens: int, temperature: float = 0.2) -> dict[str, Any]: ...
+    async def complete_chat(
+        self, messages: list[Message], *, max_tokens: int, temperature: float = 0.2
+    ) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)

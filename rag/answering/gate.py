@@ -19,7 +19,7 @@ from rag.core.errors import Busy
 class Permit:
     """One slot, held for one generation; release() is idempotent."""
 
-    def __init__(self, gate: "GenerationGate", waited_s: float) -> None:
+    def __init__(self, gate: GenerationGate, waited_s: float) -> None:
         self._gate = gate
         self._since = time.monotonic()
         self.waited_s = waited_s

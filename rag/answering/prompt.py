@@ -67,7 +67,9 @@ NO_SOURCES_ANSWER = (
     "Try rephrasing the question or adding documents that cover it."
 )
 # The same answer for a question asked in Chinese (the UI's other language); one text with a placeholder.
-NO_SOURCES_ANSWER_ZH = "我在{where}文档中没有找到能回答这个问题的内容，因此无法根据文档作答。请换一种问法，或添加涵盖该问题的文档。"
+NO_SOURCES_ANSWER_ZH = (
+    "我在{where}文档中没有找到能回答这个问题的内容，因此无法根据文档作答。请换一种问法，或添加涵盖该问题的文档。"
+)
 CJK_QUESTION = 0.3  # share of CJK characters from which a question reads as Chinese
 
 # "<" that starts something tag-like: our delimiters, <end_of_turn>, <bos>, <|im_start|>, </s> ...
@@ -234,9 +236,10 @@ def choose_style(setting: str, model_paths: Sequence[Path | str | None]) -> Styl
                 return StyleChoice("chat", f"{Path(path).name} has a chat template")
             return StyleChoice("completion", f"{Path(path).name} has no chat template (a base model)")
     return StyleChoice(
-        "chat", "the model file is not readable here",
+        "chat",
+        "the model file is not readable here",
         warning="prompt style undetermined (model file not readable by the API): using chat; "
-                "set RAG_LLM_PROMPT_STYLE for a base model",
+        "set RAG_LLM_PROMPT_STYLE for a base model",
     )
 
 

@@ -25,11 +25,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rag.clients.rerank import RerankClient
 from rag.core.config import Settings
 from rag.core.errors import BackendUnavailable, InvalidRequest, UpstreamError
-from rag.store.lexical import LexicalIndex, cjk_fraction
-from rag.clients.rerank import RerankClient
 from rag.store.chunks import ChunkStore
+from rag.store.lexical import LexicalIndex, cjk_fraction
 from rag.store.record import Vectors
 
 log = logging.getLogger(__name__)
@@ -79,8 +79,15 @@ class _Candidate:
         total = sum(weights.values())
         coverage = sum(weights[t] for t in set(tokenize(text)) & weights.keys()) / total if total > 0 else 0.0
         return RetrievedChunk(
-            self.chunk_id, self.doc_id, text, self.metadata, self.score, self.dense_rank, self.lexical_rank,
-            self.dense_score, round(coverage, 4),
+            self.chunk_id,
+            self.doc_id,
+            text,
+            self.metadata,
+            self.score,
+            self.dense_rank,
+            self.lexical_rank,
+            self.dense_score,
+            round(coverage, 4),
         )
 
 
@@ -203,14 +210,17 @@ class Retriever:
         self, query: str, collection: str, depth: int, only: list[str] | None, mode: str
     ) -> tuple[list[_Candidate], bool]:
         """Fused candidates, and whether some list came back full (more may lie deeper)."""
-        lexical_job = asyncio.to_thread(self.lexical.search, collection, query, depth, only) if mode != "dense" else None
+        lexical_job = (
+            asyncio.to_thread(self.lexical.search, collection, query, depth, only) if mode != "dense" else None
+        )
         dense_job = self._dense(query, collection, depth, only) if mode != "lexical" else None
         lexical_hits, dense_hits = await asyncio.gather(_or_empty(lexical_job), _or_empty(dense_job))
         by_id: dict[str, _Candidate] = {}
         for rank, hit in enumerate(dense_hits, 1):
             doc_id = str(hit.metadata.get("doc_id") or hit.id.rsplit(":", 1)[0])  # a chunk id is "doc_id:index"
-            by_id[hit.id] = _Candidate(hit.id, doc_id, dense_score=hit.score, dense_rank=rank, text=hit.text,
-                                       metadata=hit.metadata)
+            by_id[hit.id] = _Candidate(
+                hit.id, doc_id, dense_score=hit.score, dense_rank=rank, text=hit.text, metadata=hit.metadata
+            )
         for rank, hit in enumerate(lexical_hits, 1):
             cand = by_id.setdefault(hit.chunk_id, _Candidate(hit.chunk_id, hit.doc_id))
             cand.lexical_score, cand.lexical_rank = hit.score, rank
@@ -226,7 +236,9 @@ class Retriever:
     async def _dense(self, query: str, collection: str, depth: int, only: list[str] | None) -> list[Any]:
         vector = (await self.embedder.embed([query]))[0]
         # Ids and distances only: texts and metadata are read for the final top k (_attach_texts).
-        return await asyncio.to_thread(functools.partial(self.store.query, texts=False), collection, vector, depth, only)
+        return await asyncio.to_thread(
+            functools.partial(self.store.query, texts=False), collection, vector, depth, only
+        )
 
     async def _indexed_only(self, collection: str, candidates: list[_Candidate]) -> list[_Candidate]:
         if not candidates:

@@ -43,7 +43,9 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     install_error_handlers(app)
     app.add_middleware(ChatBodyLimit, limit=settings.max_request_bytes)
     if settings.origins:  # the other sites allowed to write may also read the answers
-        app.add_middleware(CORSMiddleware, allow_origins=sorted(settings.origins), allow_methods=["*"], allow_headers=["*"])
+        app.add_middleware(
+            CORSMiddleware, allow_origins=sorted(settings.origins), allow_methods=["*"], allow_headers=["*"]
+        )
     app.add_middleware(SameOriginGuard, settings=settings)
     # Added last, so outermost: the metrics count what the body limit refuses too.
     app.state.metrics = Metrics()
@@ -59,7 +61,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.include_router(metrics.router, dependencies=protected)
     app.include_router(web.router)
     mcp_endpoint = McpEndpoint(settings, lambda: app.state.services)
-    app.add_route(MCP_PATH, mcp_endpoint, methods=["GET", "POST", "DELETE"], include_in_schema=False)
+    # An ASGI endpoint (the SDK's session manager answers the whole exchange), which Starlette's route takes.
+    app.add_route(MCP_PATH, mcp_endpoint, methods=["GET", "POST", "DELETE"], include_in_schema=False)  # type: ignore[arg-type]
 
     @app.get("/v1/openapi.json", include_in_schema=False, dependencies=protected)
     async def openapi() -> JSONResponse:

@@ -58,7 +58,9 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 413:  # starlette's body limit on the chat routes
             limit = request.scope.get(MAX_BODY_SIZE_SCOPE_KEY)
             shown = f"the limit of {limit:,} bytes" if isinstance(limit, int) else "its limit"
-            return error_response(FileTooLarge(f"the request body is over {shown} (RAG_MAX_REQUEST_BYTES)", limit=limit))
+            return error_response(
+                FileTooLarge(f"the request body is over {shown} (RAG_MAX_REQUEST_BYTES)", limit=limit)
+            )
         if exc.status_code == 400:  # FastAPI's body parser: not UTF-8, or JSON nested too deeply for Python
             return error_response(InvalidRequest(f"the request body could not be parsed as JSON: {exc.detail}"))
         return await http_exception_handler(request, exc)

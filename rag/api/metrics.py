@@ -39,26 +39,41 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("rag_http_requests", "HTTP requests by route, method and status",
-                                ["route", "method", "status"], registry=r)
-        self.request_seconds = Histogram("rag_http_request_duration_seconds", "HTTP request time to the last byte",
-                                         ["route"], buckets=SECONDS, registry=r)
-        self.busy = Counter("rag_queue_rejections", "generations refused with 429 (queue full or waited too long)",
-                            registry=r)
+        self.requests = Counter(
+            "rag_http_requests", "HTTP requests by route, method and status", ["route", "method", "status"], registry=r
+        )
+        self.request_seconds = Histogram(
+            "rag_http_request_duration_seconds",
+            "HTTP request time to the last byte",
+            ["route"],
+            buckets=SECONDS,
+            registry=r,
+        )
+        self.busy = Counter(
+            "rag_queue_rejections", "generations refused with 429 (queue full or waited too long)", registry=r
+        )
         self.queue_wait = Histogram("rag_queue_wait_seconds", "wait for a generation slot", buckets=SECONDS, registry=r)
-        self.ttft = Histogram("rag_time_to_first_token_seconds", "request start to the first answer token",
-                              buckets=TTFT_SECONDS, registry=r)
-        self.tokens_per_s = Histogram("rag_generation_tokens_per_second", "llama-server decode speed per answer",
-                                      buckets=TOKENS_PER_S, registry=r)
+        self.ttft = Histogram(
+            "rag_time_to_first_token_seconds",
+            "request start to the first answer token",
+            buckets=TTFT_SECONDS,
+            registry=r,
+        )
+        self.tokens_per_s = Histogram(
+            "rag_generation_tokens_per_second", "llama-server decode speed per answer", buckets=TOKENS_PER_S, registry=r
+        )
         self.completion_tokens = Counter("rag_completion_tokens", "tokens generated", registry=r)
         self.prompt_tokens = Counter("rag_prompt_tokens", "prompt tokens sent to llama-server", registry=r)
-        self.budget_use = Histogram("rag_prompt_budget_use_ratio", "prompt tokens used / the prompt's limit",
-                                    buckets=SHARE, registry=r)
-        self.retrieval = Histogram("rag_retrieval_duration_seconds", "retrieval time per stage",
-                                   ["stage"], buckets=STAGE_SECONDS, registry=r)
+        self.budget_use = Histogram(
+            "rag_prompt_budget_use_ratio", "prompt tokens used / the prompt's limit", buckets=SHARE, registry=r
+        )
+        self.retrieval = Histogram(
+            "rag_retrieval_duration_seconds", "retrieval time per stage", ["stage"], buckets=STAGE_SECONDS, registry=r
+        )
         self.answers = Counter("rag_answers", "answers by how they finished", ["finish_reason"], registry=r)
-        self.ingest_documents = Counter("rag_ingest_documents", "documents through the ingestion pipeline by outcome",
-                                        ["status"], registry=r)
+        self.ingest_documents = Counter(
+            "rag_ingest_documents", "documents through the ingestion pipeline by outcome", ["status"], registry=r
+        )
         self.ingest_chunks = Counter("rag_ingest_chunks", "chunks stored by the ingestion pipeline", registry=r)
 
     def render(self) -> tuple[bytes, str]:
@@ -196,6 +211,7 @@ class _TimedMethod(_Proxy):
     def __init__(self, inner: Any, method: str, histogram: Any) -> None:
         super().__init__(inner)
         original = getattr(inner, method)
+
         async def timed_async(*args: Any, **kwargs: Any) -> Any:
             with histogram.time():
                 return await original(*args, **kwargs)
@@ -230,8 +246,11 @@ def instrument(services: Any, metrics: Metrics) -> None:
     """Wrap the services' answerer, retriever parts and pipeline so that they report to `metrics`."""
     answerer = services.answerer()
     searcher = answerer.searcher
-    for attribute, method, stage in (("embedder", "embed", "embed"), ("store", "query", "dense"),
-                                     ("lexical", "search", "lexical")):
+    for attribute, method, stage in (
+        ("embedder", "embed", "embed"),
+        ("store", "query", "dense"),
+        ("lexical", "search", "lexical"),
+    ):
         part = getattr(searcher, attribute, None)
         if part is not None and hasattr(part, method):
             setattr(searcher, attribute, _TimedMethod(part, method, metrics.retrieval.labels(stage)))

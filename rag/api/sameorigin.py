@@ -55,7 +55,8 @@ class SameOriginGuard:
         name = _host_name(host)
         if not self.any_host and name not in self.hosts:
             return Forbidden(
-                f"this API does not serve the host name {name[:100]!r} (add it to RAG_ALLOWED_HOSTS)", setting="RAG_ALLOWED_HOSTS"
+                f"this API does not serve the host name {name[:100]!r} (add it to RAG_ALLOWED_HOSTS)",
+                setting="RAG_ALLOWED_HOSTS",
             )
         if scope["method"] not in WRITES:
             return None

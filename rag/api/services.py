@@ -12,14 +12,14 @@ from dataclasses import dataclass, field
 from ingest.jobs import JobRegistry
 from ingest.pipeline import IngestPipeline
 from rag.answering.answerer import Answerer
-from rag.store.catalog import DocumentCatalog, OwnerLease
-from rag.core.config import Settings
-from rag.clients.embedding import EmbeddingClient
-from rag.core.errors import BackendUnavailable, NotFound
-from rag.store.lexical import LexicalIndex
-from rag.clients.llm import LlamaServerClient
 from rag.answering.retrieval import Retriever
+from rag.clients.embedding import EmbeddingClient
+from rag.clients.llm import LlamaServerClient
+from rag.core.config import Settings
+from rag.core.errors import BackendUnavailable, NotFound
+from rag.store.catalog import DocumentCatalog, OwnerLease
 from rag.store.chunks import REPAIR_HINT, ChunkStore, StoreLock
+from rag.store.lexical import LexicalIndex
 from rag.store.probe import probe_chroma
 
 log = logging.getLogger("rag.api")
@@ -116,7 +116,9 @@ def open_store(settings: Settings) -> ChunkStore:
     for name, reason in probe.damaged.items():
         log.error("Chroma's collection %r is damaged (%s); %s", name, reason, REPAIR_HINT)
     if probe.unreadable is not None:
-        log.error("the Chroma store at %s cannot be opened (%s); %s", settings.chroma_path, probe.unreadable, REPAIR_HINT)
+        log.error(
+            "the Chroma store at %s cannot be opened (%s); %s", settings.chroma_path, probe.unreadable, REPAIR_HINT
+        )
         store = ChunkStore(None, settings.collection)
     else:
         store = ChunkStore.open(settings)

@@ -162,7 +162,9 @@ async def receive_multipart(
         async for chunk in chunks:
             received += len(chunk)
             if received > body_limit:
-                raise FileTooLarge(f"the upload is over the limit of {limit:,} bytes (RAG_MAX_UPLOAD_BYTES)", limit=limit)
+                raise FileTooLarge(
+                    f"the upload is over the limit of {limit:,} bytes (RAG_MAX_UPLOAD_BYTES)", limit=limit
+                )
             parser.write(chunk)
         parser.finalize()
         _check_complete(receiver, received, content_length)

@@ -49,16 +49,22 @@ def _vectors(body: Any, texts: list[str]) -> np.ndarray:
         data = sorted(data, key=lambda d: d["index"])
         rows = [_row(d["embedding"]) for d in data]
     except (KeyError, TypeError, ValueError, binascii.Error) as exc:
-        raise UpstreamError(f"embedding server answered with a malformed embedding ({type(exc).__name__}: {exc})") from None
+        raise UpstreamError(
+            f"embedding server answered with a malformed embedding ({type(exc).__name__}: {exc})"
+        ) from None
     if len(rows) != expected:
         raise UpstreamError(f"embedding server returned {len(rows)} vectors for {expected} inputs")
     if len({len(r) for r in rows}) > 1 or not rows[0].size:
-        raise UpstreamError(f"embedding server returned vectors of differing or zero lengths ({sorted({len(r) for r in rows})})")
+        raise UpstreamError(
+            f"embedding server returned vectors of differing or zero lengths ({sorted({len(r) for r in rows})})"
+        )
     vectors = np.vstack(rows).astype(np.float32, copy=False)
     if not np.isfinite(vectors).all():
         raise UpstreamError("embedding server returned vectors with NaN or infinite values")
     if not np.any(vectors, axis=1).all():
-        raise UpstreamError(f"embedding server returned an all-zero vector (input {int(np.argmin(np.any(vectors, axis=1)))})")
+        raise UpstreamError(
+            f"embedding server returned an all-zero vector (input {int(np.argmin(np.any(vectors, axis=1)))})"
+        )
     if expected > 1 and len(set(texts)) > 1 and (vectors == vectors[0]).all():
         raise UpstreamError(f"embedding server returned one same vector for {expected} different inputs")
     return vectors
@@ -122,8 +128,9 @@ class EmbeddingClient:
         usage = (body.get("usage") if isinstance(body, dict) else None) or {}
         prompt = int(usage.get("prompt_tokens") or 0)
         truncated = int(usage.get("truncated_inputs") or 0)
-        return _vectors(body, texts), EmbeddingsUsage(prompt_tokens=prompt, total_tokens=prompt,
-                                                      truncated_inputs=truncated)
+        return _vectors(body, texts), EmbeddingsUsage(
+            prompt_tokens=prompt, total_tokens=prompt, truncated_inputs=truncated
+        )
 
     async def _post_embeddings(self, texts: list[str]) -> Any:
         """The server's JSON answer for `texts` (base64 vectors), retried as the class says; typed errors."""
@@ -139,7 +146,9 @@ class EmbeddingClient:
                     response = await self._http.post("/v1/embeddings", json=payload)
                     response.raise_for_status()
         except httpx.ReadTimeout as exc:
-            raise EmbedderUnavailable(f"embedding server at {self.base_url} did not answer in time (it is busy)") from exc
+            raise EmbedderUnavailable(
+                f"embedding server at {self.base_url} did not answer in time (it is busy)"
+            ) from exc
         except httpx.TransportError as exc:
             raise EmbedderUnavailable(f"embedding server at {self.base_url} is unreachable") from exc
         except httpx.HTTPStatusError as exc:
@@ -151,4 +160,6 @@ class EmbeddingClient:
         try:
             return response.json()
         except ValueError:
-            raise UpstreamError("embedding server answered with something that is not JSON", upstream=response.text[:300]) from None
+            raise UpstreamError(
+                "embedding server answered with something that is not JSON", upstream=response.text[:300]
+            ) from None

@@ -100,8 +100,12 @@ class LlamaServerClient:
         settings = data.get("default_generation_settings", {})
         n_ctx = settings.get("n_ctx") or data.get("n_ctx")
         model = data.get("model_alias") or data.get("model_path") or self.model
-        return ServerProps(n_ctx=int(n_ctx), total_slots=int(data.get("total_slots", 1)), model=str(model),
-                           model_path=data.get("model_path"))
+        return ServerProps(
+            n_ctx=int(n_ctx),
+            total_slots=int(data.get("total_slots", 1)),
+            model=str(model),
+            model_path=data.get("model_path"),
+        )
 
     async def slots(self) -> list[dict[str, Any]]:
         slots: list[dict[str, Any]] = (await self._request("GET", "/slots")).json()
@@ -201,7 +205,9 @@ class LlamaServerClient:
         finally:
             await stream.close()
 
-    async def complete_chat(self, messages: list[Message], *, max_tokens: int, temperature: float = 0.2) -> dict[str, Any]:
+    async def complete_chat(
+        self, messages: list[Message], *, max_tokens: int, temperature: float = 0.2
+    ) -> dict[str, Any]:
         """A non-streamed chat completion as llama-server returns it (with `timings`)."""
         try:
             completion = await self._openai.chat.completions.create(

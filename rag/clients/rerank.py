@@ -24,7 +24,7 @@ class RerankClient:
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, transport=transport)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "RerankClient | None":
+    def from_settings(cls, settings: Settings) -> RerankClient | None:
         """The configured reranker, or None when `RAG_RERANKER_URL` is unset."""
         if not settings.reranker_url:
             return None

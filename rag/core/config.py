@@ -161,13 +161,15 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Settings":
+    def _consistent(self) -> Settings:
         if self.answer_reserve >= self.context_budget:
             raise ValueError(
                 f"answer_reserve ({self.answer_reserve}) must be smaller than context_budget ({self.context_budget})"
             )
         if self.chunk_overlap >= self.chunk_tokens:
-            raise ValueError(f"chunk_overlap ({self.chunk_overlap}) must be smaller than chunk_tokens ({self.chunk_tokens})")
+            raise ValueError(
+                f"chunk_overlap ({self.chunk_overlap}) must be smaller than chunk_tokens ({self.chunk_tokens})"
+            )
         if self.chroma_mode == "server" and not self.chroma_url:
             raise ValueError("chroma_mode=server needs RAG_CHROMA_URL")
         return self

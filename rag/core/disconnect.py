@@ -20,8 +20,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-async def unless_disconnected(work: Awaitable[T], is_disconnected: Callable[[], Awaitable[bool]], *,
-                              poll_s: float) -> T:
+async def unless_disconnected(
+    work: Awaitable[T], is_disconnected: Callable[[], Awaitable[bool]], *, poll_s: float
+) -> T:
     """The result of `work`; if `is_disconnected()` (polled every `poll_s`) says the client went away first,
     the work is cancelled and ClientClosed raised."""
     task = asyncio.ensure_future(work)

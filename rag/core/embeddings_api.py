@@ -64,8 +64,9 @@ class EmbeddingsResponse(BaseModel):
     usage: EmbeddingsUsage
 
 
-def embeddings_response(vectors: Iterable[npt.NDArray[np.float32]], encoding_format: EncodingFormat, model: str,
-                        usage: EmbeddingsUsage) -> EmbeddingsResponse:
+def embeddings_response(
+    vectors: Iterable[npt.NDArray[np.float32]], encoding_format: EncodingFormat, model: str, usage: EmbeddingsUsage
+) -> EmbeddingsResponse:
     data = [Embedding(index=i, embedding=encode_vector(v, encoding_format)) for i, v in enumerate(vectors)]
     return EmbeddingsResponse(data=data, model=model, usage=usage)
 

@@ -134,7 +134,9 @@ class ContextOverflow(UpstreamError):
 
 class BackendUnavailable(RagError):
     status, code = 503, "backend_unavailable"
-    retry_after: int | None = 5  # seconds: a restart of llama-server or the embedder (rag up restarts them) takes about this
+    retry_after: int | None = (
+        5  # seconds: a restart of llama-server or the embedder (rag up restarts them) takes about this
+    )
 
 
 class LLMUnavailable(BackendUnavailable):

@@ -24,8 +24,9 @@ GIT_TIMEOUT_S = 10
 def _git(*args: str) -> str | None:
     """git's output in ROOT, or None when git is missing, fails or takes longer than GIT_TIMEOUT_S."""
     try:
-        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=GIT_TIMEOUT_S,
-                              check=True)
+        done = subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=GIT_TIMEOUT_S, check=True
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip()
@@ -48,8 +49,10 @@ def code_identity() -> dict[str, Any]:
     """The commit and whether tracked files differ from it; outside a checkout, the installed version."""
     if in_checkout():
         status = _git("status", "--porcelain", "--untracked-files=no")
-        return {"commit": _git("rev-parse", "HEAD") or "unknown",
-                "uncommitted_changes": None if status is None else status != ""}
+        return {
+            "commit": _git("rev-parse", "HEAD") or "unknown",
+            "uncommitted_changes": None if status is None else status != "",
+        }
     return {"commit": None, "version": _version(), "uncommitted_changes": None}
 
 
@@ -74,7 +77,7 @@ def provenance() -> dict[str, Any]:
     """The code (commit or version), the UTC date, the machine and its load average now."""
     return {
         **code_identity(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": {"cores": os.cpu_count(), "cpu": _cpu_model(), "system": platform.platform()},
         "load_average": _load_average(),
     }

@@ -37,7 +37,7 @@ class Flags:
         return pad(self.ctx, 256)
 
     @classmethod
-    def from_profile(cls, profile: ServerProfile) -> "Flags":
+    def from_profile(cls, profile: ServerProfile) -> Flags:
         return cls(
             ctx=profile.ctx,
             parallel=profile.parallel,
@@ -52,15 +52,22 @@ class Flags:
         )
 
     @classmethod
-    def from_server_args(cls, args: list[str]) -> "Flags":
+    def from_server_args(cls, args: list[str]) -> Flags:
         """The memory-sizing flags of a llama-server argument list (short spellings, as ServerProfile writes them)."""
         values = {a: b for a, b in zip(args, args[1:]) if a.startswith("-")}
         get = values.get
-        return cls(ctx=int(get("-c", 4096)), parallel=int(get("-np", 1)), cache_type_k=get("-ctk", "f16"),
-                   cache_type_v=get("-ctv", "f16"), batch=int(get("-b", 2048)), ubatch=int(get("-ub", 512)),
-                   flash_attn=get("-fa", "auto") != "off", gpu_layers=int(get("-ngl", -1)) if "-ngl" in values else None,
-                   swa_full="--swa-full" in args,
-                   cache_ram_mib=int(values["--cache-ram"]) if "--cache-ram" in values else None)
+        return cls(
+            ctx=int(get("-c", 4096)),
+            parallel=int(get("-np", 1)),
+            cache_type_k=get("-ctk", "f16"),
+            cache_type_v=get("-ctv", "f16"),
+            batch=int(get("-b", 2048)),
+            ubatch=int(get("-ub", 512)),
+            flash_attn=get("-fa", "auto") != "off",
+            gpu_layers=int(get("-ngl", -1)) if "-ngl" in values else None,
+            swa_full="--swa-full" in args,
+            cache_ram_mib=int(values["--cache-ram"]) if "--cache-ram" in values else None,
+        )
 
     def profile(self, name: str, description: str, model: str | None = None) -> ServerProfile:
         return ServerProfile(

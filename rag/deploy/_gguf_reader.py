@@ -53,8 +53,10 @@ def read_gguf(path: str | Path) -> ModelSpec:
                 BLOCK_SIZES[type_name] = (block, size)
             tensors.append(TensorSpec(name, tuple(int(d) for d in shape), type_name))
     if not tensors:
-        raise GGUFFormatError(f"{path.name} holds no tensors (a vocabulary-only GGUF, like llama.cpp's "
-                              "models/ggml-vocab-*.gguf): there is no model to plan")
+        raise GGUFFormatError(
+            f"{path.name} holds no tensors (a vocabulary-only GGUF, like llama.cpp's "
+            "models/ggml-vocab-*.gguf): there is no model to plan"
+        )
     if not any(t.name == "token_embd.weight" for t in tensors):
         raise GGUFFormatError(f"{path.name} has no token_embd.weight tensor: not a language model the planner knows")
     vocab = array_lengths.get("tokenizer.ggml.tokens", 0)

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from rag.deploy._architecture import Architecture, architecture
 from rag.deploy._flags import MIB, Flags, pad
-from rag.deploy.gpus import GPU
 from rag.deploy._specs import BLOCK_SIZES, ModelSpec
+from rag.deploy.gpus import GPU
 
 UNITEMIZED = "output.unitemized"  # stands for bytes a published file has beyond its described tensors
 
@@ -149,10 +149,17 @@ def pool_bytes(model: ModelSpec, arch: Architecture, flags: Flags, gpu: GPU) -> 
     pool = 0
     if flags.flash_attn and flags.cache_type_k not in ("f16", "bf16"):
         # quantized K/V are converted to f16 for a prompt batch, one layer at a time
-        k, v = arch.n_head_kv[arch.attention_layers[0]] * arch.head_dim_k, arch.n_head_kv[arch.attention_layers[0]] * arch.head_dim_v
+        k, v = (
+            arch.n_head_kv[arch.attention_layers[0]] * arch.head_dim_k,
+            arch.n_head_kv[arch.attention_layers[0]] * arch.head_dim_v,
+        )
         full, _ = kv_cells(arch, flags)
         pool += full * (k + v) * 2 if arch.attention_layers else 0
-    matrices = [m for m in model.tensors if len(m.shape) == 2 and m.name.startswith("blk.") and m.type_name not in ("F32", "F16", "BF16")]
+    matrices = [
+        m
+        for m in model.tensors
+        if len(m.shape) == 2 and m.name.startswith("blk.") and m.type_name not in ("F32", "F16", "BF16")
+    ]
     if gpu.dequantizes_for_prefill and matrices:
         pool += max(m.n_elements * 2 + m.shape[0] * t * 2 for m in matrices)  # fp16 weights and activations
     elif matrices:

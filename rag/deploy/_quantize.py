@@ -17,12 +17,7 @@ def _use_more_bits(i: int, n: int) -> bool:
 
 
 def _quantizable(name: str, shape: tuple[int, ...]) -> bool:
-    return (
-        len(shape) >= 2
-        and name.endswith("weight")
-        and "_norm.weight" not in name
-        and "ssm_conv1d" not in name
-    )
+    return len(shape) >= 2 and name.endswith("weight") and "_norm.weight" not in name and "ssm_conv1d" not in name
 
 
 def quant_mix(

@@ -68,13 +68,26 @@ GPUS: dict[str, GPU] = {
     gpu.name: gpu
     for gpu in (
         GPU(
-            "v100-16g", "Tesla V100 16 GB", 16_160, 900, (7, 0), context_mib=400,
-            efficiency=V100_BAND, efficiency_source="measured: dense 27B Q4_K_M at 31-33 tok/s",
-            tensor_tflops=125, sm_ghz=80 * 1.53,
+            "v100-16g",
+            "Tesla V100 16 GB",
+            16_160,
+            900,
+            (7, 0),
+            context_mib=400,
+            efficiency=V100_BAND,
+            efficiency_source="measured: dense 27B Q4_K_M at 31-33 tok/s",
+            tensor_tflops=125,
+            sm_ghz=80 * 1.53,
         ),
         GPU(
-            "v100-32g", "Tesla V100 32 GB", 32_510, 900, (7, 0), context_mib=400,
-            efficiency=V100_BAND, efficiency_source="V100 16 GB anchor (same memory system)",
+            "v100-32g",
+            "Tesla V100 32 GB",
+            32_510,
+            900,
+            (7, 0),
+            context_mib=400,
+            efficiency=V100_BAND,
+            efficiency_source="V100 16 GB anchor (same memory system)",
         ),
         GPU("t4", "Tesla T4 16 GB", 15_360, 320, (7, 5), context_mib=300),
         GPU("a10", "A10 24 GB", 23_028, 600, (8, 6), context_mib=450),
@@ -83,9 +96,16 @@ GPUS: dict[str, GPU] = {
         GPU("a100-80g", "A100 80 GB SXM", 81_920, 2_039, (8, 0), context_mib=500),
         GPU("h100", "H100 80 GB SXM", 81_559, 3_350, (9, 0), context_mib=600),
         GPU(
-            "h200", "H200 141 GB", 143_771, 4_300, (9, 0), context_mib=600,
-            efficiency=H200_BAND, efficiency_source="measured on an H200 machine: 27B-shaped Q4_K_M, 67.8-82.0 tok/s",
-            tensor_tflops=990, sm_ghz=132 * 1.98,
+            "h200",
+            "H200 141 GB",
+            143_771,
+            4_300,
+            (9, 0),
+            context_mib=600,
+            efficiency=H200_BAND,
+            efficiency_source="measured on an H200 machine: 27B-shaped Q4_K_M, 67.8-82.0 tok/s",
+            tensor_tflops=990,
+            sm_ghz=132 * 1.98,
         ),
         GPU("rtx3090", "GeForce RTX 3090 24 GB", 24_576, 936, (8, 6), context_mib=450),
         GPU("rtx4090", "GeForce RTX 4090 24 GB", 24_564, 1_008, (8, 9), context_mib=550),
@@ -142,8 +162,15 @@ class PrefillPrediction:
         return (round(self.tokens / fast), round(self.tokens / slow))
 
 
-def predict_prefill(gpu: GPU, tokens: int, matmul_params: int, weight_bytes: int, ubatch: int = 512,
-                    anchor: GPU | None = None, anchor_tok_s: float = H200_PREFILL_TOK_S) -> PrefillPrediction:
+def predict_prefill(
+    gpu: GPU,
+    tokens: int,
+    matmul_params: int,
+    weight_bytes: int,
+    ubatch: int = 512,
+    anchor: GPU | None = None,
+    anchor_tok_s: float = H200_PREFILL_TOK_S,
+) -> PrefillPrediction:
     """Prefill time of `tokens` new tokens on `gpu`, from the H200 anchor and the card's datasheet.
 
     The two ends are the fastest and the slowest combination of the bands above (the anchor's split,
@@ -168,6 +195,7 @@ def predict_prefill(gpu: GPU, tokens: int, matmul_params: int, weight_bytes: int
                     matmul, dequant = anchor_matmul * anchor.tensor_tflops / gpu.tensor_tflops, 0.0
                 ends.append((matmul + dequant + anchor_rest * ratio, matmul, dequant, anchor_rest * ratio))
     fast, slow = min(ends), max(ends)
+
     def pair(k: int) -> tuple[float, float]:
         return round(fast[k], 3), round(slow[k], 3)
 

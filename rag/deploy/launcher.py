@@ -10,9 +10,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import httpx
@@ -55,7 +55,11 @@ class Part:
         # a stop reaches a child's own children too. The death signal covers the case where we cannot
         # stop anything (rag up killed with SIGKILL).
         self.process = subprocess.Popen(
-            self.command, stdout=log, stderr=subprocess.STDOUT, env={**env, **self.env}, start_new_session=True,
+            self.command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**env, **self.env},
+            start_new_session=True,
             preexec_fn=die_with_parent(),
         )
         log.close()
@@ -202,16 +206,36 @@ def plan_parts(settings: Settings) -> list[Part]:
     placement = embedder_placement(settings, Path(model))
     embed_env = {"RAG_EMBED_DEVICE": placement.device} if placement.device else {}
     return [
-        Part("llama-server", llm_cmd, f"{settings.llm_url}/health", settings.llm_port, llm.hostname or "127.0.0.1",
-             f"{settings.llm_model} (profile {profile.name})", logs / "llama-server.log"),
-        Part("embedder", [python, "-m", "rag.cli", "serve-embeddings"], f"{settings.embed_url}/health",
-             settings.embed_port, embed.hostname or "127.0.0.1",
-             # {device}: what the server chose, from its /health (the placement may leave the choice to it)
-             f"{settings.embed_model} on {{device}} ({placement.reason})",
-             logs / "embedder.log", env=embed_env),
-        Part("api", [python, "-m", "rag.cli", "serve-api"], f"{settings.api_url}/health", settings.api_port,
-             settings.api_host, f"web page and API over {settings.data_dir}", logs / "api.log",
-             stop_timeout_s=settings.shutdown_grace_s + API_STOP_MARGIN_S),
+        Part(
+            "llama-server",
+            llm_cmd,
+            f"{settings.llm_url}/health",
+            settings.llm_port,
+            llm.hostname or "127.0.0.1",
+            f"{settings.llm_model} (profile {profile.name})",
+            logs / "llama-server.log",
+        ),
+        Part(
+            "embedder",
+            [python, "-m", "rag.cli", "serve-embeddings"],
+            f"{settings.embed_url}/health",
+            settings.embed_port,
+            embed.hostname or "127.0.0.1",
+            # {device}: what the server chose, from its /health (the placement may leave the choice to it)
+            f"{settings.embed_model} on {{device}} ({placement.reason})",
+            logs / "embedder.log",
+            env=embed_env,
+        ),
+        Part(
+            "api",
+            [python, "-m", "rag.cli", "serve-api"],
+            f"{settings.api_url}/health",
+            settings.api_port,
+            settings.api_host,
+            f"web page and API over {settings.data_dir}",
+            logs / "api.log",
+            stop_timeout_s=settings.shutdown_grace_s + API_STOP_MARGIN_S,
+        ),
     ]
 
 
@@ -288,8 +312,13 @@ class RestartPolicy:
 class Stack:
     """Starts the parts in order, restarts one that dies, stops them in reverse."""
 
-    def __init__(self, parts: list[Part], echo: Callable[[str], None] = print, pid_file: Path | None = None,
-                 policy: RestartPolicy | None = None) -> None:
+    def __init__(
+        self,
+        parts: list[Part],
+        echo: Callable[[str], None] = print,
+        pid_file: Path | None = None,
+        policy: RestartPolicy | None = None,
+    ) -> None:
         self.parts = parts
         self.echo = echo
         self.pid_file = PidFile(pid_file) if pid_file else None
@@ -300,8 +329,10 @@ class Stack:
         for part in self.parts:
             if not port_is_free(part.host, part.port):
                 setting = PORT_SETTINGS.get(part.name, "the settings")
-                raise LaunchError(f"port {part.port} on {part.host} ({part.name}) is busy: stop what listens there, "
-                                  f"or choose another port with {setting}")
+                raise LaunchError(
+                    f"port {part.port} on {part.host} ({part.name}) is busy: stop what listens there, "
+                    f"or choose another port with {setting}"
+                )
 
     def clean_leftovers(self) -> None:
         """Stops what a previous rag up that was killed left running (before the ports are checked)."""
@@ -319,7 +350,9 @@ class Stack:
             for part in self.parts:
                 self._start(part)
                 health = wait_ready(part)
-                self.echo(f"{part.name:<13} ready   {part.health_url.rsplit('/health', 1)[0]:<28} {ready_text(part, health)}")
+                self.echo(
+                    f"{part.name:<13} ready   {part.health_url.rsplit('/health', 1)[0]:<28} {ready_text(part, health)}"
+                )
         except BaseException:
             self.stop()
             raise
@@ -361,7 +394,9 @@ class Stack:
                 f"{part.name} crashed {attempt} times in a row (exit code {code}); stopping. Last log lines:\n{part.tail()}"
             )
         delay = self.policy.delay(attempt)
-        self.echo(f"{part.name} exited (code {code}); restarting in {delay:g} s (restart {attempt} of {self.policy.max_restarts})")
+        self.echo(
+            f"{part.name} exited (code {code}); restarting in {delay:g} s (restart {attempt} of {self.policy.max_restarts})"
+        )
         time.sleep(delay)
         began = time.monotonic()
         part.stop()  # anything the dead child left in its process group

@@ -22,8 +22,20 @@ from rag.deploy._quantize import FTYPE_BASE, FTYPE_ID, quant_mix
 from rag.deploy._specs import BLOCK_SIZES, ModelSpec, TensorSpec
 
 __all__ = [
-    "BLOCK_SIZES", "CHATML_TEMPLATE", "FTYPE_BASE", "FTYPE_ID", "GIB", "PUBLISHED_GIB", "QWEN36_27B", "ModelSpec",
-    "Qwen35Hparams", "TensorSpec", "llama_model", "published_extra_bytes", "qwen35_metadata", "qwen35_model",
+    "BLOCK_SIZES",
+    "CHATML_TEMPLATE",
+    "FTYPE_BASE",
+    "FTYPE_ID",
+    "GIB",
+    "PUBLISHED_GIB",
+    "QWEN36_27B",
+    "ModelSpec",
+    "Qwen35Hparams",
+    "TensorSpec",
+    "llama_model",
+    "published_extra_bytes",
+    "qwen35_metadata",
+    "qwen35_model",
     "write_gguf",
 ]
 
@@ -76,8 +88,10 @@ PUBLISHED_GIB: dict[str, float] = {
 
 def _qwen35_layer_tensors(h: Qwen35Hparams, il: int) -> list[tuple[str, tuple[int, ...]]]:
     p = f"blk.{il}."
-    out: list[tuple[str, tuple[int, ...]]] = [(p + "attn_norm.weight", (h.n_embd,)),
-                                              (p + "post_attention_norm.weight", (h.n_embd,))]
+    out: list[tuple[str, tuple[int, ...]]] = [
+        (p + "attn_norm.weight", (h.n_embd,)),
+        (p + "post_attention_norm.weight", (h.n_embd,)),
+    ]
     if h.is_recurrent(il):
         key_dim = h.ssm_d_state * h.ssm_n_group
         value_dim = h.ssm_d_state * h.ssm_dt_rank

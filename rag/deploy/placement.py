@@ -59,5 +59,7 @@ def embedder_placement(settings: Settings, generator: ModelSpec | Path | None) -
         return Placement("cpu", f"the planner cannot size profile {profile.name} on its GPU")
     room = plan(generator, gpu, Flags.from_profile(profile)).free - default_margin(gpu)
     need = embedder_weight_bytes(settings.embed_model_dir) + EMBEDDER_CUDA_OVERHEAD
-    summary = f"{max(room, 0) / MIB:,.0f} MiB spare beside llama-server on {gpu.label}, embedder needs {need / MIB:,.0f}"
+    summary = (
+        f"{max(room, 0) / MIB:,.0f} MiB spare beside llama-server on {gpu.label}, embedder needs {need / MIB:,.0f}"
+    )
     return Placement("cuda" if room >= need else "cpu", summary)

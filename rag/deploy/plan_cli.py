@@ -21,7 +21,9 @@ def load_model(spec: str) -> tuple[ModelSpec, int]:
     if name.lower() in DESCRIBED and not Path(spec).exists():
         quant = quant.upper() or "Q4_K_M"
         if quant not in FTYPE_BASE:
-            raise click.BadParameter(f"unknown quantization {quant!r}; known: {', '.join(FTYPE_BASE)}", param_hint="MODEL")
+            raise click.BadParameter(
+                f"unknown quantization {quant!r}; known: {', '.join(FTYPE_BASE)}", param_hint="MODEL"
+            )
         model = DESCRIBED[name.lower()](ftype=quant)
         extra = published_extra_bytes(model, quant) if quant in PUBLISHED_GIB else 0
         return model, extra
@@ -42,16 +44,38 @@ def load_model(spec: str) -> tuple[ModelSpec, int]:
 @click.option("--bandwidth", type=float, default=None, help="With --vram: its memory bandwidth in GB/s.")
 @click.option("--ctx", type=click.IntRange(256), default=4096, show_default=True, help="Context size (-c).")
 @click.option("--parallel", type=click.IntRange(1), default=1, show_default=True, help="Slots (-np).")
-@click.option("--cache-type", type=click.Choice(CACHE_TYPES), default="q8_0", show_default=True, help="K and V cache type.")
+@click.option(
+    "--cache-type", type=click.Choice(CACHE_TYPES), default="q8_0", show_default=True, help="K and V cache type."
+)
 @click.option("--batch", type=click.IntRange(1), default=512, show_default=True, help="Logical batch (-b).")
-@click.option("--ubatch", type=click.IntRange(1), default=512, show_default=True, help="Micro-batch (-ub); above -b it is clamped.")
+@click.option(
+    "--ubatch",
+    type=click.IntRange(1),
+    default=512,
+    show_default=True,
+    help="Micro-batch (-ub); above -b it is clamped.",
+)
 @click.option("--flash-attn/--no-flash-attn", default=True, show_default=True)
 @click.option("--ngl", type=click.IntRange(0), default=None, help="Layers on the GPU (default: all, output head too).")
-@click.option("--margin", type=click.IntRange(0), default=None, help="MiB to keep free (default: 512 or 3% of the card).")
+@click.option(
+    "--margin", type=click.IntRange(0), default=None, help="MiB to keep free (default: 512 or 3% of the card)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def plan_command(model: str, gpu_name: str | None, vram: int | None, bandwidth: float | None, ctx: int, parallel: int,
-                 cache_type: str, batch: int, ubatch: int, flash_attn: bool, ngl: int | None, margin: int | None,
-                 as_json: bool) -> None:
+def plan_command(
+    model: str,
+    gpu_name: str | None,
+    vram: int | None,
+    bandwidth: float | None,
+    ctx: int,
+    parallel: int,
+    cache_type: str,
+    batch: int,
+    ubatch: int,
+    flash_attn: bool,
+    ngl: int | None,
+    margin: int | None,
+    as_json: bool,
+) -> None:
     """Predict llama-server's memory for MODEL on a GPU, give a verdict and the flags to run it.
 
     MODEL is a GGUF file (only its header is read) or a described model as NAME:QUANT.
@@ -69,8 +93,16 @@ def plan_command(model: str, gpu_name: str | None, vram: int | None, bandwidth: 
         raise click.UsageError("--vram needs --bandwidth (GB/s) for the speed estimate")
     gpu = get_gpu(gpu_name) if gpu_name else custom_gpu(vram or 0, bandwidth or 0.0)
     spec, extra = load_model(model)
-    flags = Flags(ctx=ctx, parallel=parallel, cache_type_k=cache_type, cache_type_v=cache_type, batch=batch,
-                  ubatch=ubatch, flash_attn=flash_attn, gpu_layers=ngl)
+    flags = Flags(
+        ctx=ctx,
+        parallel=parallel,
+        cache_type_k=cache_type,
+        cache_type_v=cache_type,
+        batch=batch,
+        ubatch=ubatch,
+        flash_attn=flash_attn,
+        gpu_layers=ngl,
+    )
     result = plan(spec, gpu, flags, margin=None if margin is None else margin * MIB, extra_weight_bytes=extra)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))

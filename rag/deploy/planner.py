@@ -47,13 +47,33 @@ from rag.deploy._memory import (
     type_bytes,
     weight_bytes,
 )
-from rag.deploy.gpus import GPU
 from rag.deploy._specs import ModelSpec, TensorSpec
+from rag.deploy.gpus import GPU
 
 __all__ = [
-    "CACHE_TYPES", "GIB", "MIB", "UNITEMIZED", "Architecture", "Flags", "GGUFFormatError", "Memory", "Plan",
-    "Speed", "architecture", "compute_bytes", "decode_speed", "default_margin", "estimate", "kv_bytes",
-    "kv_bytes_per_token", "kv_cells", "plan", "pool_bytes", "read_gguf", "recurrent_bytes", "tune",
+    "CACHE_TYPES",
+    "GIB",
+    "MIB",
+    "UNITEMIZED",
+    "Architecture",
+    "Flags",
+    "GGUFFormatError",
+    "Memory",
+    "Plan",
+    "Speed",
+    "architecture",
+    "compute_bytes",
+    "decode_speed",
+    "default_margin",
+    "estimate",
+    "kv_bytes",
+    "kv_bytes_per_token",
+    "kv_cells",
+    "plan",
+    "pool_bytes",
+    "read_gguf",
+    "recurrent_bytes",
+    "tune",
     "weight_bytes",
 ]
 
@@ -106,14 +126,25 @@ class Plan:
         m = self.memory
         out: dict[str, Any] = {
             "model": self.model,
-            "gpu": {"name": self.gpu.name, "label": self.gpu.label, "memory_mib": self.gpu.memory_mib,
-                    "bandwidth_gbs": self.gpu.bandwidth_gbs},
+            "gpu": {
+                "name": self.gpu.name,
+                "label": self.gpu.label,
+                "memory_mib": self.gpu.memory_mib,
+                "bandwidth_gbs": self.gpu.bandwidth_gbs,
+            },
             "flags": {**self.flags.__dict__, "n_ubatch": self.flags.n_ubatch, "n_ctx": self.flags.n_ctx},
             "memory_mib": {
-                "weights_gpu": m.weights_gpu / MIB, "weights_host": m.weights_host / MIB, "kv": m.kv / MIB,
-                "recurrent": m.recurrent / MIB, "compute": m.compute / MIB, "cuda_pool": m.pool / MIB,
-                "cuda_context": m.context / MIB, "reported_by_llama_server": m.reported_gpu / MIB,
-                "total_gpu": m.total_gpu / MIB, "card": self.gpu.memory_mib, "free": self.free / MIB,
+                "weights_gpu": m.weights_gpu / MIB,
+                "weights_host": m.weights_host / MIB,
+                "kv": m.kv / MIB,
+                "recurrent": m.recurrent / MIB,
+                "compute": m.compute / MIB,
+                "cuda_pool": m.pool / MIB,
+                "cuda_context": m.context / MIB,
+                "reported_by_llama_server": m.reported_gpu / MIB,
+                "total_gpu": m.total_gpu / MIB,
+                "card": self.gpu.memory_mib,
+                "free": self.free / MIB,
                 "margin": self.margin / MIB,
             },
             "weights_gpu_by_type_mib": {k: v / MIB for k, v in sorted(self.weights_by_type.items())},
@@ -126,15 +157,28 @@ class Plan:
             out["suggested_flags"] = self.suggested.__dict__
         if self.speed:
             s = self.speed
-            out["decode_tok_s"] = {"ceiling": s.ceiling, "low": s.low, "high": s.high,
-                                   "bytes_per_token": s.bytes_per_token, "source": s.source}
+            out["decode_tok_s"] = {
+                "ceiling": s.ceiling,
+                "low": s.low,
+                "high": s.high,
+                "bytes_per_token": s.bytes_per_token,
+                "source": s.source,
+            }
         if self.arch:
             a = self.arch
             out["architecture"] = {
-                "name": a.name, "layers": a.n_layer, "n_embd": a.n_embd, "n_ff": a.n_ff, "n_vocab": a.n_vocab,
-                "heads": max(a.n_head or (0,)), "kv_heads": max(a.n_head_kv or (0,)), "head_dim_k": a.head_dim_k,
-                "head_dim_v": a.head_dim_v, "attention_layers": len(a.attention_layers),
-                "recurrent_layers": len(a.recurrent_layers), "sliding_window_layers": len(a.swa_layers),
+                "name": a.name,
+                "layers": a.n_layer,
+                "n_embd": a.n_embd,
+                "n_ff": a.n_ff,
+                "n_vocab": a.n_vocab,
+                "heads": max(a.n_head or (0,)),
+                "kv_heads": max(a.n_head_kv or (0,)),
+                "head_dim_k": a.head_dim_k,
+                "head_dim_v": a.head_dim_v,
+                "attention_layers": len(a.attention_layers),
+                "recurrent_layers": len(a.recurrent_layers),
+                "sliding_window_layers": len(a.swa_layers),
                 "kv_bytes_per_token": {ct: kv_bytes_per_token(a, ct) for ct in ("f16", "q8_0", "q4_0")},
             }
         return out
@@ -170,8 +214,17 @@ def plan(model: ModelSpec, gpu: GPU, flags: Flags, margin: int | None = None, ex
     memory, ok = _check(model, arch, flags, gpu, margin)
     _, _, by_type = weight_bytes(model, arch, flags.gpu_layers)
     notes = _notes(arch, flags, gpu)
-    result = Plan(model.name, gpu, flags, memory, margin, "fits" if ok else "does not fit", notes=notes,
-                  weights_by_type=by_type, arch=arch)
+    result = Plan(
+        model.name,
+        gpu,
+        flags,
+        memory,
+        margin,
+        "fits" if ok else "does not fit",
+        notes=notes,
+        weights_by_type=by_type,
+        arch=arch,
+    )
     if not ok:
         alternative = _fitting_flags(model, arch, flags, gpu, margin)
         if alternative is not None:
@@ -206,7 +259,9 @@ def _notes(arch: Architecture, flags: Flags, gpu: GPU) -> list[str]:
     if gpu.dequantizes_for_prefill:
         notes.append("Volta: prompt batches dequantize each weight matrix to fp16 (cuBLAS), counted in cuda_pool")
     if flags.parallel > 1 and not flags.kv_unified:
-        notes.append(f"-c {flags.ctx} is split across {flags.parallel} slots: {flags.n_ctx // flags.parallel} tokens each")
+        notes.append(
+            f"-c {flags.ctx} is split across {flags.parallel} slots: {flags.n_ctx // flags.parallel} tokens each"
+        )
     return notes
 
 
@@ -233,7 +288,9 @@ def _flag_diff(old: Flags, new: Flags) -> list[str]:
     return out
 
 
-def _what_to_change(model: ModelSpec, arch: Architecture, flags: Flags, gpu: GPU, margin: int, memory: Memory) -> list[str]:
+def _what_to_change(
+    model: ModelSpec, arch: Architecture, flags: Flags, gpu: GPU, margin: int, memory: Memory
+) -> list[str]:
     over = memory.total_gpu + margin - gpu.memory_bytes
     weights = memory.weights_gpu
     advice = [f"needs {over / MIB:,.0f} MiB more than the card has (keeping {margin / MIB:,.0f} MiB free)"]
@@ -271,8 +328,13 @@ def _gpu_params(model: ModelSpec, arch: Architecture) -> int:
 # --- the tuned profile ----------------------------------------------------------------------------
 
 
-def tune(candidates: dict[str, ModelSpec], gpu: GPU, ctx: int, parallel: int = 1,
-         extra_weight_bytes: dict[str, int] | None = None) -> tuple[str, Flags, Plan]:
+def tune(
+    candidates: dict[str, ModelSpec],
+    gpu: GPU,
+    ctx: int,
+    parallel: int = 1,
+    extra_weight_bytes: dict[str, int] | None = None,
+) -> tuple[str, Flags, Plan]:
     """The best-quality candidate (in the given order) that fits with every layer on the GPU.
 
     Flags: flash attention on (needed for a quantized V cache); a q8_0 K/V cache (its perplexity cost
@@ -286,8 +348,17 @@ def tune(candidates: dict[str, ModelSpec], gpu: GPU, ctx: int, parallel: int = 1
     extra = extra_weight_bytes or {}
     for name, model in candidates.items():
         for cache in ("q8_0", "q4_0"):
-            flags = Flags(ctx=ctx, parallel=parallel, cache_type_k=cache, cache_type_v=cache, batch=512, ubatch=512,
-                          flash_attn=True, gpu_layers=None, cache_ram_mib=0)
+            flags = Flags(
+                ctx=ctx,
+                parallel=parallel,
+                cache_type_k=cache,
+                cache_type_v=cache,
+                batch=512,
+                ubatch=512,
+                flash_attn=True,
+                gpu_layers=None,
+                cache_ram_mib=0,
+            )
             result = plan(model, gpu, flags, extra_weight_bytes=extra.get(name, 0))
             if result.fits:
                 return name, flags, result

@@ -66,8 +66,14 @@ def flat_scores(result: dict[str, Any]) -> dict[str, float]:
             scores[f"retrieval.{mode}.{key}"] = round(m[key], 4)
     answers = result.get("answers")
     if answers:
-        for key in ("exact_match", "f1", "citation_precision", "no_valid_citation", "attribution_precision",
-                    "supported_source"):
+        for key in (
+            "exact_match",
+            "f1",
+            "citation_precision",
+            "no_valid_citation",
+            "attribution_precision",
+            "supported_source",
+        ):
             if answers.get(key) is not None:
                 scores[f"answers.{key}"] = round(answers[key], 4)
     return scores

@@ -122,8 +122,11 @@ def answer_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "attributed": sum(len(r["attributed_ok"]) for r in records),
         "attributed_holds_answer": _share([a for r in records for a in r["attributed_said"]]),
         "supported_source": sum(any(r["supported"]) or any(r["attributed_ok"]) for r in records) / n,
-        "unsupported_sentences": (sum(r["unsupported"] for r in records) / total_sentences
-                                  if (total_sentences := sum(r["sentences"] for r in records)) else None),
+        "unsupported_sentences": (
+            sum(r["unsupported"] for r in records) / total_sentences
+            if (total_sentences := sum(r["sentences"] for r in records))
+            else None
+        ),
         "at_token_limit": sum(bool(r.get("at_token_limit")) for r in records) / n,
         "empty_first_attempt": sum(bool(r.get("retried")) for r in records) / n,
         "no_answer": sum(bool(r.get("no_answer")) for r in records) / n,
@@ -131,6 +134,8 @@ def answer_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "ttft_ms": latency_summary([r["ttft_ms"] for r in records if r.get("ttft_ms") is not None]),
         "total_ms": latency_summary([r["total_ms"] for r in records]),
         "examples": [{k: r[k] for k in ("qid", "answer", "em", "f1")} for r in records[:5]],
-        "samples_ms": {"ttft": [r["ttft_ms"] for r in records if r.get("ttft_ms") is not None],
-                       "total": [round(r["total_ms"], 1) for r in records]},
+        "samples_ms": {
+            "ttft": [r["ttft_ms"] for r in records if r.get("ttft_ms") is not None],
+            "total": [round(r["total_ms"], 1) for r in records],
+        },
     }

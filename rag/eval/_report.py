@@ -61,11 +61,20 @@ def plot_latency(result: dict[str, Any], path: Path) -> None:
     """Histograms on a log axis: the query embedding and the searches differ by orders of magnitude."""
     plt = _pyplot()
     answers = result.get("answers")
-    panels = [("retrieval latency", {("embed query" if k == "embed" else f"{k} search"): v
-                                     for k, v in result["retrieval"]["samples_ms"].items() if v})]
+    panels = [
+        (
+            "retrieval latency",
+            {
+                ("embed query" if k == "embed" else f"{k} search"): v
+                for k, v in result["retrieval"]["samples_ms"].items()
+                if v
+            },
+        )
+    ]
     if answers:
-        panels.append(("answer latency", {k: answers["samples_ms"][k] for k in ("ttft", "total")
-                                          if answers["samples_ms"][k]}))
+        panels.append(
+            ("answer latency", {k: answers["samples_ms"][k] for k in ("ttft", "total") if answers["samples_ms"][k]})
+        )
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), dpi=110, squeeze=False)
     for ax, (title, series) in zip(axes[0], panels):
         bins = _log_bins(series.values())
@@ -111,16 +120,27 @@ def report_markdown(result: dict[str, Any]) -> str:
     ]
     for mode, m in ret["methods"].items():
         lat = m["search_ms"]
-        lines.append(f"| {mode} | {m['recall@1']:.3f} | {m['recall@5']:.3f} | {m['recall@10']:.3f} | "
-                     f"{m['mrr']:.3f} | {lat.get('p50', 'n/a')} | {lat.get('p95', 'n/a')} |")
+        lines.append(
+            f"| {mode} | {m['recall@1']:.3f} | {m['recall@5']:.3f} | {m['recall@10']:.3f} | "
+            f"{m['mrr']:.3f} | {lat.get('p50', 'n/a')} | {lat.get('p95', 'n/a')} |"
+        )
     emb = ret["embed_ms"]
-    lines += ["", f"Query embedding: p50 {emb.get('p50')} ms, p95 {emb.get('p95')} ms (once per question, "
-              "shared by the methods).", "", "![recall@k](recall_at_k.png)", "", "![latency](latency.png)", ""]
+    lines += [
+        "",
+        f"Query embedding: p50 {emb.get('p50')} ms, p95 {emb.get('p95')} ms (once per question, "
+        "shared by the methods).",
+        "",
+        "![recall@k](recall_at_k.png)",
+        "",
+        "![latency](latency.png)",
+        "",
+    ]
     answers = result.get("answers")
     if answers:
         ttft, total = answers["ttft_ms"], answers["total_ms"]
         lines += [
-            "## Answers", "",
+            "## Answers",
+            "",
             f"{answers['questions']} questions, top_k {c['top_k']}, max_tokens {c['max_tokens'] or 'the style default'}, "
             f"model `{c['llm_model']}`, prompt style `{answers.get('prompt_style')}` ({answers.get('prompt_style_reason')}).",
             "",
@@ -138,7 +158,7 @@ def report_markdown(result: dict[str, Any]) -> str:
             f"{_pct(answers.get('unsupported_sentences'))} | {_pct(answers.get('at_token_limit'))} |",
             "",
             f"Empty answers: {_pct(answers.get('empty_first_attempt'))} at the first attempt, "
-            f"{_pct(answers.get('no_answer'))} after the retry (answered \"the model gave no answer\").",
+            f'{_pct(answers.get("no_answer"))} after the retry (answered "the model gave no answer").',
             "",
             f"TTFT p50 {ttft.get('p50')} ms, p95 {ttft.get('p95')} ms; whole answer p50 {total.get('p50')} ms, "
             f"p95 {total.get('p95')} ms.",

@@ -52,7 +52,9 @@ def read_squad(path: Path, *, limit: int | None = None, seed: int = 0) -> EvalSe
         for text, qas in paragraphs:
             number = len(contexts)
             contexts[number] = mine[number] = text
-            asked += [EvalQuestion(qid or f"q{len(questions) + len(asked)}", q, answers, number) for qid, q, answers in qas]
+            asked += [
+                EvalQuestion(qid or f"q{len(questions) + len(asked)}", q, answers, number) for qid, q, answers in qas
+            ]
         questions += asked
         by_article.append((mine, asked))
     total_q, total_c = len(questions), len(contexts)

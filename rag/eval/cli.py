@@ -55,18 +55,30 @@ class RichProgress:
 
     def __init__(self) -> None:
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         console = Console(stderr=True)
         self.plain = not console.is_terminal
         self.bar = Progress(
-            TextColumn("{task.description:<9}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TimeRemainingColumn(), console=console, disable=self.plain,
+            TextColumn("{task.description:<9}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            disable=self.plain,
         )
         self._task: Any = None
         self._line = ("", 0, 0)  # stage, total, done (plain mode)
 
-    def __enter__(self) -> "RichProgress":
+    def __enter__(self) -> RichProgress:
         self.bar.start()
         return self
 
@@ -117,19 +129,27 @@ def render_table(result: dict[str, Any]) -> None:
 
     console = Console()
     ret = result["retrieval"]
-    table = Table(title=f"{result['dataset']['name']}: {ret['questions']} questions, collection {result['config']['collection']}")
+    table = Table(
+        title=f"{result['dataset']['name']}: {ret['questions']} questions, collection {result['config']['collection']}"
+    )
     for column in ("method", "recall@1", "recall@5", "recall@10", "MRR", "search p50 ms", "p95 ms"):
         table.add_column(column, justify="left" if column == "method" else "right")
     for mode, m in ret["methods"].items():
         lat = m["search_ms"]
-        table.add_row(mode, *(f"{m[k]:.3f}" for k in ("recall@1", "recall@5", "recall@10", "mrr")),
-                      str(lat.get("p50")), str(lat.get("p95")))
+        table.add_row(
+            mode,
+            *(f"{m[k]:.3f}" for k in ("recall@1", "recall@5", "recall@10", "mrr")),
+            str(lat.get("p50")),
+            str(lat.get("p95")),
+        )
     console.print(table)
     console.print(f"provenance: {summary(result['provenance'])}")
     ing, emb = result["ingest"], ret["embed_ms"]
-    console.print(f"ingest: {ing['indexed']} indexed, {ing['unchanged']} unchanged, {ing['failed']} failed, "
-                  f"{ing['chunks_indexed']} chunks in {ing['seconds']} s; query embed p50 {emb.get('p50')} ms, "
-                  f"p95 {emb.get('p95')} ms; {ret['without_gold_chunk']} questions without an answer-bearing chunk")
+    console.print(
+        f"ingest: {ing['indexed']} indexed, {ing['unchanged']} unchanged, {ing['failed']} failed, "
+        f"{ing['chunks_indexed']} chunks in {ing['seconds']} s; query embed p50 {emb.get('p50')} ms, "
+        f"p95 {emb.get('p95')} ms; {ret['without_gold_chunk']} questions without an answer-bearing chunk"
+    )
     answers = result.get("answers")
     if answers:
         cp = answers["citation_precision"]
@@ -146,8 +166,10 @@ def render_table(result: dict[str, Any]) -> None:
             f"{answers['at_token_limit']:.3f}  whole answer p50 {answers['total_ms'].get('p50')} ms  "
             f"style {answers['prompt_style']}"
         )
-        console.print(f"empty answers: {answers['empty_first_attempt']:.3f} at the first attempt, "
-                      f"{answers['no_answer']:.3f} after the retry")
+        console.print(
+            f"empty answers: {answers['empty_first_attempt']:.3f} at the first attempt, "
+            f"{answers['no_answer']:.3f} after the retry"
+        )
 
 
 def _gate(result: dict[str, Any], baseline_path: Path, max_drop: float) -> bool:
@@ -166,7 +188,9 @@ def _gate(result: dict[str, Any], baseline_path: Path, max_drop: float) -> bool:
         click.echo(f"REGRESSION {regression.line()}", err=True)
     compared = len(baseline["scores"]) - len(missing)
     if regressions:
-        click.echo(f"{len(regressions)} of {compared} metrics fell more than {max_drop} below {baseline_path}", err=True)
+        click.echo(
+            f"{len(regressions)} of {compared} metrics fell more than {max_drop} below {baseline_path}", err=True
+        )
         return False
     click.echo(f"gate passed: none of {compared} metrics fell more than {max_drop} below {baseline_path}", err=True)
     return True
@@ -174,25 +198,55 @@ def _gate(result: dict[str, Any], baseline_path: Path, max_drop: float) -> bool:
 
 @click.command("eval", epilog=EPILOG)
 @click.argument("dataset", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--collection", default=None,
-              help="Index into (or reuse) this collection and keep it. Default: a fresh one, removed at the end.")
+@click.option(
+    "--collection",
+    default=None,
+    help="Index into (or reuse) this collection and keep it. Default: a fresh one, removed at the end.",
+)
 @click.option("--keep", is_flag=True, help="Keep the fresh collection (its name is in the output).")
 @click.option("--modes", default=",".join(MODES), show_default=True, help="Retrieval methods to measure.")
 @click.option("--answers", is_flag=True, help="Also generate answers (llama-server) and score them.")
-@click.option("--max-tokens", type=click.IntRange(1, 4096), default=None,
-              help="Answer length limit with --answers  [default: the prompt style's, as in the API]")
-@click.option("--limit", type=click.IntRange(1), default=None,
-              help="A seeded sample of N questions; only their paragraphs are indexed.")
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(1, 4096),
+    default=None,
+    help="Answer length limit with --answers  [default: the prompt style's, as in the API]",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(1),
+    default=None,
+    help="A seeded sample of N questions; only their paragraphs are indexed.",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON (the --baseline format).")
-@click.option("--report", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Write report.md, results.json and plots into this directory.")
-@click.option("--baseline", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="A previous --json output: exit 3 when a metric falls more than --max-drop below it.")
+@click.option(
+    "--report",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write report.md, results.json and plots into this directory.",
+)
+@click.option(
+    "--baseline",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="A previous --json output: exit 3 when a metric falls more than --max-drop below it.",
+)
 @click.option("--max-drop", type=click.FloatRange(0, 1), default=0.02, show_default=True)
-def eval_command(dataset: Path, collection: str | None, keep: bool, modes: str, answers: bool, max_tokens: int | None,
-                 limit: int | None, seed: int, as_json: bool, report: Path | None, baseline: Path | None,
-                 max_drop: float) -> None:
+def eval_command(
+    dataset: Path,
+    collection: str | None,
+    keep: bool,
+    modes: str,
+    answers: bool,
+    max_tokens: int | None,
+    limit: int | None,
+    seed: int,
+    as_json: bool,
+    report: Path | None,
+    baseline: Path | None,
+    max_drop: float,
+) -> None:
     """Measure retrieval (recall@1/5/10, MRR per method) and, with --answers, answer quality on DATASET.
 
     DATASET is SQuAD JSON: data[].paragraphs[].{context, qas[].{question, answers[].text}}. Each
@@ -207,8 +261,9 @@ def eval_command(dataset: Path, collection: str | None, keep: bool, modes: str, 
 
         check_collection(collection)
     evalset = read_squad(dataset, limit=limit, seed=seed)
-    options = EvalOptions(collection=collection, keep=keep, modes=chosen, answers=answers, max_tokens=max_tokens,
-                          limit=limit, seed=seed)
+    options = EvalOptions(
+        collection=collection, keep=keep, modes=chosen, answers=answers, max_tokens=max_tokens, limit=limit, seed=seed
+    )
     result = asyncio.run(_evaluate(evalset, settings, options))
     if as_json:
         click.echo(json.dumps(result, indent=2, ensure_ascii=False))

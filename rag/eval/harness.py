@@ -75,11 +75,39 @@ if TYPE_CHECKING:
     from rag.answering.answerer import Answer, NoSourcesAnswer
 
 __all__ = [
-    "DEPTH", "KS", "LOWER_IS_BETTER", "MODES", "EvalOptions", "EvalProgress", "EvalQuestion", "EvalSet",
-    "Evaluation", "NoEvalProgress", "Parts", "QueryVectors", "Regression", "answer_metrics", "answer_tokens",
-    "bears_answer", "compare", "exact_match", "flat_scores", "fresh_collection_name", "latency_summary",
-    "normalize_answer", "plot_latency", "plot_recall", "rank_metrics", "read_baseline", "read_squad",
-    "report_markdown", "sample_differs", "strip_citations", "token_f1", "unmeasured", "write_report",
+    "DEPTH",
+    "KS",
+    "LOWER_IS_BETTER",
+    "MODES",
+    "EvalOptions",
+    "EvalProgress",
+    "EvalQuestion",
+    "EvalSet",
+    "Evaluation",
+    "NoEvalProgress",
+    "Parts",
+    "QueryVectors",
+    "Regression",
+    "answer_metrics",
+    "answer_tokens",
+    "bears_answer",
+    "compare",
+    "exact_match",
+    "flat_scores",
+    "fresh_collection_name",
+    "latency_summary",
+    "normalize_answer",
+    "plot_latency",
+    "plot_recall",
+    "rank_metrics",
+    "read_baseline",
+    "read_squad",
+    "report_markdown",
+    "sample_differs",
+    "strip_citations",
+    "token_f1",
+    "unmeasured",
+    "write_report",
 ]
 
 
@@ -174,8 +202,9 @@ def fresh_collection_name(evalset: EvalSet) -> str:
 class Evaluation:
     """One evaluation run over the given parts (store, embedder, llama-server) and settings."""
 
-    def __init__(self, parts: Parts, settings: Settings, options: EvalOptions,
-                 progress: EvalProgress | None = None) -> None:
+    def __init__(
+        self, parts: Parts, settings: Settings, options: EvalOptions, progress: EvalProgress | None = None
+    ) -> None:
         for mode in options.modes:
             if mode not in MODES:
                 raise InvalidRequest(f"unknown retrieval mode {mode!r}", modes=list(MODES))
@@ -218,26 +247,46 @@ class Evaluation:
 
     def _dataset_info(self, evalset: EvalSet) -> dict[str, Any]:
         return {
-            "name": evalset.name, "sha256": evalset.sha256, "limit": self.options.limit, "seed": self.options.seed,
-            "questions": len(evalset.questions), "contexts": len(evalset.contexts),
-            "total_questions": evalset.total_questions, "total_contexts": evalset.total_contexts,
+            "name": evalset.name,
+            "sha256": evalset.sha256,
+            "limit": self.options.limit,
+            "seed": self.options.seed,
+            "questions": len(evalset.questions),
+            "contexts": len(evalset.contexts),
+            "total_questions": evalset.total_questions,
+            "total_contexts": evalset.total_contexts,
         }
 
     def _config(self, fresh: bool) -> dict[str, Any]:
         s = self.settings
         return {
-            "collection": self.collection, "fresh_collection": fresh, "kept": (not fresh) or self.options.keep,
-            "chunk_tokens": s.chunk_tokens, "chunk_overlap": s.chunk_overlap, "top_k": s.top_k,
-            "hybrid_dense_weight": s.hybrid_dense_weight, "hybrid_dense_weight_cjk": s.hybrid_dense_weight_cjk,
-            "retrieval_depth": s.retrieval_depth, "reranker": bool(s.reranker_url), "min_score": s.min_score,
-            "embed_model": s.embed_model, "embed_url": s.embed_url, "llm_model": s.llm_model,
-            "llm_url": s.llm_url if self.options.answers else None, "max_tokens": self.options.max_tokens,
-            "chroma_mode": s.chroma_mode, "modes": list(self.options.modes),
-            "llm_prompt_style": s.llm_prompt_style, "completion_max_tokens": s.completion_max_tokens,
+            "collection": self.collection,
+            "fresh_collection": fresh,
+            "kept": (not fresh) or self.options.keep,
+            "chunk_tokens": s.chunk_tokens,
+            "chunk_overlap": s.chunk_overlap,
+            "top_k": s.top_k,
+            "hybrid_dense_weight": s.hybrid_dense_weight,
+            "hybrid_dense_weight_cjk": s.hybrid_dense_weight_cjk,
+            "retrieval_depth": s.retrieval_depth,
+            "reranker": bool(s.reranker_url),
+            "min_score": s.min_score,
+            "embed_model": s.embed_model,
+            "embed_url": s.embed_url,
+            "llm_model": s.llm_model,
+            "llm_url": s.llm_url if self.options.answers else None,
+            "max_tokens": self.options.max_tokens,
+            "chroma_mode": s.chroma_mode,
+            "modes": list(self.options.modes),
+            "llm_prompt_style": s.llm_prompt_style,
+            "completion_max_tokens": s.completion_max_tokens,
             "completion_max_sources": s.completion_max_sources,
-            "embed_model_path": s.embed_model_path, "rerank_depth": s.rerank_depth,
-            "min_relevance": s.min_relevance, "min_relevance_cjk": s.min_relevance_cjk,
-            "context_budget": s.context_budget, "answer_reserve": s.answer_reserve,
+            "embed_model_path": s.embed_model_path,
+            "rerank_depth": s.rerank_depth,
+            "min_relevance": s.min_relevance,
+            "min_relevance_cjk": s.min_relevance_cjk,
+            "context_budget": s.context_budget,
+            "answer_reserve": s.answer_reserve,
             "pack_relative_score": s.pack_relative_score,
         }
 
@@ -294,7 +343,8 @@ class Evaluation:
 
         chunks = await asyncio.to_thread(self._chunks_of, sorted({r.doc_id for r in runs}))
         findable = [
-            r for r in runs
+            r
+            for r in runs
             if any(bears_answer(t, r.doc_id, r.doc_id, r.question.answers) for t in chunks.get(r.doc_id, []))
         ]
         self.progress.stage("retrieve", len(findable))
@@ -305,12 +355,16 @@ class Evaluation:
             embed_ms.append(await vectors.prime(run.question.question))
             # Rotate the order: the search right after the embedding request runs while the embedding
             # server's threads still spin on the shared cores, and no method should always pay that.
-            for mode in modes[i % len(modes):] + modes[: i % len(modes)]:
+            for mode in modes[i % len(modes) :] + modes[: i % len(modes)]:
                 started = time.perf_counter()
                 hits = await retriever.search(run.question.question, collection=self.collection, k=DEPTH, mode=mode)
                 search_ms[mode].append((time.perf_counter() - started) * 1000)
                 run.ranks[mode] = next(
-                    (i for i, h in enumerate(hits, 1) if bears_answer(h.text, h.doc_id, run.doc_id, run.question.answers)),
+                    (
+                        i
+                        for i, h in enumerate(hits, 1)
+                        if bears_answer(h.text, h.doc_id, run.doc_id, run.question.answers)
+                    ),
                     None,
                 )
             self.progress.advance()
@@ -323,8 +377,10 @@ class Evaluation:
             "without_gold_chunk": len(runs) - len(findable),
             "methods": methods,
             "embed_ms": latency_summary(embed_ms),
-            "samples_ms": {"embed": [round(v, 2) for v in embed_ms], **{m: [round(v, 2) for v in search_ms[m]]
-                                                                       for m in search_ms}},
+            "samples_ms": {
+                "embed": [round(v, 2) for v in embed_ms],
+                **{m: [round(v, 2) for v in search_ms[m]] for m in search_ms},
+            },
         }
 
     # Answers.
@@ -337,8 +393,11 @@ class Evaluation:
         records = []
         for run in runs:
             query = ChatQuery(
-                messages=[{"role": "user", "content": run.question.question}], collection=self.collection,
-                top_k=self.settings.top_k, max_tokens=self.options.max_tokens, temperature=0.0,
+                messages=[{"role": "user", "content": run.question.question}],
+                collection=self.collection,
+                top_k=self.settings.top_k,
+                max_tokens=self.options.max_tokens,
+                temperature=0.0,
             )
             started = time.perf_counter()
             try:
@@ -348,8 +407,11 @@ class Evaluation:
             else:
                 records.append(await _one_answer(answer, run, started))
             self.progress.advance()
-        return {**answer_metrics(records), "prompt_style": answerer.style_choice.name,
-                "prompt_style_reason": answerer.style_choice.reason}
+        return {
+            **answer_metrics(records),
+            "prompt_style": answerer.style_choice.name,
+            "prompt_style_reason": answerer.style_choice.reason,
+        }
 
     async def _drop_collection(self) -> None:
         """Remove the run's fresh collection: catalog rows first (unsearchable at once), then the chunks."""
@@ -375,11 +437,15 @@ async def _one_answer(answer: Answer | NoSourcesAnswer, run: _QuestionRun, start
     for c in citations.citations:
         record["cited" if c.kind == "model" else "attributed"].append(texts.get(c.chunk_id, (c.doc_id, "")))
     record.update(
-        invalid=len(citations.invalid), sentences=len(citations.sentences),
-        unsupported=sum(not s.supported for s in citations.sentences), ttft_ms=done.ttft_ms,
-        queue_ms=done.queue_ms if isinstance(done, Done) else None, no_sources=done.finish_reason == "no_sources",
+        invalid=len(citations.invalid),
+        sentences=len(citations.sentences),
+        unsupported=sum(not s.supported for s in citations.sentences),
+        ttft_ms=done.ttft_ms,
+        queue_ms=done.queue_ms if isinstance(done, Done) else None,
+        no_sources=done.finish_reason == "no_sources",
         at_token_limit=done.finish_reason == "length",
-        no_answer=isinstance(done, Done) and done.no_answer, retried=isinstance(done, Done) and done.retried,
+        no_answer=isinstance(done, Done) and done.no_answer,
+        retried=isinstance(done, Done) and done.retried,
     )
     text = strip_citations(document.answer)
     golds = run.question.answers
@@ -397,6 +463,18 @@ async def _one_answer(answer: Answer | NoSourcesAnswer, run: _QuestionRun, start
 
 
 def _failed_answer(run: _QuestionRun, reason: str) -> dict[str, Any]:
-    return {"qid": run.question.qid, "answer": "", "error": reason, "em": 0.0, "f1": 0.0, "cited": [], "invalid": 0,
-            "supported": [], "attributed_ok": [], "attributed_said": [], "sentences": 0, "unsupported": 0,
-            "total_ms": 0.0}
+    return {
+        "qid": run.question.qid,
+        "answer": "",
+        "error": reason,
+        "em": 0.0,
+        "f1": 0.0,
+        "cited": [],
+        "invalid": 0,
+        "supported": [],
+        "attributed_ok": [],
+        "attributed_said": [],
+        "sentences": 0,
+        "unsupported": 0,
+        "total_ms": 0.0,
+    }

@@ -202,13 +202,17 @@ class SentenceEmbedder:
         self._forward(["warm up"])
 
     @classmethod
-    def from_settings(cls, settings: Settings, device: str | None = None) -> "SentenceEmbedder":
+    def from_settings(cls, settings: Settings, device: str | None = None) -> SentenceEmbedder:
         """The configured model on `device`, else RAG_EMBED_DEVICE, else CUDA when there is one."""
         import torch
 
         device = device or settings.embed_device or ("cuda" if torch.cuda.is_available() else "cpu")
-        return cls(str(settings.embed_model_dir), device=device, batch_size=forward_batch(settings, device),
-                   threads=settings.embed_threads)
+        return cls(
+            str(settings.embed_model_dir),
+            device=device,
+            batch_size=forward_batch(settings, device),
+            threads=settings.embed_threads,
+        )
 
     def encode(self, texts: list[str], abandoned: threading.Event | None = None) -> np.ndarray:
         """Normalized vectors, in order: passes spread over the workers (on one thread without them)."""

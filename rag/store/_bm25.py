@@ -54,7 +54,9 @@ class Bm25Index:
                 return self._index.writer(heap_size=_WRITER_HEAP, num_threads=1)
             except ValueError as exc:
                 if "LockBusy" not in str(exc) or time.monotonic() > deadline:
-                    raise StoreLocked(f"the lexical index at {self.directory} is being written by another process") from exc
+                    raise StoreLocked(
+                        f"the lexical index at {self.directory} is being written by another process"
+                    ) from exc
                 time.sleep(0.05)
 
     # Writes, through a writer from `writer()`.

@@ -60,9 +60,7 @@ def writers_held(data_dir: Path, timeout_s: float = 30.0) -> Iterator[None]:
     """Hold the write lock of both SQLite files: no writer commits until the block ends."""
     with ExitStack() as stack:
         for name in RECORD_FILES:
-            db = sqlite3.connect(
-                str(data_dir / name), isolation_level=None, timeout=timeout_s
-            )
+            db = sqlite3.connect(str(data_dir / name), isolation_level=None, timeout=timeout_s)
             stack.callback(db.close)
             db.execute("BEGIN IMMEDIATE")
             stack.callback(db.execute, "ROLLBACK")
@@ -74,9 +72,7 @@ def _copy_sqlite(source: Path, target: Path) -> None:
     dst = sqlite3.connect(str(target))
     try:
         src.backup(dst)
-        dst.execute(
-            "PRAGMA journal_mode=DELETE"
-        )  # one self-contained file, no -wal beside it
+        dst.execute("PRAGMA journal_mode=DELETE")  # one self-contained file, no -wal beside it
     finally:
         dst.close()
         src.close()
@@ -95,9 +91,7 @@ def _collections(lexical: Path, catalog: Path) -> dict[str, Any]:
         for name, rows, vectors in lex.execute(
             "SELECT collection, COUNT(*), COUNT(vector) FROM chunks GROUP BY collection"
         ):
-            out.setdefault(name, {"documents": 0, "chunks": 0}).update(
-                record_chunks=rows, record_vectors=vectors
-            )
+            out.setdefault(name, {"documents": 0, "chunks": 0}).update(record_chunks=rows, record_vectors=vectors)
         for name, model, dims, normalized in lex.execute(
             "SELECT collection, model, dimensions, normalized FROM embedders"
         ):
@@ -126,16 +120,12 @@ def _previous(dest: Path) -> Path:
     return dest.with_name(f".{dest.name}.previous")
 
 
-def backup_store(
-    data_dir: Path, dest: Path, *, with_indexes: bool = False
-) -> dict[str, Any]:
+def backup_store(data_dir: Path, dest: Path, *, with_indexes: bool = False) -> dict[str, Any]:
     """Write a backup of the store at `data_dir` into `dest`; returns its manifest. The caller holds the
     store's lock when `with_indexes` (no process writes Chroma meanwhile)."""
     for name in RECORD_FILES:
         if not (data_dir / name).exists():
-            raise BackupInvalid(
-                f"no store to back up: {data_dir / name} does not exist"
-            )
+            raise BackupInvalid(f"no store to back up: {data_dir / name} does not exist")
     dest = dest.absolute()
     dest.parent.mkdir(parents=True, exist_ok=True)
     if not dest.exists() and _previous(dest).exists():
@@ -165,9 +155,7 @@ def backup_store(
         "sqlite": sqlite3.sqlite_version,
         "schema": {name: user_version(partial / name) for name in RECORD_FILES},
         "with_indexes": with_indexes,
-        "collections": _collections(
-            partial / "lexical.sqlite", partial / "catalog.sqlite"
-        ),
+        "collections": _collections(partial / "lexical.sqlite", partial / "catalog.sqlite"),
         "files": files,
         "seconds": round(time.time() - started, 3),
     }
@@ -191,13 +179,18 @@ def read_manifest(src: Path, embed_model: str) -> dict[str, Any]:
     if not path.is_file():
         raise BackupInvalid(f"{src} is not a backup: it has no {MANIFEST}")
     try:
-        manifest = json.loads(path.read_text())
+        manifest: dict[str, Any] = json.loads(path.read_text())
     except ValueError as exc:
         raise BackupInvalid(f"{path} is not valid JSON: {exc}") from None
     if manifest.get("format") != FORMAT:
-        raise BackupInvalid(
-            f"{path} has backup format {manifest.get('format')!r}; this version reads {FORMAT}"
-        )
+        raise BackupInvalid(f"{path} has backup format {manifest.get('format')!r}; this version reads {FORMAT}")
+    _check_files(src, manifest)
+    _check_compatible(manifest, embed_model)
+    return manifest
+
+
+def _check_files(src: Path, manifest: dict[str, Any]) -> None:
+    """Every file the manifest lists is in the backup with its size and checksum; the record's files are listed."""
     for name in RECORD_FILES:
         if name not in manifest.get("files", {}):
             raise BackupInvalid(f"the backup's manifest lists no {name}")
@@ -209,6 +202,10 @@ def read_manifest(src: Path, embed_model: str) -> dict[str, Any]:
             raise BackupInvalid(
                 f"{name} in the backup does not match its checksum in the manifest: the copy is damaged"
             )
+
+
+def _check_compatible(manifest: dict[str, Any], embed_model: str) -> None:
+    """No schema newer than this code's, and every collection embedded by `embed_model`."""
     for name, version in manifest.get("schema", {}).items():
         if version > LATEST[name]:
             raise BackupInvalid(
@@ -221,7 +218,6 @@ def read_manifest(src: Path, embed_model: str) -> dict[str, Any]:
                 f"collection {name!r} in the backup was embedded with {model}, but RAG_EMBED_MODEL is {embed_model}: "
                 f"set RAG_EMBED_MODEL={model} (and its RAG_EMBED_MODEL_PATH) to restore it"
             )
-    return manifest
 
 
 def store_contents(data_dir: Path) -> list[str]:
@@ -229,18 +225,13 @@ def store_contents(data_dir: Path) -> list[str]:
     return [name for name in (*RECORD_FILES, *INDEX_DIRS) if (data_dir / name).exists()]
 
 
-def restore_files(
-    src: Path, data_dir: Path, manifest: dict[str, Any], *, force: bool = False
-) -> list[str]:
+def restore_files(src: Path, data_dir: Path, manifest: dict[str, Any], *, force: bool = False) -> list[str]:
     """Put the backup's record and catalog (and its indexes, if it has them) into `data_dir`. Refused
     when the data dir holds a store, unless `force` (the replaced files are moved into
     `replaced-<time>/` there) or this is the same restore run again. Returns what was replaced."""
     mark = data_dir / RESTORE_MARK
     data_dir.mkdir(parents=True, exist_ok=True)
-    ours = (
-        mark.exists()
-        and json.loads(mark.read_text()).get("taken_at") == manifest["taken_at"]
-    )
+    ours = mark.exists() and json.loads(mark.read_text()).get("taken_at") == manifest["taken_at"]
     present = [] if ours else store_contents(data_dir)
     if present and not force:
         raise BackupInvalid(
@@ -256,9 +247,7 @@ def restore_files(
             for extra in (f"{name}-wal", f"{name}-shm"):
                 if (data_dir / extra).exists():
                     (data_dir / extra).rename(aside / extra)
-    mark.write_text(
-        json.dumps({"taken_at": manifest["taken_at"], "source": str(src)}) + "\n"
-    )
+    mark.write_text(json.dumps({"taken_at": manifest["taken_at"], "source": str(src)}) + "\n")
     for name in sorted(manifest["files"]):
         target = data_dir / name
         if ours and target.exists():

@@ -237,7 +237,9 @@ class DocumentCatalog:
         sql += " ORDER BY created_at, doc_id LIMIT ? OFFSET ?"
         return self._rows(sql, [*params, limit, offset])
 
-    def documents(self, collection: str, offset: int = 0, limit: int = 50, state: State = "indexed") -> list[DocumentRecord]:
+    def documents(
+        self, collection: str, offset: int = 0, limit: int = 50, state: State = "indexed"
+    ) -> builtins.list[DocumentRecord]:
         """The collection's contents in `state`, oldest first, one row each (its own name; `names` has all)."""
         return self._rows(
             f"SELECT {_COLUMNS} FROM documents WHERE collection = ? AND state = ? "
@@ -256,13 +258,15 @@ class DocumentCatalog:
     def count_in(self, collection: str, state: State = "indexed") -> int:
         """How many contents of the collection are in `state` (indexed: its documents)."""
         with self._lock:
-            return int(self._db.execute(
-                "SELECT count(*) FROM documents WHERE collection = ? AND state = ?", (collection, state)
-            ).fetchone()[0])
+            return int(
+                self._db.execute(
+                    "SELECT count(*) FROM documents WHERE collection = ? AND state = ?", (collection, state)
+                ).fetchone()[0]
+            )
 
-    def names_of(self, collection: str, doc_ids: Iterable[str]) -> dict[str, list[tuple[str, str]]]:
+    def names_of(self, collection: str, doc_ids: Iterable[str]) -> dict[str, builtins.list[tuple[str, str]]]:
         """(source, display name) of every name of each document: its own first, then the others by age."""
-        found: dict[str, list[tuple[str, str]]] = {}
+        found: dict[str, builtins.list[tuple[str, str]]] = {}
         wanted = list(dict.fromkeys(doc_ids))
         for start in range(0, len(wanted), 500):
             part = wanted[start : start + 500]
@@ -364,7 +368,9 @@ class DocumentCatalog:
             )
         return "claimed", before
 
-    def mark_indexed(self, collection: str, doc_id: str, *, chunks: int, pages: int | None, owner: str) -> builtins.list[str]:
+    def mark_indexed(
+        self, collection: str, doc_id: str, *, chunks: int, pages: int | None, owner: str
+    ) -> builtins.list[str]:
         """Make the document searchable and retire every other indexed version of its source, atomically.
 
         Returns the retired documents' ids (now `deleting`, owned by `owner`): delete their chunks, then
@@ -387,7 +393,9 @@ class DocumentCatalog:
             return self._retire(db, collection, source, keep=keep, owner=owner)
 
     @classmethod
-    def _retire(cls, db: sqlite3.Connection, collection: str, source: str, *, keep: str, owner: str) -> builtins.list[str]:
+    def _retire(
+        cls, db: sqlite3.Connection, collection: str, source: str, *, keep: str, owner: str
+    ) -> builtins.list[str]:
         """Take the name `source` from every indexed document but `keep`; those left unnamed go."""
         named = db.execute(
             "SELECT doc_id FROM documents WHERE collection = ? AND source = ? AND doc_id != ? AND state = 'indexed' "
@@ -406,7 +414,8 @@ class DocumentCatalog:
     def _drop_name(db: sqlite3.Connection, collection: str, doc_id: str, source: str) -> bool:
         """Remove one name of a document that has others; False (nothing done) when it is the only one."""
         if db.execute(
-            "DELETE FROM document_names WHERE collection = ? AND doc_id = ? AND source = ?", (collection, doc_id, source)
+            "DELETE FROM document_names WHERE collection = ? AND doc_id = ? AND source = ?",
+            (collection, doc_id, source),
         ).rowcount:
             return True
         other = db.execute(
@@ -417,10 +426,12 @@ class DocumentCatalog:
             return False
         # The row's own name goes: the oldest other name takes its place.
         db.execute(
-            "UPDATE documents SET source = ?, name = ? WHERE collection = ? AND doc_id = ?", (*other, collection, doc_id)
+            "UPDATE documents SET source = ?, name = ? WHERE collection = ? AND doc_id = ?",
+            (*other, collection, doc_id),
         )
         db.execute(
-            "DELETE FROM document_names WHERE collection = ? AND doc_id = ? AND source = ?", (collection, doc_id, other[0])
+            "DELETE FROM document_names WHERE collection = ? AND doc_id = ? AND source = ?",
+            (collection, doc_id, other[0]),
         )
         return True
 
@@ -433,7 +444,9 @@ class DocumentCatalog:
             if row is None:
                 return
             if row[0] == source:  # its own name: the display name may have changed
-                db.execute("UPDATE documents SET name = ? WHERE collection = ? AND doc_id = ?", (name, collection, doc_id))
+                db.execute(
+                    "UPDATE documents SET name = ? WHERE collection = ? AND doc_id = ?", (name, collection, doc_id)
+                )
                 return
             db.execute(
                 "INSERT INTO document_names (collection, doc_id, source, name, created_at) VALUES (?, ?, ?, ?, ?) "

@@ -85,7 +85,7 @@ class ChunkStore:
         self.unreadable: str | None = None
 
     @classmethod
-    def open(cls, settings: Settings) -> "ChunkStore":
+    def open(cls, settings: Settings) -> ChunkStore:
         if settings.chroma_mode == "server":
             import chromadb
 
@@ -105,7 +105,9 @@ class ChunkStore:
         """The Chroma collection `name`; only writes create it, a read of an unknown one is NotFound."""
         reason = self.unreadable or self.damaged.get(name)
         if reason is not None or self._client is None:
-            raise StoreDamaged(f"Chroma's collection {name!r} is damaged ({reason}); {REPAIR_HINT}", fix="rag store repair")
+            raise StoreDamaged(
+                f"Chroma's collection {name!r} is damaged ({reason}); {REPAIR_HINT}", fix="rag store repair"
+            )
         if name not in self._collections:
             from chromadb.errors import NotFoundError
 
@@ -126,7 +128,11 @@ class ChunkStore:
         known = self.names()
         # A few names only: a store of thousands must not answer every unknown name with all of them.
         shown = ", ".join(known[:SHOWN_COLLECTIONS]) or "none yet"
-        more = f" and {len(known) - SHOWN_COLLECTIONS:,} more (GET /v1/collections)" if len(known) > SHOWN_COLLECTIONS else ""
+        more = (
+            f" and {len(known) - SHOWN_COLLECTIONS:,} more (GET /v1/collections)"
+            if len(known) > SHOWN_COLLECTIONS
+            else ""
+        )
         return NotFound(
             f"no collection {name[:100]!r}; the collections are: {shown}{more}",
             collections=known[:SHOWN_COLLECTIONS],

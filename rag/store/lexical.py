@@ -94,7 +94,9 @@ class LexicalIndex:
         self._lock = threading.Lock()
         self._read_lock = threading.Lock()
         self._seen_version = -1
-        self._bm25 = Bm25Index(path.with_suffix(".tantivy"), rebuild=self._meta("format") != f"{FORMAT}/{tokenizer.name}")
+        self._bm25 = Bm25Index(
+            path.with_suffix(".tantivy"), rebuild=self._meta("format") != f"{FORMAT}/{tokenizer.name}"
+        )
         self._repair_if_needed()
 
     def close(self) -> None:
@@ -199,7 +201,9 @@ class LexicalIndex:
             ).fetchall()
         return {doc_id: (int(n), int(v)) for doc_id, n, v in rows}
 
-    def records(self, collection: str, batch: int = 500) -> Iterator[list[tuple[str, str, str, dict[str, Any], list[float] | None]]]:
+    def records(
+        self, collection: str, batch: int = 500
+    ) -> Iterator[list[tuple[str, str, str, dict[str, Any], list[float] | None]]]:
         """The collection's chunks as (chunk_id, doc_id, text, metadata, vector or None), in batches."""
         reader = sqlite3.connect(str(self._path), check_same_thread=False)
         try:
@@ -267,11 +271,12 @@ class LexicalIndex:
             }
         return [LexicalHit(*found[rowid], score) for score, rowid in hits if rowid in found]
 
-    def document_chunks(self, collection: str, doc_id: str) -> list[tuple[str, dict]]:
+    def document_chunks(self, collection: str, doc_id: str) -> list[tuple[str, dict[str, Any]]]:
         """A document's chunks as (text, metadata), in the order they were written."""
         with self._read_lock:
             rows = self._reader.execute(
-                "SELECT text, metadata FROM chunks WHERE collection = ? AND doc_id = ? ORDER BY id", (collection, doc_id)
+                "SELECT text, metadata FROM chunks WHERE collection = ? AND doc_id = ? ORDER BY id",
+                (collection, doc_id),
             ).fetchall()
         return [(text, record.decode_metadata(meta)) for text, meta in rows]
 

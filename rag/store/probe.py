@@ -91,7 +91,10 @@ def _run_child(args: list[str], timeout_s: float) -> tuple[list[dict[str, Any]],
     try:
         done = subprocess.run(
             [sys.executable, "-m", "rag.store.probe", *args],
-            capture_output=True, text=True, timeout=timeout_s, env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
         )
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""

@@ -126,7 +126,12 @@ def write_embedder(db: sqlite3.Connection, collection: str, identity: EmbedderId
         "INSERT OR REPLACE INTO embedders (collection, model, dimensions, normalized, probe_text, probe, created_at) "
         "VALUES (?, ?, ?, ?, ?, ?, ?)",
         (
-            collection, identity.model, identity.dimensions, int(identity.normalized), identity.probe_text,
-            encode_vector(identity.probe), now,
+            collection,
+            identity.model,
+            identity.dimensions,
+            int(identity.normalized),
+            identity.probe_text,
+            encode_vector(identity.probe),
+            now,
         ),
     )

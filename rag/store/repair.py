@@ -63,10 +63,15 @@ class CollectionCheck:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "collection": self.name, "documents": self.documents, "failed": self.failed,
+            "collection": self.name,
+            "documents": self.documents,
+            "failed": self.failed,
             "catalog_chunks": self.catalog_chunks,
-            "record_chunks": self.record_chunks, "record_vectors": self.record_vectors, "chroma": self.chroma,
-            "chroma_state": self.chroma_state, "problems": self.problems,
+            "record_chunks": self.record_chunks,
+            "record_vectors": self.record_vectors,
+            "chroma": self.chroma,
+            "chroma_state": self.chroma_state,
+            "problems": self.problems,
         }
 
 
@@ -97,7 +102,9 @@ def check_store(data_dir: Path, chroma_path: Path, probe: ChromaProbe | None = N
     catalog = DocumentCatalog(data_dir / "catalog.sqlite")
     lexical = LexicalIndex(data_dir / "lexical.sqlite")
     try:
-        names = sorted({n for n, _ in catalog.collections()} | set(lexical.collections()) | set(probe.counts) | set(probe.damaged))
+        names = sorted(
+            {n for n, _ in catalog.collections()} | set(lexical.collections()) | set(probe.counts) | set(probe.damaged)
+        )
         checks = [_check_collection(name, catalog, lexical, probe) for name in names]
         return StoreCheck(checks, lexical.total(), lexical.search_count(), probe)
     finally:
@@ -105,7 +112,9 @@ def check_store(data_dir: Path, chroma_path: Path, probe: ChromaProbe | None = N
         catalog.close()
 
 
-def _check_collection(name: str, catalog: DocumentCatalog, lexical: LexicalIndex, probe: ChromaProbe) -> CollectionCheck:
+def _check_collection(
+    name: str, catalog: DocumentCatalog, lexical: LexicalIndex, probe: ChromaProbe
+) -> CollectionCheck:
     indexed = catalog.indexed_chunks(name)
     in_record = lexical.document_counts(name)
     record = [in_record.get(d, (0, 0)) for d in indexed]
@@ -151,13 +160,21 @@ def repair_store(
 
 
 def _fill_vectors(
-    name: str, catalog: DocumentCatalog, lexical: LexicalIndex, chroma_path: Path, probe: ChromaProbe,
-    embed: Embed | None, progress: Progress,
+    name: str,
+    catalog: DocumentCatalog,
+    lexical: LexicalIndex,
+    chroma_path: Path,
+    probe: ChromaProbe,
+    embed: Embed | None,
+    progress: Progress,
 ) -> None:
     """Give every indexed chunk of the record a vector: from the old Chroma if it opens, else embedded."""
     indexed = set(catalog.indexed_chunks(name))
     missing = [
-        (cid, did, text) for batch in lexical.records(name) for cid, did, text, _, vec in batch if vec is None and did in indexed
+        (cid, did, text)
+        for batch in lexical.records(name)
+        for cid, did, text, _, vec in batch
+        if vec is None and did in indexed
     ]
     if not missing:
         return
@@ -177,12 +194,20 @@ def _fill_vectors(
         part = missing[start : start + BATCH]
         assert embed is not None
         vectors = embed([text for _, _, text in part])
-        lexical.set_vectors(name, [(cid, v, _fallback_metadata(cid, did, names[did])) for (cid, did, _), v in zip(part, vectors)])
+        lexical.set_vectors(
+            name, [(cid, v, _fallback_metadata(cid, did, names[did])) for (cid, did, _), v in zip(part, vectors)]
+        )
         progress(f"{name}: embedding", start + len(part), len(missing))
 
 
 def reindex_collection(
-    data_dir: Path, chroma_path: Path, collection: str, *, model: str, embed: Embed, progress: Progress = lambda *a: None
+    data_dir: Path,
+    chroma_path: Path,
+    collection: str,
+    *,
+    model: str,
+    embed: Embed,
+    progress: Progress = lambda *a: None,
 ) -> dict[str, int]:
     """Re-embed a collection from the record's texts with the current embedder, then rebuild Chroma.
 
@@ -193,7 +218,9 @@ def reindex_collection(
     lexical = LexicalIndex(data_dir / "lexical.sqlite")
     try:
         lexical.begin_reindex(collection)
-        missing = [(cid, text) for batch in lexical.records(collection) for cid, _, text, _, vec in batch if vec is None]
+        missing = [
+            (cid, text) for batch in lexical.records(collection) for cid, _, text, _, vec in batch if vec is None
+        ]
         total = sum(n for n, _ in lexical.document_counts(collection).values())
         done = total - len(missing)
         for start in range(0, len(missing), BATCH):
@@ -260,4 +287,3 @@ def _swap(chroma_path: Path, rebuilt: Path) -> None:
     if chroma_path.exists():
         chroma_path.rename(chroma_path.with_name(f"{chroma_path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"))
     rebuilt.rename(chroma_path)
-

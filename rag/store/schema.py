@@ -61,9 +61,7 @@ def migrate(db: sqlite3.Connection, path: Path, steps: list[Step]) -> None:
         what, step = steps[version]
         db.execute("BEGIN IMMEDIATE")
         try:
-            if (
-                int(db.execute("PRAGMA user_version").fetchone()[0]) > version
-            ):  # another process did it
+            if int(db.execute("PRAGMA user_version").fetchone()[0]) > version:  # another process did it
                 db.execute("ROLLBACK")
                 continue
             step(db)

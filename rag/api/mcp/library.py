@@ -8,7 +8,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from rag.answering.events import Event
-from rag.api.limits import check_text
 from rag.api.mcp.payloads import (
     AskResult,
     CollectionEntry,
@@ -21,6 +20,7 @@ from rag.api.mcp.payloads import (
 )
 from rag.api.routes.chat import chat_query, collect
 from rag.api.services import Services
+from rag.core.embeddings_api import check_text
 from rag.core.errors import NotFound
 from rag.store.catalog import check_collection
 
@@ -31,7 +31,11 @@ Progress = Callable[[float, str | None], Awaitable[None]]
 class Library(Protocol):
     async def search(self, query: str, collection: str | None, top_k: int | None) -> SearchResult: ...
     async def ask(
-        self, question: str, collection: str | None, history: list[dict[str, str]], top_k: int | None,
+        self,
+        question: str,
+        collection: str | None,
+        history: list[dict[str, str]],
+        top_k: int | None,
         progress: Progress,
     ) -> AskResult: ...
     async def documents(self, collection: str | None, offset: int, limit: int) -> DocumentList: ...
@@ -51,13 +55,17 @@ class LocalLibrary:
 
     async def search(self, query: str, collection: str | None, top_k: int | None) -> SearchResult:
         services = self._services()
-        check_text("query", query, services.settings)
+        check_text("query", query, services.settings.max_message_chars)
         name = self._collection(collection)
         hits = await services.answerer().searcher.search(query, collection=name, k=top_k or services.settings.top_k)
         results = [
             SearchHit(
-                chunk_id=h.chunk_id, doc_id=h.doc_id, document=str(h.metadata.get("source", "")),
-                page=h.metadata.get("page"), heading=h.metadata.get("heading"), score=round(float(h.score), 4),
+                chunk_id=h.chunk_id,
+                doc_id=h.doc_id,
+                document=str(h.metadata.get("source", "")),
+                page=h.metadata.get("page"),
+                heading=h.metadata.get("heading"),
+                score=round(float(h.score), 4),
                 text=h.text,
             )
             for h in hits
@@ -65,13 +73,22 @@ class LocalLibrary:
         return SearchResult(query=query, collection=name, results=results)
 
     async def ask(
-        self, question: str, collection: str | None, history: list[dict[str, str]], top_k: int | None,
+        self,
+        question: str,
+        collection: str | None,
+        history: list[dict[str, str]],
+        top_k: int | None,
         progress: Progress,
     ) -> AskResult:
         services = self._services()
         query = chat_query(
-            [*history, {"role": "user", "content": question}], services.settings, collection=collection,
-            top_k=top_k, max_tokens=None, doc_ids=None, temperature=None,
+            [*history, {"role": "user", "content": question}],
+            services.settings,
+            collection=collection,
+            top_k=top_k,
+            max_tokens=None,
+            doc_ids=None,
+            temperature=None,
         )
         answer = await services.answerer().start(query)
         tokens = 0
@@ -91,10 +108,19 @@ class LocalLibrary:
     async def documents(self, collection: str | None, offset: int, limit: int) -> DocumentList:
         catalog = self._services().catalog
         name = self._collection(collection)
-        records, total = await asyncio.to_thread(lambda: (catalog.list(name, offset, limit), catalog.count(name)))
+        records, total = await asyncio.to_thread(
+            lambda: (catalog.documents(name, offset, limit), catalog.count_in(name))
+        )
         entries = [
-            DocumentEntry(id=r.doc_id, name=r.name, collection=name, state=r.state, chunks=r.chunks, pages=r.pages,
-                          uri=document_uri(name, r.doc_id))
+            DocumentEntry(
+                id=r.doc_id,
+                name=r.name,
+                collection=name,
+                state=r.state,
+                chunks=r.chunks,
+                pages=r.pages,
+                uri=document_uri(name, r.doc_id),
+            )
             for r in records
         ]
         return DocumentList(collection=name, total=total, documents=entries)
@@ -116,9 +142,14 @@ def ask_result(body: dict[str, Any], collection: str) -> AskResult:
     """The tool's answer from /v1/chat's whole-answer document (routes.chat.collect)."""
     done = body.get("done", {})
     return AskResult(
-        answer=body["answer"], collection=collection, query=body["search"]["query"],
-        rewrite=body["search"]["rewrite"], sources=body["sources"], citations=body["citations"]["citations"],
-        unsupported_sentences=int(done.get("unsupported_sentences") or 0), no_sources=done.get("no_sources"),
+        answer=body["answer"],
+        collection=collection,
+        query=body["search"]["query"],
+        rewrite=body["search"]["rewrite"],
+        sources=body["sources"],
+        citations=body["citations"]["citations"],
+        unsupported_sentences=int(done.get("unsupported_sentences") or 0),
+        no_sources=done.get("no_sources"),
     )
 
 
@@ -138,6 +169,6 @@ def stitched(chunks: list[tuple[str, dict[str, Any]]]) -> str:
         if start >= covered:
             parts.append(("\n\n" if parts and start > covered else "") + text)
         else:
-            parts.append(text[covered - start:])
+            parts.append(text[covered - start :])
         covered = end
     return "".join(parts)

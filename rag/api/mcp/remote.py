@@ -53,7 +53,11 @@ class RemoteLibrary:
         return await self._call("search", SearchResult, query=query, collection=collection, top_k=top_k)
 
     async def ask(
-        self, question: str, collection: str | None, history: list[dict[str, str]], top_k: int | None,
+        self,
+        question: str,
+        collection: str | None,
+        history: list[dict[str, str]],
+        top_k: int | None,
         progress: Progress,
     ) -> AskResult:
         async def relay(done: float, total: float | None, message: str | None) -> None:

@@ -55,7 +55,9 @@ def build_server(library: Library, settings: Settings) -> MCPServer:
         content: Annotated[str, Field(max_length=settings.max_message_chars)]
 
     async def search(
-        query: Annotated[str, Field(min_length=1, max_length=settings.max_question_chars, description="what to look for")],
+        query: Annotated[
+            str, Field(min_length=1, max_length=settings.max_question_chars, description="what to look for")
+        ],
         collection: Collection = None,
         top_k: TopK = None,
     ) -> SearchResult:
@@ -99,7 +101,9 @@ def build_server(library: Library, settings: Settings) -> MCPServer:
     server = MCPServer(NAME, instructions=INSTRUCTIONS, tools=list(tools.values()), middleware=[ArgumentCheck(tools)])
 
     @server.resource(
-        "rag://{collection}/documents/{doc_id}", name="document", mime_type="text/plain",
+        "rag://{collection}/documents/{doc_id}",
+        name="document",
+        mime_type="text/plain",
         description="a document's text as it was indexed (the text its chunks were cut from)",
     )
     async def document(collection: str, doc_id: str) -> str:
@@ -122,7 +126,7 @@ class ArgumentCheck:
 
     async def __call__(self, ctx: Any, call_next: Any) -> Any:
         params = ctx.params if isinstance(ctx.params, dict) else {}
-        tool = self.tools.get(params.get("name")) if ctx.method == "tools/call" else None
+        tool = self.tools.get(str(params.get("name"))) if ctx.method == "tools/call" else None
         arguments = params.get("arguments") or {}
         if tool is not None and isinstance(arguments, dict):
             try:

@@ -58,8 +58,16 @@ class ChatRequest(BaseModel):
     temperature: float | None = Field(default=None, ge=0, le=2)
 
 
-def chat_query(messages: list[Message], settings: Settings, *, collection: str | None, top_k: int | None,
-               max_tokens: int | None, doc_ids: list[str] | None, temperature: float | None) -> ChatQuery:
+def chat_query(
+    messages: list[Message],
+    settings: Settings,
+    *,
+    collection: str | None,
+    top_k: int | None,
+    max_tokens: int | None,
+    doc_ids: list[str] | None,
+    temperature: float | None,
+) -> ChatQuery:
     """A ChatQuery with the settings' defaults filled in (shared with the OpenAI-compatible route)."""
     check_messages(messages, settings)
     return ChatQuery(
@@ -72,8 +80,9 @@ def chat_query(messages: list[Message], settings: Settings, *, collection: str |
     )
 
 
-async def collect(answer: Answer | NoSourcesAnswer,
-                  on_event: Callable[[Event], Awaitable[None]] | None = None) -> AnswerDocument:
+async def collect(
+    answer: Answer | NoSourcesAnswer, on_event: Callable[[Event], Awaitable[None]] | None = None
+) -> AnswerDocument:
     """The whole answer as one document; `on_event` sees each event as it comes (the MCP `ask` tool
     reports progress from it)."""
 
@@ -134,8 +143,8 @@ def event_stream(answer: Answer | NoSourcesAnswer, events: AsyncIterator[dict[st
 STREAMED: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "With `stream` (the default): server-sent events `sources` (the document's `sources` "
-        "with its `search` fields beside them), `budget`, `token` (`{\"text\": ...}`)..., `citations` and `done` "
-        "(as the document's fields of those names), or `error`. With `\"stream\": false`: the whole answer as one "
+        'with its `search` fields beside them), `budget`, `token` (`{"text": ...}`)..., `citations` and `done` '
+        '(as the document\'s fields of those names), or `error`. With `"stream": false`: the whole answer as one '
         "JSON document.",
         "content": {"text/event-stream": {"schema": {"type": "string"}}},
     }
@@ -147,8 +156,13 @@ async def chat(
     body: ChatRequest, request: Request, answerer: AnswererDep, settings: SettingsDep
 ) -> AnswerDocument | EventSourceResponse:
     query = chat_query(
-        [{"role": m.role, "content": m.content} for m in body.messages], settings, collection=body.collection,
-        top_k=body.top_k, max_tokens=body.max_tokens, doc_ids=body.doc_ids, temperature=body.temperature,
+        [{"role": m.role, "content": m.content} for m in body.messages],
+        settings,
+        collection=body.collection,
+        top_k=body.top_k,
+        max_tokens=body.max_tokens,
+        doc_ids=body.doc_ids,
+        temperature=body.temperature,
     )
     answer = await answerer.start(query)
     if body.stream:

@@ -6,7 +6,7 @@ import asyncio
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
@@ -15,8 +15,8 @@ from ingest.jobs import Job
 from ingest.pipeline import FileResult, IngestPipeline, SourceFile
 from rag.api.deps import CatalogDep, JobsDep, PipelineDep, SettingsDep
 from rag.api.uploads import ReceivedForm, check_source, receive_multipart, upload_names
-from rag.store.catalog import check_collection
 from rag.core.errors import InvalidRequest, NotFound, RagError
+from rag.store.catalog import State, check_collection
 
 router = APIRouter()
 
@@ -30,7 +30,9 @@ async def upload_documents(
     pipeline: PipelineDep,
     jobs: JobsDep,
     collection: CollectionQuery = None,
-    job_id: Annotated[str | None, Query(description="Your own id for this upload, to poll /v1/jobs/{id} meanwhile.")] = None,
+    job_id: Annotated[
+        str | None, Query(description="Your own id for this upload, to poll /v1/jobs/{id} meanwhile.")
+    ] = None,
     wait: Annotated[bool, Query(description="false: answer 202 once the files are received; poll the job.")] = True,
 ) -> JSONResponse:
     """Upload one or many files (multipart field `files`); each is indexed, unchanged or failed.
@@ -61,7 +63,11 @@ async def upload_documents(
         results = await _run_job(pipeline, job, files, directory=None)
     except BaseException as exc:
         if job.finished is None:
-            job.fail(exc.to_dict() if isinstance(exc, RagError) else {"code": "internal_error", "message": "the upload stopped"})
+            job.fail(
+                exc.to_dict()
+                if isinstance(exc, RagError)
+                else {"code": "internal_error", "message": "the upload stopped"}
+            )
         raise
     finally:
         if not handed_over:
@@ -115,24 +121,34 @@ async def list_documents(
     collection: CollectionQuery = None,
     offset: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-    state: Annotated[str, Query(pattern="^(pending|indexed|failed|deleting)$",
-                                description="indexed: the documents; failed: the files that failed.")] = "indexed",
+    state: Annotated[
+        str,
+        Query(
+            pattern="^(pending|indexed|failed|deleting)$",
+            description="indexed: the documents; failed: the files that failed.",
+        ),
+    ] = "indexed",
 ) -> dict[str, Any]:
     """The documents of a collection (one per content, its names beneath it), oldest first, a page at a
     time; `failed` counts the failures, listed apart with `state=failed`."""
     name = check_collection(collection or settings.collection)
 
     def read() -> dict[str, Any]:
-        records = catalog.documents(name, offset, limit, state)  # type: ignore[arg-type]
+        records = catalog.documents(name, offset, limit, cast(State, state))
         names = catalog.names_of(name, [r.doc_id for r in records])
-        return {"documents": [r.to_api(names.get(r.doc_id)) for r in records],
-                "total": catalog.count_in(name, state), "failed": catalog.count_in(name, "failed")}  # type: ignore[arg-type]
+        return {
+            "documents": [r.to_api(names.get(r.doc_id)) for r in records],
+            "total": catalog.count_in(name, cast(State, state)),
+            "failed": catalog.count_in(name, "failed"),
+        }
 
     return {**await asyncio.to_thread(read), "offset": offset, "limit": limit}
 
 
 @router.get("/documents/{doc_id}")
-async def get_document(doc_id: str, settings: SettingsDep, catalog: CatalogDep, collection: CollectionQuery = None) -> dict[str, Any]:
+async def get_document(
+    doc_id: str, settings: SettingsDep, catalog: CatalogDep, collection: CollectionQuery = None
+) -> dict[str, Any]:
     name = check_collection(collection or settings.collection)
     record = await asyncio.to_thread(catalog.get, name, doc_id)
     if record is None:

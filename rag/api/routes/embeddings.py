@@ -43,12 +43,15 @@ async def check_dimensions(embedder: EmbeddingClient, dimensions: int | None) ->
     if dimensions != health.get("dimensions"):
         raise InvalidRequest(
             f"dimensions={dimensions} is not supported: the model gives {health.get('dimensions')}-dimensional "
-            "vectors (leave `dimensions` out, or send the model's own)", param="dimensions"
+            "vectors (leave `dimensions` out, or send the model's own)",
+            param="dimensions",
         )
 
 
 @router.post("/embeddings")
-async def create_embeddings(body: EmbeddingsRequest, settings: SettingsDep, embedder: EmbedderDep) -> EmbeddingsResponse:
+async def create_embeddings(
+    body: EmbeddingsRequest, settings: SettingsDep, embedder: EmbedderDep
+) -> EmbeddingsResponse:
     model = check_embedding_model(settings, body.model)
     texts = [body.input] if isinstance(body.input, str) else body.input
     check_embedding_inputs(texts, max_inputs=settings.embed_max_inputs, max_chars=settings.max_message_chars)

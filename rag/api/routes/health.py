@@ -44,8 +44,12 @@ async def _store_state(services: ServicesDep) -> dict[str, Any]:
     alive = await asyncio.to_thread(store.heartbeat)
     mode = services.settings.chroma_mode
     where = services.settings.chroma_url if mode == "server" else str(services.settings.chroma_path)
-    state: dict[str, Any] = {"state": "ok" if alive else "down", "mode": mode, "location": where,
-                             "data_dir": str(services.settings.data_dir)}
+    state: dict[str, Any] = {
+        "state": "ok" if alive else "down",
+        "mode": mode,
+        "location": where,
+        "data_dir": str(services.settings.data_dir),
+    }
     problems = {**store.out_of_step, **store.damaged}
     if store.unreadable:
         problems["*"] = store.unreadable

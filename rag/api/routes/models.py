@@ -55,16 +55,20 @@ def check_chat_model(settings: Settings, name: str | None) -> str:
     """The generator's name for a chat request; any other name is a 404 as OpenAI answers it."""
     if name is None or name == settings.llm_model:
         return settings.llm_model
-    raise ModelNotFound(f"The model {shown(name)} does not exist; this API serves '{settings.llm_model}' for chat "
-                        "(GET /v1/models lists the models).")
+    raise ModelNotFound(
+        f"The model {shown(name)} does not exist; this API serves '{settings.llm_model}' for chat "
+        "(GET /v1/models lists the models)."
+    )
 
 
 def check_embedding_model(settings: Settings, name: str | None) -> str:
     """The embedding model's name for an embeddings request; any other name is a 404 as OpenAI answers it."""
     if name is None or name == settings.embed_model:
         return settings.embed_model
-    raise ModelNotFound(f"The model {shown(name)} does not exist; this API serves '{settings.embed_model}' for "
-                        "embeddings (GET /v1/models lists the models).")
+    raise ModelNotFound(
+        f"The model {shown(name)} does not exist; this API serves '{settings.embed_model}' for "
+        "embeddings (GET /v1/models lists the models)."
+    )
 
 
 @router.get("/models")

@@ -18,12 +18,12 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette import EventSourceResponse
-from typing_extensions import NotRequired, TypedDict
+from typing_extensions import TypedDict
 
 from rag.answering.answerer import Answer, NoSourcesAnswer
 from rag.answering.events import Budget, Citations, Collected, Done, NoSourcesDone, SourceEntry
@@ -158,8 +158,13 @@ class _Completion:
 
     def rag(self) -> Rag:
         document = self.answer.document()
-        return Rag(ignored_system_messages=self.ignored_system, sources=document.sources, budget=document.budget,
-                   citations=document.citations, done=document.done)
+        return Rag(
+            ignored_system_messages=self.ignored_system,
+            sources=document.sources,
+            budget=document.budget,
+            citations=document.citations,
+            done=document.done,
+        )
 
     @property
     def finish_reason(self) -> Literal["stop", "length"]:
@@ -172,8 +177,9 @@ class _Completion:
         prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
         return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
-    def chunk(self, delta: Delta, finish_reason: Literal["stop", "length"] | None = None, *,
-              rag: Rag | None = None) -> str:
+    def chunk(
+        self, delta: Delta, finish_reason: Literal["stop", "length"] | None = None, *, rag: Rag | None = None
+    ) -> str:
         body = self._chunk([{"index": 0, "delta": delta, "finish_reason": finish_reason}])
         if rag is not None:
             body["rag"] = rag.model_dump(mode="json")
@@ -186,16 +192,27 @@ class _Completion:
         return json.dumps(body, ensure_ascii=False)
 
     def _chunk(self, choices: list[ChunkChoice]) -> CompletionChunk:
-        body: CompletionChunk = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                                 "model": self.model, "choices": choices}
+        body: CompletionChunk = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
         if self.include_usage:
             body["usage"] = None
         return body
 
     def response(self) -> ChatCompletion:
         message = AssistantMessage(content=self.answer.text)
-        return ChatCompletion(id=self.id, created=self.created, model=self.model, usage=self.usage, rag=self.rag(),
-                              choices=[Choice(message=message, finish_reason=self.finish_reason)])
+        return ChatCompletion(
+            id=self.id,
+            created=self.created,
+            model=self.model,
+            usage=self.usage,
+            rag=self.rag(),
+            choices=[Choice(message=message, finish_reason=self.finish_reason)],
+        )
 
 
 async def _chunks(answer: Answer | NoSourcesAnswer, completion: _Completion) -> AsyncIterator[dict[str, str]]:
@@ -231,13 +248,18 @@ STREAMED: dict[int | str, dict[str, Any]] = {
 
 
 @router.post("/chat/completions", response_model=ChatCompletion, responses=STREAMED)
-async def chat_completions(body: CompletionRequest, request: Request, answerer: AnswererDep,
-                           settings: SettingsDep) -> ChatCompletion | EventSourceResponse:
+async def chat_completions(
+    body: CompletionRequest, request: Request, answerer: AnswererDep, settings: SettingsDep
+) -> ChatCompletion | EventSourceResponse:
     model = check_chat_model(settings, body.model)
     messages, ignored = chat_messages(body.messages)
     query = chat_query(
-        messages, settings, collection=body.collection, top_k=body.top_k,
-        max_tokens=body.max_completion_tokens or body.max_tokens, doc_ids=body.doc_ids,
+        messages,
+        settings,
+        collection=body.collection,
+        top_k=body.top_k,
+        max_tokens=body.max_completion_tokens or body.max_tokens,
+        doc_ids=body.doc_ids,
         temperature=body.temperature,
     )
     answer = await answerer.start(query)

@@ -9,7 +9,7 @@ with the text of its section around it, stitched from its neighbours in the reco
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends, Path, Query
 from fastapi.responses import Response
@@ -39,7 +39,9 @@ async def get_originals(settings: SettingsDep) -> Originals:
 OriginalsDep = Annotated[Originals, Depends(get_originals)]
 
 
-@router.get("/documents/{doc_id}/pages/{page}", response_class=Response, responses={200: {"content": {"image/png": {}}}})
+@router.get(
+    "/documents/{doc_id}/pages/{page}", response_class=Response, responses={200: {"content": {"image/png": {}}}}
+)
 async def page_image(
     doc_id: DocId,
     page: Annotated[int, Path(ge=1)],
@@ -59,7 +61,9 @@ async def page_image(
         raise NotFound(f"no page {page}: {record.name} {has}")
     original = await asyncio.to_thread(originals.path, name, doc_id)
     if original is None:
-        raise NotFound(f"{record.name} has no stored original to show (indexed before originals were kept: upload it again)")
+        raise NotFound(
+            f"{record.name} has no stored original to show (indexed before originals were kept: upload it again)"
+        )
     max_width = settings.page_image_max_width
     if width is not None and width > max_width:
         raise InvalidRequest(f"width {width} is over {max_width} pixels (RAG_PAGE_IMAGE_MAX_WIDTH)", limit=max_width)
@@ -71,7 +75,9 @@ async def page_image(
         if meta.get("page") != page:
             raise InvalidRequest(f"chunk {chunk} of {record.name} is on page {meta.get('page')}, not {page}")
         boxes, cache_name = decode_boxes(meta.get("boxes")), f"{cache_name}-c{chunk}"
-    png = await asyncio.to_thread(_rendered, settings, originals, name, doc_id, record.name, page, width, boxes, cache_name)
+    png = await asyncio.to_thread(
+        _rendered, settings, originals, name, doc_id, record.name, page, width, boxes, cache_name
+    )
     return Response(png, media_type="image/png", headers={"Cache-Control": "private, max-age=86400"})
 
 
@@ -91,7 +97,11 @@ async def chunk_in_context(
     text, meta = await _chunk(lexical, name, doc_id, index)
     ids = [f"{doc_id}:{i}" for i in range(max(0, index - NEIGHBOURS), index + NEIGHBOURS + 1)]
     around = await asyncio.to_thread(lexical.chunks, name, ids)
-    same = [(t, m) for t, m in around.values() if m.get("page") == meta.get("page") and m.get("heading") == meta.get("heading")]
+    same = [
+        (t, m)
+        for t, m in around.values()
+        if m.get("page") == meta.get("page") and m.get("heading") == meta.get("heading")
+    ]
     before, after = _context(same, meta)
     page = meta.get("page")
     has_image = page is not None and await asyncio.to_thread(originals.path, name, doc_id) is not None
@@ -114,14 +124,14 @@ async def _document(catalog: Any, collection: str, doc_id: str) -> DocumentRecor
     record = await asyncio.to_thread(catalog.get, collection, doc_id)
     if record is None or record.state != "indexed":
         raise NotFound(f"no document {doc_id} in collection {collection}")
-    return record
+    return cast(DocumentRecord, record)
 
 
 async def _chunk(lexical: Any, collection: str, doc_id: str, index: int) -> tuple[str, dict[str, Any]]:
     found = await asyncio.to_thread(lexical.chunks, collection, [f"{doc_id}:{index}"])
     if not found:
         raise NotFound(f"document {doc_id} has no chunk {index}")
-    return next(iter(found.values()))
+    return cast(tuple[str, dict[str, Any]], next(iter(found.values())))
 
 
 def _context(chunks: list[tuple[str, dict[str, Any]]], target: dict[str, Any]) -> tuple[str, str]:
@@ -164,8 +174,15 @@ def _run(chars: dict[int, str], at: int, step: int) -> str:
 
 
 def _rendered(
-    settings: Settings, originals: Originals, collection: str, doc_id: str, name: str, page: int, width: int,
-    boxes: list[list[float]], cache_name: str,
+    settings: Settings,
+    originals: Originals,
+    collection: str,
+    doc_id: str,
+    name: str,
+    page: int,
+    width: int,
+    boxes: list[list[float]],
+    cache_name: str,
 ) -> bytes:
     """The cached PNG, or one rendered in the parser worker now (and cached)."""
     cached = originals.page_path(collection, doc_id, cache_name)
@@ -175,6 +192,8 @@ def _rendered(
     if source is None:
         raise NotFound(f"{name} has no stored original to show")
     pool = get_pool(settings.parse_memory_mb)
-    png = pool.render(source.read_bytes(), name, timeout_s=settings.parse_timeout_s, page=page, width=width, boxes=boxes)
+    png = pool.render(
+        source.read_bytes(), name, timeout_s=settings.parse_timeout_s, page=page, width=width, boxes=boxes
+    )
     originals.save_page(cached, png)
     return png
