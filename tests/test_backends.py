@@ -153,7 +153,7 @@ def test_long_inputs_are_truncated_and_reported(embedding_server: Server):
     [
         ({"input": []}, 400, "non-empty"),
         ({"input": ""}, 400, "non-empty"),
-        ({"input": ["x"] * 10_000}, 413, "limit"),
+        ({"input": ["x"] * 10_000}, 413, "at most 512 per request"),
     ],
 )
 def test_bad_embedding_requests_get_clear_errors(embedding_server: Server, payload, status, words):

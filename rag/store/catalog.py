@@ -25,28 +25,35 @@ as a document. The API, `rag store check`, `ingest --json` and the web page all 
 from __future__ import annotations
 
 import builtins
-import os
 import sqlite3
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from filelock import FileLock, Timeout
-
 from rag.core.config import COLLECTION_NAME
 from rag.core.errors import Conflict, InvalidRequest, NotFound, TooManyCollections
+from rag.store._document_record import DocumentCounts, DocumentRecord, State
+from rag.store._lease import OwnerLease
 from rag.store.schema import Step, migrate, run_script
 from rag.store.sqlite import BUSY_TIMEOUT_S, write_transaction
 
+__all__ = [
+    "Claim",
+    "DocumentBusy",
+    "DocumentCatalog",
+    "DocumentCounts",
+    "DocumentRecord",
+    "IsLive",
+    "OwnerLease",
+    "State",
+    "check_collection",
+]
+
 IsLive = Callable[[str | None], bool]  # whether the owner token of a row belongs to a running process
 
-State = Literal["pending", "indexed", "failed", "deleting"]
 Claim = Literal["claimed", "indexed", "busy"]
 
 _SCHEMA = """
@@ -96,102 +103,6 @@ _NAMED = f"""(
            n.created_at, d.indexed_at
     FROM document_names n JOIN documents d ON d.collection = n.collection AND d.doc_id = n.doc_id
 )"""
-
-
-@dataclass(frozen=True)
-class DocumentCounts:
-    """A collection's documents (indexed contents, however many names each has) and its failures."""
-
-    documents: int = 0
-    failed: int = 0
-
-
-def _iso(ts: float | None) -> str | None:
-    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
-
-
-@dataclass
-class DocumentRecord:
-    collection: str
-    doc_id: str
-    source: str  # what identifies a file across versions: a path for the CLI, the upload's name
-    name: str  # the display name (also the chunks' `source` metadata)
-    size: int
-    pages: int | None
-    chunks: int
-    state: State
-    error: str | None
-    owner: str | None
-    created_at: float
-    indexed_at: float | None
-
-    def to_api(self, names: list[tuple[str, str]] | None = None) -> dict[str, Any]:
-        """The API's view: `source` is the display name (as in the chunks' metadata), `source_key` what
-        identifies the file across versions (the CLI's path, an upload's name or server id); `names`
-        every name of the content, its own first."""
-        names = names or [(self.source, self.name)]
-        return {
-            "id": self.doc_id,
-            "source": self.name,
-            "source_key": self.source,
-            "collection": self.collection,
-            "size": self.size,
-            "chunks": self.chunks,
-            "pages": self.pages,
-            "state": self.state,
-            "error": self.error,
-            "created_at": _iso(self.created_at),
-            "indexed_at": _iso(self.indexed_at),
-            "names": [{"source": name, "source_key": source} for source, name in names],
-        }
-
-
-class OwnerLease:
-    """This process's claim on the rows it is working on, held as a file lock until the process ends.
-
-    A lock dies with its process (even on kill -9), so a row whose owner's lock can be taken belongs to
-    a process that is gone, whatever became of its pid.
-    """
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True)
-        self.token = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-        self._lock = FileLock(str(directory / f"{self.token}.lock"))
-        self._lock.acquire(timeout=0)
-
-    def is_live(self, token: str | None) -> bool:
-        """Whether the owner `token` is this process or another one still running."""
-        if token is None:
-            return False
-        if token == self.token:
-            return True
-        path = self.directory / f"{token}.lock"
-        if not path.exists():
-            return False
-        probe = FileLock(str(path))
-        try:
-            probe.acquire(timeout=0)
-        except Timeout:
-            return True
-        probe.release()
-        return False
-
-    def held_elsewhere(self, token: str | None) -> bool:
-        """Whether another live process works on a row owned by `token`. Callers hold the document's lock,
-        so a row of this process that is still pending or deleting was left by a failed run: it may be
-        taken over."""
-        return token != self.token and self.is_live(token)
-
-    def forget(self, token: str) -> None:
-        """Remove the lock file of a dead owner."""
-        if token != self.token:
-            (self.directory / f"{token}.lock").unlink(missing_ok=True)
-
-    def release(self) -> None:
-        if self._lock.is_locked:
-            self._lock.release()
-            (self.directory / f"{self.token}.lock").unlink(missing_ok=True)
 
 
 class DocumentCatalog:

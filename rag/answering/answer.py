@@ -1,0 +1,325 @@
+"""One answer being given: `Answer` streams a generated answer's events while it holds a generation slot;
+`NoSourcesAnswer` gives the fixed "not in the documents" answer without one (see rag.answering.answerer)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, Protocol
+
+import anyio
+
+from rag.answering.budget import Candidate, PackedPrompt, PromptBudget
+from rag.answering.citations import citations_event
+from rag.answering.events import (
+    Budget,
+    Citations,
+    Done,
+    Dropped,
+    Event,
+    NoSourcesDone,
+    NoSourcesReason,
+    Sources,
+    Token,
+)
+from rag.answering.followup import SearchQuery
+from rag.answering.gate import Permit
+from rag.answering.no_answer import ANSWER_LINE_GRAMMAR, no_answer_text, usable
+from rag.answering.prompt import (
+    COMPLETION_STOP,
+    ChatStyle,
+    CompletionStyle,
+    Message,
+    no_sources_answer,
+)
+from rag.answering.query import ChatQuery, Clock, Hit, source_entry
+from rag.clients.llm import LlamaServerClient, ServerProps, StreamDelta, StreamEnd
+from rag.core.errors import ContextOverflow, RagError
+
+
+class Answering(Protocol):
+    """What an answer uses of the Answerer that started it (rag.answering.answerer), which imports this module."""
+
+    llm: LlamaServerClient
+    budget: PromptBudget
+
+    async def props(self, *, refresh: bool = False) -> ServerProps: ...
+
+    async def example_ban(self, prompt: str) -> list[list[int | bool]]: ...
+
+    async def pack(
+        self,
+        query: ChatQuery,
+        history: list[Message],
+        question: str,
+        candidates: list[Candidate],
+        n_ctx: int,
+        correction: int = 0,
+    ) -> PackedPrompt: ...
+
+
+log = logging.getLogger(__name__)
+
+CLOSE_TIMEOUT_S = 5.0
+
+
+class Answer:
+    """One admitted question: its packed prompt and its generation slot."""
+
+    def __init__(
+        self,
+        answerer: Answering,
+        query: ChatQuery,
+        history: list[Message],
+        question: str,
+        candidates: list[Candidate],
+        hits: Mapping[str, Hit],
+        packed: PackedPrompt,
+        permit: Permit,
+        clock: Clock,
+        *,
+        searched: SearchQuery | None = None,
+    ) -> None:
+        self.answerer = answerer
+        self.query = query
+        self.history = history
+        self.question = question
+        self.candidates = candidates
+        self.hits = hits
+        self.packed = packed
+        self.permit = permit
+        self.clock = clock
+        self.searched = searched or SearchQuery(question)  # the query retrieval ran, shown with the sources
+        self.text_parts: list[str] = []
+        self.no_answer = False
+        self.retried = False
+
+    def close(self) -> None:
+        """Give the generation slot back (idempotent; events() does it too)."""
+        self.permit.release()
+
+    def sources_event(self) -> Sources:
+        sources = [source_entry(c.source_id, self.hits[c.source_id], c.text) for c in self.packed.chunks]
+        return Sources(sources=sources, query=self.searched.text, rewrite=self.searched.rewrite)
+
+    def budget_event(self) -> Budget:
+        return self.packed.budget()
+
+    async def events(self) -> AsyncIterator[Event]:
+        """The answer as events; generation errors are raised (after the slot is freed)."""
+        llm = self.answerer.llm
+        upstream: AsyncIterator[StreamDelta | StreamEnd] | None = None
+        try:
+            yield self.sources_event()
+            yield self.budget_event()
+            self.clock.mark("upstream")
+            upstream = self._generate(llm)
+            try:
+                first = await anext(upstream)
+            except ContextOverflow as overflow:
+                await _close(upstream)
+                await self.repack(overflow)
+                yield self.sources_event()
+                yield self.budget_event()
+                upstream = self._generate(llm)
+                first = await anext(upstream)
+            item: StreamDelta | StreamEnd = first
+            while not isinstance(item, StreamEnd):
+                if not self.text_parts:
+                    self.clock.mark("first_token")
+                self.text_parts.append(item.text)
+                yield Token(text=item.text)
+                item = await anext(upstream)
+            self.clock.mark("generated")
+            for event in self._closing_events(item):
+                yield event
+        finally:
+            if upstream is not None:
+                await _close(upstream)
+            self.close()
+
+    async def repack(self, overflow: ContextOverflow) -> None:
+        """Pack again after llama-server refused the prompt, trusting its own n_ctx and count; raises the
+        overflow when no source fits the server's real context (never answer without one)."""
+        answerer = self.answerer
+        props = await answerer.props(refresh=True)
+        n_ctx = overflow.n_ctx or props.n_ctx
+        correction = max(0, (overflow.n_prompt_tokens or 0) - self.packed.used)
+        if correction:
+            answerer.budget.forget()  # the server counts differently than our remembered pieces
+        log.warning(
+            "llama-server refused a %s-token prompt (its n_ctx %s, we packed for %s): packing again",
+            overflow.n_prompt_tokens,
+            n_ctx,
+            self.packed.n_ctx,
+        )
+        packed = await answerer.pack(self.query, self.history, self.question, self.candidates, n_ctx, correction)
+        packed.repacked = True
+        self.packed = packed
+        if not packed.chunks:
+            raise overflow
+
+    def _generate(self, llm: LlamaServerClient) -> AsyncIterator[StreamDelta | StreamEnd]:
+        """The answer's stream, never blank (rag.answering.no_answer); a completion is retried once."""
+        assert self.query.max_tokens is not None and self.query.temperature is not None
+        prompt = self.packed.messages
+        if isinstance(prompt, str):
+            return self._never_blank(
+                [
+                    lambda: _lstripped(self._complete(llm, prompt)),
+                    lambda: _lstripped(self._complete(llm, prompt, grammar=ANSWER_LINE_GRAMMAR)),
+                ]
+            )
+        max_tokens, temperature = self.query.max_tokens, self.query.temperature
+        assert max_tokens is not None and temperature is not None  # chat_query fills them in
+        return self._never_blank([lambda: llm.stream_chat(prompt, max_tokens=max_tokens, temperature=temperature)])
+
+    async def _never_blank(
+        self, attempts: list[Callable[[], AsyncIterator[StreamDelta | StreamEnd]]]
+    ) -> AsyncIterator[StreamDelta | StreamEnd]:
+        """The first attempt whose text is usable, its unusable start held back until it is; if none is,
+        the fixed no-answer line naming the sources."""
+        end = StreamEnd(None)
+        for number, attempt in enumerate(attempts):
+            self.retried = number > 0
+            held: list[str] | None = []
+            stream = attempt()
+            try:
+                async for item in stream:
+                    if isinstance(item, StreamEnd):
+                        end = item
+                    elif held is None:
+                        yield item
+                    elif usable(text := "".join([*held, item.text])):
+                        held = None
+                        yield StreamDelta(text)
+                    else:
+                        held.append(item.text)
+            finally:
+                await _close(stream)
+            if held is None:
+                yield end
+                return
+        self.no_answer = True
+        yield StreamDelta(no_answer_text(c.candidate.metadata.get("source", "") for c in self.packed.chunks))
+        yield end
+
+    async def _complete(
+        self, llm: LlamaServerClient, prompt: str, grammar: str | None = None
+    ) -> AsyncIterator[StreamDelta | StreamEnd]:
+        assert self.query.max_tokens is not None and self.query.temperature is not None
+        ban = await self.answerer.example_ban(prompt)
+        extra = ({"logit_bias": ban} if ban else {}) | ({"grammar": grammar} if grammar else {})
+        stream = llm.stream_completion(
+            prompt,
+            max_tokens=self.query.max_tokens,
+            temperature=self.query.temperature,
+            stop=list(COMPLETION_STOP),
+            extra=extra or None,
+        )
+        try:
+            async for item in stream:
+                yield item
+        finally:
+            await _close(stream)
+
+    def _closing_events(self, end: StreamEnd) -> tuple[Citations, Done]:
+        text = "" if self.no_answer else "".join(self.text_parts)  # our own line cites and claims nothing
+        chunks = {c.source_id: c.text for c in self.packed.chunks}
+        fixed_text = (CompletionStyle if self.packed.style == "completion" else ChatStyle).fixed_text
+        citations, check, attribution = citations_event(text, chunks, self.hits, fixed_text=fixed_text)
+        timings = end.timings or {}
+        done = Done(
+            usage=end.usage,
+            timings=timings,
+            ttft_ms=self.clock.ms(None, "first_token") if "first_token" in self.clock.marks else None,
+            invalid_citations=len(check.invalid),
+            cache_n=timings.get("cache_n"),
+            finish_reason=end.finish_reason,
+            retrieval_ms=self.clock.ms(None, "retrieved"),
+            pack_ms=self.clock.ms("retrieved", "packed"),
+            queue_ms=self.clock.ms("packed", "admitted"),
+            upstream_ttft_ms=round(end.ttft_s * 1000, 1) if end.ttft_s is not None else None,
+            style=self.packed.style,
+            unsupported_sentences=attribution.unsupported,
+            no_answer=self.no_answer,  # the model gave nothing usable: the text is our fixed line
+            retried=self.retried,  # its first attempt gave nothing usable
+        )
+        return citations, done
+
+
+class NoSourcesAnswer:
+    """The fixed answer when no source is good enough: no model call, nothing cited, no generation slot."""
+
+    def __init__(
+        self,
+        query: ChatQuery,
+        clock: Clock,
+        reason: NoSourcesReason,
+        dropped: list[Dropped],
+        packed: PackedPrompt | None = None,
+        *,
+        searched: SearchQuery,
+        style: str,
+    ) -> None:
+        self.query = query
+        self.clock = clock
+        self.reason = reason
+        self.dropped = dropped
+        self.packed = packed
+        self.searched = searched
+        self.style = style
+
+    def close(self) -> None:
+        """Nothing to give back: no generation slot was taken."""
+
+    def budget_event(self) -> Budget:
+        if self.packed is not None:
+            return self.packed.budget()
+        return Budget(reserve=self.query.max_tokens, dropped=self.dropped, style=self.style)
+
+    async def events(self) -> AsyncIterator[Event]:
+        text = no_sources_answer(self.query.collection, self.query.messages[-1]["content"])
+        yield Sources(sources=[], query=self.searched.text, rewrite=self.searched.rewrite)
+        yield self.budget_event()
+        self.clock.mark("first_token")
+        yield Token(text=text)
+        yield Citations()
+        yield NoSourcesDone(
+            ttft_ms=self.clock.ms(None, "first_token"),
+            no_sources=self.reason,
+            retrieval_ms=self.clock.ms(None, "retrieved"),
+        )
+
+
+async def _lstripped(stream: AsyncIterator[StreamDelta | StreamEnd]) -> AsyncIterator[StreamDelta | StreamEnd]:
+    """The stream without the blank a completion starts with ("Answer:" is followed by " 1887")."""
+    started = False
+    try:
+        async for item in stream:
+            if isinstance(item, StreamDelta) and not started:
+                item = StreamDelta(item.text.lstrip())
+                started = bool(item.text)
+                if not started:
+                    continue
+            yield item
+    finally:
+        await _close(stream)
+
+
+async def discard(task: asyncio.Future[Any]) -> None:
+    """Cancel a look-ahead whose result is not needed, and drop its outcome (an error included)."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, RagError):
+        await task
+
+
+async def _close(stream: AsyncIterator[Any]) -> None:
+    """Close an upstream stream at once, even inside a cancelled scope (a client that went away)."""
+    aclose = getattr(stream, "aclose", None)
+    if aclose is None:
+        return
+    with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True), contextlib.suppress(RuntimeError):
+        await aclose()
