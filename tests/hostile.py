@@ -548,8 +548,11 @@ def send_until_answered(
     sent = 0
     try:
         sock.sendall(head.encode() + b"\r\n")
+        # poll, not select: select() takes no descriptor past 1023, which a long test session can reach.
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
         for chunk in chunks:
-            if select.select([sock], [], [], 0)[0]:
+            if poller.poll(0):
                 break
             try:
                 sock.sendall(chunk)
