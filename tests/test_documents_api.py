@@ -515,7 +515,7 @@ def _listed(api: LiveApi, collection: str = "default") -> list[tuple[str, str]]:
 
 
 def test_the_same_bytes_under_two_names_are_one_document_whose_names_never_delete_each_other(api: LiveApi) -> None:
-    data = text_of(3, "shared")
+    data = text_of(3, "common")
     a = api.upload(("a.txt", data)).json()["results"][0]
     b = api.upload(("b.txt", data)).json()["results"][0]
     assert (a["status"], b["status"]) == ("indexed", "unchanged") and a["document_id"] == b["document_id"]

@@ -117,10 +117,10 @@ def test_a_new_version_replaces_the_old_one(pipeline: IngestPipeline, tmp_path: 
 def test_switching_back_to_an_old_content_keeps_one_version(
     pipeline: IngestPipeline, tmp_path: Path, settings: Settings
 ) -> None:
-    a = write(tmp_path / "x", "a.txt", paras("shared", 2))
+    a = write(tmp_path / "x", "a.txt", paras("twin", 2))
     b = write(tmp_path / "x", "b.txt", paras("b", 1))
     run(pipeline, [a, b])
-    b_now = write(tmp_path / "x", "b.txt", paras("shared", 2))  # b.txt now has a.txt's content
+    b_now = write(tmp_path / "x", "b.txt", paras("twin", 2))  # b.txt now has a.txt's content
     result = run(pipeline, [b_now])[0]
     assert result.status == "unchanged"
     seen = census(settings.data_dir, "default", pipeline.store)
