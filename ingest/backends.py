@@ -112,7 +112,7 @@ class LocalBackend:
             self._stack.callback(lock.release)
 
     def _open_store(self) -> None:
-        from rag.clients.embedding import EmbeddingClient
+        from rag.clients.embedding_pool import embedding_client
         from rag.store.catalog import OwnerLease
         from rag.store.chunks import ChunkStore
         from rag.store.lexical import LexicalIndex
@@ -124,7 +124,7 @@ class LocalBackend:
         self._stack.callback(lexical.close)
         lease = OwnerLease(self.settings.data_dir / "owners")
         self._stack.callback(lease.release)
-        embedder = EmbeddingClient(self.settings.embed_url, model=self.settings.embed_model)
+        embedder = embedding_client(self.settings.embed_urls, model=self.settings.embed_model)
         self._stack.push_async_callback(embedder.aclose)
         self.pipeline = IngestPipeline(self.settings, embedder, store, lexical, self.catalog, lease)  # type: ignore[arg-type]
         self.pipeline.recover()

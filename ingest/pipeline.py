@@ -96,7 +96,8 @@ class IngestPipeline:
         self.lease = lease
         self.stores = DocumentStores(store, lexical, catalog, settings.embed_model, Originals(settings.data_dir))
         self._prepare = prepare or LoaderPreparer(settings)
-        self._inflight = inflight
+        # Per embedding server: a pool of them takes that many batches at once (least outstanding first).
+        self._inflight = inflight * getattr(embedder, "servers", 1)
         self._producers = producers
         self._flush_s = flush_s
         self._window_batches = window_batches

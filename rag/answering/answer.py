@@ -35,14 +35,15 @@ from rag.answering.prompt import (
     no_sources_answer,
 )
 from rag.answering.query import ChatQuery, Clock, Hit, source_entry
-from rag.clients.llm import LlamaServerClient, ServerProps, StreamDelta, StreamEnd
+from rag.clients.llm import ServerProps, StreamDelta, StreamEnd
+from rag.clients.llm_pool import LLMBackend, conversation_key
 from rag.core.errors import ContextOverflow, RagError
 
 
 class Answering(Protocol):
     """What an answer uses of the Answerer that started it (rag.answering.answerer), which imports this module."""
 
-    llm: LlamaServerClient
+    llm: LLMBackend
     budget: PromptBudget
 
     async def props(self, *, refresh: bool = False) -> ServerProps: ...
@@ -86,6 +87,8 @@ class Answer:
         self.query = query
         self.history = history
         self.question = question
+        # A pool of llama-servers sends each turn of a conversation where the previous one left its prompt.
+        self.affinity = conversation_key([*history, {"role": "user", "content": question}])
         self.candidates = candidates
         self.hits = hits
         self.packed = packed
@@ -161,7 +164,7 @@ class Answer:
         if not packed.chunks:
             raise overflow
 
-    def _generate(self, llm: LlamaServerClient) -> AsyncIterator[StreamDelta | StreamEnd]:
+    def _generate(self, llm: LLMBackend) -> AsyncIterator[StreamDelta | StreamEnd]:
         """The answer's stream, never blank (rag.answering.no_answer); a completion is retried once."""
         assert self.query.max_tokens is not None and self.query.temperature is not None
         prompt = self.packed.messages
@@ -174,7 +177,9 @@ class Answer:
             )
         max_tokens, temperature = self.query.max_tokens, self.query.temperature
         assert max_tokens is not None and temperature is not None  # chat_query fills them in
-        return self._never_blank([lambda: llm.stream_chat(prompt, max_tokens=max_tokens, temperature=temperature)])
+        return self._never_blank(
+            [lambda: llm.stream_chat(prompt, max_tokens=max_tokens, temperature=temperature, affinity=self.affinity)]
+        )
 
     async def _never_blank(
         self, attempts: list[Callable[[], AsyncIterator[StreamDelta | StreamEnd]]]
@@ -207,7 +212,7 @@ class Answer:
         yield end
 
     async def _complete(
-        self, llm: LlamaServerClient, prompt: str, grammar: str | None = None
+        self, llm: LLMBackend, prompt: str, grammar: str | None = None
     ) -> AsyncIterator[StreamDelta | StreamEnd]:
         assert self.query.max_tokens is not None and self.query.temperature is not None
         ban = await self.answerer.example_ban(prompt)
@@ -218,6 +223,7 @@ class Answer:
             temperature=self.query.temperature,
             stop=list(COMPLETION_STOP),
             extra=extra or None,
+            affinity=self.affinity,
         )
         try:
             async for item in stream:

@@ -44,7 +44,8 @@ from rag.answering.prompt import (
 )
 from rag.answering.query import ChatQuery, Clock, Searcher, cut_off, split_question
 from rag.answering.retrieval import relevance, relevance_floor
-from rag.clients.llm import LlamaServerClient, ServerProps
+from rag.clients.llm import ServerProps
+from rag.clients.llm_pool import LLMBackend
 from rag.core.config import Settings
 from rag.core.errors import BackendUnavailable, LLMUnavailable, UpstreamError
 
@@ -58,7 +59,7 @@ __all__ = ["Answer", "Answerer", "ChatQuery", "NoSourcesAnswer", "cut_off", "spl
 class Answerer:
     """Answers questions against one llama-server and one retriever."""
 
-    def __init__(self, llm: LlamaServerClient, searcher: Searcher, settings: Settings) -> None:
+    def __init__(self, llm: LLMBackend, searcher: Searcher, settings: Settings) -> None:
         self.llm = llm
         self.searcher = searcher
         self.settings = settings

@@ -19,6 +19,7 @@ from rag.api.metrics import Metrics, MetricsMiddleware, instrument
 from rag.api.routes import chat, documents, embeddings, health, metrics, models, openai_compat, pages, web
 from rag.api.sameorigin import SameOriginGuard
 from rag.api.services import Services, build_services
+from rag.clients.llm_pool import LlamaServerPool
 from rag.core.config import Settings, get_settings
 
 
@@ -31,6 +32,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         app.state.services = services or build_services(settings)
         instrument(app.state.services, app.state.metrics)
         try:
+            if isinstance(app.state.services.llm, LlamaServerPool):
+                await app.state.services.llm.check()  # a pool of differing servers is refused here
             async with mcp_endpoint.run():
                 yield
         finally:

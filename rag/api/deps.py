@@ -17,7 +17,7 @@ from ingest.jobs import JobRegistry
 from ingest.pipeline import IngestPipeline
 from rag.answering.answerer import Answerer
 from rag.api.services import Services
-from rag.clients.embedding import EmbeddingClient
+from rag.clients.embedding_pool import EmbeddingBackend
 from rag.core.config import Settings
 from rag.core.errors import Unauthorized
 from rag.store.catalog import DocumentCatalog
@@ -36,7 +36,7 @@ async def get_app_settings(services: ServicesDep) -> Settings:
     return services.settings
 
 
-async def get_embedder(services: ServicesDep) -> EmbeddingClient:
+async def get_embedder(services: ServicesDep) -> EmbeddingBackend:
     return services.embedder
 
 
@@ -61,7 +61,7 @@ async def get_answerer(services: ServicesDep) -> Answerer:
 
 
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
-EmbedderDep = Annotated[EmbeddingClient, Depends(get_embedder)]
+EmbedderDep = Annotated[EmbeddingBackend, Depends(get_embedder)]
 CatalogDep = Annotated[DocumentCatalog, Depends(get_catalog)]
 PipelineDep = Annotated[IngestPipeline, Depends(get_pipeline)]
 JobsDep = Annotated[JobRegistry, Depends(get_jobs)]

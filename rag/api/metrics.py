@@ -8,7 +8,9 @@ What is measured, and where it is observed (nothing below the API knows about me
   `done` event, and the prompt budget's use (`used / limit`) from its `budget` event;
 - retrieval latency per stage: the query embedding, the dense (Chroma) and lexical (BM25) searches, timed
   around the retriever's parts, and the whole retrieval from `retrieval_ms`;
-- ingestion: documents by outcome and chunks stored, from the pipeline's results.
+- ingestion: documents by outcome and chunks stored, from the pipeline's results;
+- pools of servers (several RAG_LLM_URL or RAG_EMBED_URL): each server's state, load and count of
+  requests, and the follow-ups sent back to their conversation's server, read at scrape time.
 
 Each app has its own registry, so several apps in one process (the tests) do not collide.
 """
@@ -109,6 +111,44 @@ class Metrics:
             self.ingest_documents.labels(str(result.status)).inc()
             if result.status == "indexed":
                 self.ingest_chunks.inc(int(result.chunks or 0))
+
+
+class _PoolCollector:
+    """Per server of a pool: up (1/0), running and served requests, failures; the affinity's counts."""
+
+    def __init__(self, services: Any) -> None:
+        self._services = services
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        for role, backend in (("llm", self._services.llm), ("embedder", self._services.embedder)):
+            describe = getattr(backend, "describe", None)
+            if describe is None:
+                continue  # one server: /health says all
+            families = {
+                name: GaugeMetricFamily(f"rag_{role}_server_{name}", text, labels=["server"])
+                for name, text in (
+                    ("up", "1 while the server is in the pool"),
+                    ("active", "requests running on the server"),
+                    ("served", "requests the server answered"),
+                    ("failures", "requests the server failed"),
+                )
+            }
+            for entry in describe():
+                families["up"].add_metric([entry["url"]], 1.0 if entry["state"] == "ok" else 0.0)
+                for name in ("active", "served", "failures"):
+                    families[name].add_metric([entry["url"]], float(entry[name]))
+            yield from families.values()
+        affinity = getattr(self._services.llm, "affinity", None)
+        if affinity is not None:
+            routed = GaugeMetricFamily("rag_llm_affinity_followups", "follow-ups by where they went", labels=["to"])
+            routed.add_metric(["previous_server"], affinity.routed)
+            routed.add_metric(["least_loaded"], affinity.moved)
+            yield routed
+            reuse = GaugeMetricFamily(
+                "rag_llm_affinity_prompt_reuse_ratio", "prompt tokens reused from the slot, follow-ups sent back"
+            )
+            reuse.add_metric([], affinity.cached_tokens / affinity.prompt_tokens if affinity.prompt_tokens else 0.0)
+            yield reuse
 
 
 class _QueueCollector:
@@ -257,3 +297,4 @@ def instrument(services: Any, metrics: Metrics) -> None:
     services.answering = ObservedAnswerer(answerer, metrics)
     services.ingest = ObservedPipeline(services.pipeline(), metrics)
     metrics.watch_queue(lambda: getattr(answerer, "gate", None))
+    metrics.registry.register(_PoolCollector(services))

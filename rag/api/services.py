@@ -13,8 +13,8 @@ from ingest.jobs import JobRegistry
 from ingest.pipeline import IngestPipeline
 from rag.answering.answerer import Answerer
 from rag.answering.retrieval import Retriever
-from rag.clients.embedding import EmbeddingClient
-from rag.clients.llm import LlamaServerClient
+from rag.clients.embedding_pool import EmbeddingBackend, embedding_client
+from rag.clients.llm_pool import LLMBackend, llm_client
 from rag.core.config import Settings
 from rag.core.errors import BackendUnavailable, NotFound
 from rag.store.catalog import DocumentCatalog, OwnerLease
@@ -30,8 +30,8 @@ DRAIN_TIMEOUT_S = 30.0
 @dataclass
 class Services:
     settings: Settings
-    llm: LlamaServerClient
-    embedder: EmbeddingClient
+    llm: LLMBackend
+    embedder: EmbeddingBackend
     store: ChunkStore
     lexical: LexicalIndex
     catalog: DocumentCatalog
@@ -89,8 +89,10 @@ def build_services(settings: Settings, *, owner: str = "the rag API") -> Service
         raise
     services = Services(
         settings=settings,
-        llm=LlamaServerClient(settings.llm_url, model=settings.llm_model, timeout=settings.llm_timeout_s),
-        embedder=EmbeddingClient(settings.embed_url, model=settings.embed_model),
+        llm=llm_client(
+            settings.llm_urls, model=settings.llm_model, timeout=settings.llm_timeout_s, probe_s=settings.pool_probe_s
+        ),
+        embedder=embedding_client(settings.embed_urls, model=settings.embed_model),
         store=store,
         lexical=lexical,
         catalog=catalog,

@@ -96,6 +96,9 @@ class EmbeddingClient:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
+        self.servers = (
+            1  # a pool (rag.clients.embedding_pool) has several: ingestion sends that many more batches at once
+        )
         self._retries = retries
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, transport=transport)
 

@@ -134,6 +134,7 @@ class LlamaServerClient:
         max_tokens: int,
         temperature: float = 0.2,
         extra: dict[str, Any] | None = None,
+        affinity: str | None = None,  # the conversation, for a pool's routing: one server has nothing to route
     ) -> AsyncIterator[StreamDelta | StreamEnd]:
         """Yield text deltas, then one StreamEnd. Closing the iterator closes the upstream request."""
         request = self._openai.chat.completions.create(
@@ -156,6 +157,7 @@ class LlamaServerClient:
         temperature: float = 0.0,
         stop: list[str] | None = None,
         extra: dict[str, Any] | None = None,
+        affinity: str | None = None,
     ) -> AsyncIterator[StreamDelta | StreamEnd]:
         """A plain completion of `prompt` (no chat template), streamed like stream_chat."""
         request = self._openai.completions.create(

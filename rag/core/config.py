@@ -28,6 +28,23 @@ def _check_url(value: str) -> str:
     return value.rstrip("/")
 
 
+def _check_urls(value: str) -> str:
+    """A comma-separated list of distinct http(s) URLs (one is the usual case)."""
+    urls = [_check_url(u.strip()) for u in value.split(",") if u.strip()]
+    if not urls:
+        raise ValueError("no URL given")
+    if len(set(urls)) < len(urls):
+        raise ValueError(f"{value!r} names one server twice")
+    return ",".join(urls)
+
+
+def _next_ports(url: str, count: int) -> list[str]:
+    """`url` and the same host on the next `count - 1` ports."""
+    parsed = urlparse(url)
+    port = parsed.port or 80
+    return [parsed._replace(netloc=f"{parsed.hostname}:{port + i}").geturl() for i in range(count)]
+
+
 class Settings(BaseSettings):
     """Settings of the API, the launcher, the CLIs and the embedding server."""
 
@@ -46,8 +63,13 @@ class Settings(BaseSettings):
     allowed_hosts: str = ""
     allowed_origins: str = ""
 
-    # llama-server.
+    # llama-server: one URL, or a pool of several (comma-separated), all serving the same model.
     llm_url: str = "http://127.0.0.1:8081"
+    # How many llama-servers `rag up` starts (on RAG_LLM_URL's port and the next ones; one per GPU
+    # when the host has that many); with one URL given, the API pools the same ports.
+    llm_servers: int = Field(default=1, ge=1, le=16)
+    # Pool members: how often a server out of the pool is probed again (s).
+    pool_probe_s: float = Field(default=2.0, gt=0)
     llm_model: str = "gemma-3-270m-q4_k_m"
     llm_model_path: Path | None = None
     llm_profile: str = "cpu"
@@ -55,7 +77,7 @@ class Settings(BaseSettings):
     llm_server_bin: Path | None = None
     llm_timeout_s: float = Field(default=120.0, gt=0)
 
-    # The embedding server.
+    # The embedding server: one URL, or a pool of several (comma-separated).
     embed_url: str = "http://127.0.0.1:8082"
     embed_model: str = "all-MiniLM-L6-v2"
     embed_model_path: str | None = None
@@ -146,7 +168,7 @@ class Settings(BaseSettings):
     @field_validator("llm_url", "embed_url")
     @classmethod
     def _urls_have_scheme(cls, value: str) -> str:
-        return _check_url(value)
+        return _check_urls(value)
 
     @field_validator("chroma_url", "reranker_url")
     @classmethod
@@ -192,12 +214,23 @@ class Settings(BaseSettings):
         return self.data_dir / "chroma"
 
     @property
+    def llm_urls(self) -> list[str]:
+        """The llama-servers of the pool: RAG_LLM_URL's list, or its one URL and the next
+        RAG_LLM_SERVERS - 1 ports (what `rag up` starts)."""
+        urls = self.llm_url.split(",")
+        return _next_ports(urls[0], self.llm_servers) if len(urls) == 1 else urls
+
+    @property
+    def embed_urls(self) -> list[str]:
+        return self.embed_url.split(",")
+
+    @property
     def llm_port(self) -> int:
-        return urlparse(self.llm_url).port or 80
+        return urlparse(self.llm_urls[0]).port or 80
 
     @property
     def embed_port(self) -> int:
-        return urlparse(self.embed_url).port or 80
+        return urlparse(self.embed_urls[0]).port or 80
 
     @property
     def host_names(self) -> frozenset[str]:

@@ -19,7 +19,8 @@
     │   ├── EmbedderMismatch (409)         the embedder is not the model that built the collection
     │   └── TooManyCollections (409)       a new collection past RAG_MAX_COLLECTIONS
     ├── UpstreamError (502)                a backend answered with something we cannot use
-    │   └── ContextOverflow (502)          llama-server's exceed_context_size_error
+    │   ├── ContextOverflow (502)          llama-server's exceed_context_size_error
+    │   └── PoolMismatch (502)             the servers of one pool serve different models or contexts
     └── BackendUnavailable (503)          with Retry-After: a backend that is down or loading comes back
         ├── LLMUnavailable (503)           llama-server down or loading its model
         ├── EmbedderUnavailable (503)
@@ -130,6 +131,10 @@ class ContextOverflow(UpstreamError):
         super().__init__(message, n_prompt_tokens=n_prompt_tokens, n_ctx=n_ctx)
         self.n_prompt_tokens = n_prompt_tokens
         self.n_ctx = n_ctx
+
+
+class PoolMismatch(UpstreamError):
+    code = "pool_mismatch"
 
 
 class BackendUnavailable(RagError):

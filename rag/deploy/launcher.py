@@ -20,6 +20,7 @@ import httpx
 from rag.core.config import Settings
 from rag.core.errors import RagError
 from rag.core.lifetime import die_with_parent
+from rag.deploy.llm_servers import llm_servers
 from rag.deploy.modellock import ensure_bundled_generator
 from rag.deploy.placement import embedder_placement
 from rag.deploy.profiles import get_profile
@@ -194,31 +195,38 @@ PORT_SETTINGS = {"llama-server": "RAG_LLM_URL", "embedder": "RAG_EMBED_URL", "ap
 
 def plan_parts(settings: Settings) -> list[Part]:
     logs = new_run_dir(settings.data_dir / "logs")
-    llm = urlparse(settings.llm_url)
-    embed = urlparse(settings.embed_url)
+    embed_url = settings.embed_urls[0]  # the one `rag up` starts; the others of a pool run elsewhere
+    embed = urlparse(embed_url)
     model = settings.llm_model_path or ensure_bundled_generator(settings)
     profile = get_profile(settings.llm_profile)
-    llm_cmd = profile.command(llama_server_binary(settings), model, llm.hostname or "127.0.0.1", settings.llm_port)
-    llm_cmd += ["-a", settings.llm_model]
-    if profile.threads is not None and settings.llm_threads != profile.threads:
-        llm_cmd += ["-t", str(settings.llm_threads)]
+    binary = llama_server_binary(settings)
     python = sys.executable
     placement = embedder_placement(settings, Path(model))
     embed_env = {"RAG_EMBED_DEVICE": placement.device} if placement.device else {}
+    llm_parts = []
+    for server in llm_servers(settings, on_gpu=profile.gpu_layers is not None):
+        command = [*profile.command(binary, model, server.host, server.port), "-a", settings.llm_model]
+        if profile.threads is not None and settings.llm_threads != profile.threads:
+            command += ["-t", str(settings.llm_threads)]
+        where = f", GPU {server.env['CUDA_VISIBLE_DEVICES']}" if server.env else ""
+        llm_parts.append(
+            Part(
+                server.name,
+                command,
+                f"{server.url}/health",
+                server.port,
+                server.host,
+                f"{settings.llm_model} (profile {profile.name}{where})",
+                logs / f"{server.name}.log",
+                env=server.env,
+            )
+        )
     return [
-        Part(
-            "llama-server",
-            llm_cmd,
-            f"{settings.llm_url}/health",
-            settings.llm_port,
-            llm.hostname or "127.0.0.1",
-            f"{settings.llm_model} (profile {profile.name})",
-            logs / "llama-server.log",
-        ),
+        *llm_parts,
         Part(
             "embedder",
             [python, "-m", "rag.cli", "serve-embeddings"],
-            f"{settings.embed_url}/health",
+            f"{embed_url}/health",
             settings.embed_port,
             embed.hostname or "127.0.0.1",
             # {device}: what the server chose, from its /health (the placement may leave the choice to it)
@@ -328,7 +336,9 @@ class Stack:
     def check_ports(self) -> None:
         for part in self.parts:
             if not port_is_free(part.host, part.port):
-                setting = PORT_SETTINGS.get(part.name, "the settings")
+                setting = PORT_SETTINGS.get(
+                    part.name.rsplit("-", 1)[0] if part.name[-1].isdigit() else part.name, "the settings"
+                )
                 raise LaunchError(
                     f"port {part.port} on {part.host} ({part.name}) is busy: stop what listens there, "
                     f"or choose another port with {setting}"

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rag.api.deps import EmbedderDep, SettingsDep
 from rag.api.routes.models import check_embedding_model
-from rag.clients.embedding import EmbeddingClient
+from rag.clients.embedding_pool import EmbeddingBackend
 from rag.core.embeddings_api import EmbeddingsResponse, EncodingFormat, check_embedding_inputs, embeddings_response
 from rag.core.errors import EmbedderUnavailable, InvalidRequest
 
@@ -33,7 +33,7 @@ class EmbeddingsRequest(BaseModel):
     dimensions: int | None = Field(default=None, ge=1)
 
 
-async def check_dimensions(embedder: EmbeddingClient, dimensions: int | None) -> None:
+async def check_dimensions(embedder: EmbeddingBackend, dimensions: int | None) -> None:
     """400 unless `dimensions` is absent or the model's own (asked of the embedding server's /health)."""
     if dimensions is None:
         return
