@@ -267,3 +267,52 @@ def test_the_api_gets_its_shutdown_grace_before_it_is_killed(tmp_path: Path):
         time.sleep(0.05)
     slow.stop()
     assert slow.process is not None and slow.process.returncode == 0  # exited, not SIGKILLed
+
+
+def _two_free_ports() -> int:
+    """A port that is free with the next one (for RAG_LLM_SERVERS=2)."""
+    while True:
+        port = free_port()
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+
+
+def test_rag_up_with_two_llama_servers_answers_two_users_at_once(isolated_env: Path, generator_model: Path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.chat_helpers import ask, upload
+
+    ports = dict(llm=_two_free_ports(), embed=free_port(), api=free_port())
+    env = {**_env(isolated_env, generator_model, **ports), "RAG_LLM_SERVERS": "2"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rag.cli", "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines: list[str] = []
+    try:
+        while not (lines and lines[-1].startswith("open ")):
+            line = proc.stdout.readline()
+            assert line, f"rag up ended early:\n{''.join(lines)}"
+            lines.append(line)
+        assert any(line.startswith("llama-server-1") for line in lines)
+        assert any(line.startswith("llama-server-2") for line in lines)
+        api = f"http://127.0.0.1:{ports['api']}"
+        upload(api)
+        questions = ["When was the Eiffel Tower completed?", "Where does the Amazon River rise?"]
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(
+                pool.map(
+                    lambda q: httpx.post(f"{api}/v1/chat", json={**ask(q), "stream": False}, timeout=120), questions
+                )
+            )
+        assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
+        servers = httpx.get(f"{api}/health", timeout=10).json()["backends"]["llm"]["servers"]
+        assert [s["url"] for s in servers] == [f"http://127.0.0.1:{ports['llm'] + i}" for i in (0, 1)]
+        assert [s["served"] for s in servers] == [1, 1]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    assert proc.returncode == 0

@@ -50,3 +50,23 @@ def test_cli_reports_bad_settings_in_one_line(monkeypatch):
     result = CliRunner().invoke(cli, ["models", "prepare"])
     assert result.exit_code != 0
     assert "invalid settings: RAG_LLM_URL" in result.output
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("http://127.0.0.1:8081,localhost:8083", "is not an http(s) URL"),
+        ("http://127.0.0.1:8081, http://127.0.0.1:8081/", "names one server twice"),
+    ],
+)
+def test_a_pool_of_urls_is_checked_url_by_url(monkeypatch, value, message):
+    monkeypatch.setenv("RAG_LLM_URL", value)
+    with pytest.raises(ValidationError) as caught:
+        Settings()
+    assert "RAG_LLM_URL" in settings_error_line(caught.value) and message in settings_error_line(caught.value)
+
+
+def test_a_pool_keeps_its_order_and_one_url_stays_one():
+    pool = Settings(llm_url="http://a:1, http://b:2/", embed_url="http://e:3,http://f:4")
+    assert pool.llm_urls == ["http://a:1", "http://b:2"] and pool.embed_urls == ["http://e:3", "http://f:4"]
+    assert Settings().llm_urls == ["http://127.0.0.1:8081"]
