@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import pytest
@@ -167,7 +168,18 @@ class ComposeLoader(yaml.SafeLoader):
 
 
 ComposeLoader.add_constructor("!reset", lambda loader, node: "!reset")
-ComposeLoader.add_constructor("!override", lambda loader, node: loader.construct_object(node.value))
+
+
+def _overriding(loader: ComposeLoader, node: yaml.Node) -> Any:
+    """An `!override` value as the plain value it tags (a mapping, a sequence or a scalar)."""
+    if isinstance(node, yaml.MappingNode):
+        return loader.construct_mapping(node, deep=True)
+    if isinstance(node, yaml.SequenceNode):
+        return loader.construct_sequence(node, deep=True)
+    return loader.construct_scalar(node)
+
+
+ComposeLoader.add_constructor("!override", _overriding)
 
 
 @pytest.fixture(scope="module")
