@@ -6,10 +6,11 @@
 #   3. probe the card, emulate a V100 16 GB (all but 16,160 MiB held by another process) and check which
 #      profiles load and serve a full 4,096-token context, against `rag plan`'s verdicts;
 #   4. sweep flags with llama-bench, then time llama-server (TTFT, decode) under each flag set;
-#   5. `stage` + `stack`: the whole stack (bench/gpu/stack.py) in front of the GPU llama-server.
+#   5. `stage` + `stack`: the whole stack (bench/gpu/stack.py) in front of the GPU llama-server;
+#   6. `pool`: one llama-server with -np 2 against two sharing the card behind one pool (bench/gpu/pool.py).
 #
 #   bench/gpu/run.sh [PHASE...]    PHASE: build models probe emulate bench server (default: all, in order),
-#                                  stage stack (only when named)
+#                                  stage stack pool (only when named)
 #
 # The machine has no network and lacks the stack's Python packages: `stage` installs the wheels in $WHEELS
 # (cp312 manylinux, `pip download` here; see bench/README.md) into $WORK/site, unpacks the embedder packed
@@ -112,11 +113,11 @@ if want stage; then
 fi
 # START_ONLY=1: start the build and the models, stage, and return (the next call waits for them).
 [ "${START_ONLY:-0}" = 1 ] && { log "started; not waiting"; exit 0; }
-if want build || want stack; then await build || exit 1; fi
+if want build || want stack || want pool; then await build || exit 1; fi
 bin_dir=$(dirname "$(tail -1 "$WORK/build.log")")
 log "binaries: $bin_dir"
 "$bin_dir/llama-server" --version > "$WORK/logs/version.txt" 2>&1
-if want models || want stack; then await models || exit 1; fi
+if want models || want stack || want pool; then await models || exit 1; fi
 cp "$WORK/models.log" "$WORK/logs/models.log" 2>/dev/null
 
 driver_phases=()
@@ -136,5 +137,20 @@ if want stack; then
     python3 bench/gpu/stack.py --bin "$bin_dir" --model "$WORK/models/qwen3.6-27b-shape-$quant.gguf" \
     --embedder "$WORK/minilm" --corpus "$WORK/corpus" --out "$WORK" --deadline "$deadline" \
     --steps "${STACK_STEPS:-cache_ram,whole_card,emulation,no_cutoff}" "${dry[@]}" 2>&1 | tee -a "$WORK/logs/run.log"
+fi
+if want pool; then
+  # The pool client needs the openai SDK and its dependencies, which the machine lacks: POOL_SITE_XZ is them
+  # installed here for cp312 (`pip install --target DIR --python-version 3.12 --only-binary=:all: openai`), xz.
+  POOL_SITE_XZ=${POOL_SITE_XZ:-$here/.carry/pool-site.tar.xz}
+  if [ -f "$POOL_SITE_XZ" ] && [ ! -d "$WORK/pool-site/openai" ]; then
+    mkdir -p "$WORK/pool-site" && tar -xJf "$POOL_SITE_XZ" -C "$WORK/pool-site" && log "pool site unpacked"
+  fi
+  quant=${POOL_QUANT:-Q4_K_S}
+  dry=(); [ "$DRY_RUN" = 1 ] && dry=(--dry-run)
+  log "pool ($(left) s left)"
+  PYTHONPATH="$here:$WORK/pool-site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 timeout "$(( $(left) + 60 ))" \
+    python3 bench/gpu/pool.py --bin "$bin_dir" --model "$WORK/models/qwen3.6-27b-shape-$quant.gguf" \
+    --out "$WORK" --deadline "$deadline" --configs "${POOL_CONFIGS:-np2_whole_card,two_servers,np2_16g}" \
+    "${dry[@]}" 2>&1 | tee -a "$WORK/logs/run.log"
 fi
 log "done"
