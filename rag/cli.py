@@ -82,6 +82,12 @@ def serve_api() -> None:
     from rag.api.app import create_app
 
     settings = load_settings()
+    if len(settings.llm_urls) > 1:  # a pool of differing servers: one line here, before uvicorn starts
+        import asyncio
+
+        from rag.clients.llm_pool import refuse_mixed_pool
+
+        asyncio.run(refuse_mixed_pool(settings.llm_urls))
     uvicorn.run(
         create_app(settings),
         host=settings.api_host,

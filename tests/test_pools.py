@@ -7,6 +7,8 @@ import asyncio
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +20,7 @@ from rag.clients.llm_pool import LlamaServerPool
 from rag.core.config import Settings
 from rag.core.errors import PoolMismatch
 from tests.chat_helpers import ask, changed, parse_sse, serve, upload
+from tests.conftest import _clean_env
 from tests.servers import Server, free_port, start_llama_server, start_server
 
 ENDLESS = 'root ::= "one, two, three" more\nmore ::= ", more" more'  # writes until max_tokens
@@ -135,7 +138,7 @@ def test_all_servers_down_is_503_with_retry_after(backend_settings: Settings) ->
 
 
 def test_a_pool_of_different_contexts_is_refused_naming_the_difference(
-    generator_model: Path, session_dir: Path
+    generator_model: Path, session_dir: Path, isolated_env: Path
 ) -> None:
     servers = [
         start_llama_server(generator_model, session_dir),
@@ -150,8 +153,16 @@ def test_a_pool_of_different_contexts_is_refused_naming_the_difference(
             await pool.aclose()
 
     try:
-        with pytest.raises(PoolMismatch, match=r"n_ctx per slot 4096 vs 2048|n_ctx per slot 2048 vs 4096"):
+        with pytest.raises(PoolMismatch, match=r"n_ctx per slot (4096 vs 2048|2048 vs 4096)"):
             asyncio.run(check())
+        env = {**_clean_env(isolated_env), "RAG_LLM_URL": ",".join(s.url for s in servers)}
+        env.update(RAG_API_PORT=str(free_port()), RAG_EMBED_URL=f"http://127.0.0.1:{free_port()}")
+        done = subprocess.run(
+            [sys.executable, "-m", "rag.cli", "serve-api"], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 1
+        assert done.stderr.strip().startswith("error: the llama-servers of RAG_LLM_URL differ:"), done.stderr
+        assert "n_ctx per slot" in done.stderr and "Traceback" not in done.stderr
     finally:
         for server in servers:
             server.stop()
@@ -163,7 +174,6 @@ def _busy(llama_url: str) -> bool:
 
 @pytest.fixture(scope="module")
 def second_embedder(session_dir: Path) -> Iterator[Server]:
-    from tests.conftest import _clean_env
     from tests.servers import start_embedding_server
 
     server = start_embedding_server(session_dir, _clean_env(session_dir / "embedder-2-data"))

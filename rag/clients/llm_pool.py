@@ -107,6 +107,7 @@ class LlamaServerPool:
         self.affinity = AffinityStats()
         self._reference: ServerProps | None = None
         self._prober: asyncio.Task[None] | None = None
+        self._probed = False
 
     async def aclose(self) -> None:
         if self._prober is not None:
@@ -122,11 +123,19 @@ class LlamaServerPool:
         """Probe every member once; raise PoolMismatch naming the difference when the answering ones
         serve different models or contexts. Then keep probing in the background."""
         await self._probe_all()
+        self._probed = True
         refused = [m for m in self.members if m.state == "refused"]
         if refused:
             reference = next(m.url for m in self.members if m.state == "ok")
             differences = "; ".join(f"{m.url} vs {reference}: {m.reason}" for m in refused)
             raise PoolMismatch(f"the llama-servers of RAG_LLM_URL differ: {differences}")
+        self._start_probing()
+
+    async def _first_probe(self) -> None:
+        """Before the first request of a pool nobody checked (the probes run in the background after)."""
+        if not self._probed:
+            self._probed = True
+            await self._probe_all()
         self._start_probing()
 
     def _start_probing(self) -> None:
@@ -166,7 +175,6 @@ class LlamaServerPool:
         member.state, member.reason = state, reason
 
     def _ready(self) -> list[Member]:
-        self._start_probing()
         ready = [m for m in self.members if m.state == "ok"]
         if not ready:
             reasons = "; ".join(f"{m.url}: {m.reason}" for m in self.members)
@@ -197,6 +205,7 @@ class LlamaServerPool:
 
     async def health(self) -> LLMHealth:
         await self._probe_all()
+        self._probed = True
         self._start_probing()
         states = {m.state for m in self.members}
         if "ok" in states:
@@ -210,6 +219,7 @@ class LlamaServerPool:
 
     async def props(self) -> ServerProps:
         """The pool's model and per-slot context, with the slots of its ready members summed."""
+        await self._first_probe()
         ready = self._ready()
         first = next((m.props for m in ready if m.props), None)
         if first is None:
@@ -217,6 +227,7 @@ class LlamaServerPool:
         return replace(first, total_slots=sum(m.slots for m in ready))
 
     async def slots(self) -> list[dict[str, Any]]:
+        await self._first_probe()
         found: list[dict[str, Any]] = []
         for member in self._ready():
             found += [{**slot, "server": member.url} for slot in await self._on(member, lambda c: c.slots())]
@@ -278,6 +289,7 @@ class LlamaServerPool:
 
     async def _any(self, call: Callable[[LlamaServerClient], Awaitable[T]]) -> T:
         """`call` on the least loaded ready member; one that turns out down gives way to the next."""
+        await self._first_probe()
         while True:
             member = self.pick()
             try:
@@ -290,6 +302,7 @@ class LlamaServerPool:
     ) -> AsyncIterator[StreamDelta | StreamEnd]:
         """The stream of the member pick() chose. One that fails before its first item gives way to the
         next; one that breaks off mid-answer raises (the answer's stream ends with an `error` event)."""
+        await self._first_probe()
         while True:
             member = self.pick(affinity)
             member.active += 1
@@ -337,6 +350,15 @@ def _difference_of(first: ServerProps, other: ServerProps) -> str:
 
 
 LLMBackend = LlamaServerClient | LlamaServerPool
+
+
+async def refuse_mixed_pool(urls: list[str]) -> None:
+    """Raise PoolMismatch when the servers at `urls` that answer serve different models or contexts."""
+    pool = LlamaServerPool(urls, probe_s=3600)
+    try:
+        await pool.check()
+    finally:
+        await pool.aclose()
 
 
 def llm_client(urls: list[str], *, model: str, timeout: float = 120.0, probe_s: float = 2.0) -> LLMBackend:
