@@ -21,8 +21,9 @@ Follow-ups: two conversations interleaved (A1 B1 A2 B2 A3 B3, each turn the hist
 one-slot server each follow-up finds the other conversation's prompt in the slot; in a pool each goes back
 to the server of its previous turn. Reported: the share of the follow-ups' prompt reused (cache_n).
 
-Kill (pool only): 4 users stream long answers; once both servers generate, one is killed with SIGKILL. Its
-streams must end with an `error` event within 2 s; the chats after it must go on (no 500).
+Kill (pool only): --kill-users users stream long answers; once both servers stream tokens, one is killed with
+SIGKILL. Its streams must end with an `error` event within 2 s; the chats after it must go on (no 500). A
+request still in its prefill there moves to the other server unseen, so the kill waits for tokens.
 
 Results: printed, and bench/results/concurrency.json (with provenance and the load average).
 """
@@ -70,6 +71,7 @@ class Tally:
     cached: int = 0
     prompt: int = 0
     error_at: list[float] = field(default_factory=list)  # perf_counter of each `error` event
+    streaming: int = 0  # answers between their first token and their end, now
 
     def error(self, kind: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
@@ -110,7 +112,9 @@ async def chat(
                 if line.startswith("event:"):
                     event = line[6:].strip()
                 elif line.startswith("data:") and event == "token":
-                    first = first or time.perf_counter()
+                    if first is None:
+                        first = time.perf_counter()
+                        tally.streaming += 1
                     parts.append(json.loads(line[5:])["text"])
                 elif line.startswith("data:") and event == "done":
                     tally.answer(json.loads(line[5:]))
@@ -124,6 +128,8 @@ async def chat(
         tally.error("stream ended without done")
     except httpx.HTTPError as exc:
         tally.error(exc.__class__.__name__)
+    finally:
+        tally.streaming -= first is not None
     return ""
 
 
@@ -179,7 +185,7 @@ async def followups(api_url: str, args: argparse.Namespace, questions: list[str]
 
 
 async def kill_one(api_url: str, servers: list[Any], args: argparse.Namespace, questions: list[str]) -> dict[str, Any]:
-    """4 users streaming; one server SIGKILLed once both generate; its streams' errors timed, the rest tallied."""
+    """--kill-users streaming; one server SIGKILLed once both stream tokens; its streams' errors timed, the rest tallied."""
     before, after = Tally(), Tally()
     killed_at: list[float] = []
     long_answers = argparse.Namespace(**{**vars(args), "max_tokens": max(args.max_tokens, 256)})
@@ -197,10 +203,12 @@ async def kill_one(api_url: str, servers: list[Any], args: argparse.Namespace, q
                 await chat(client, [{"role": "user", "content": question}], long_answers, tally)
                 i += 1
 
-        tasks = [asyncio.create_task(one_user(u)) for u in range(4)]
-        deadline = time.perf_counter() + 300
-        while time.perf_counter() < deadline and not all([await _generating(s.url) for s in servers]):
-            await asyncio.sleep(0.1)
+        tasks = [asyncio.create_task(one_user(u)) for u in range(args.kill_users)]
+        began = time.perf_counter()
+        deadline = began + 300
+        # Both servers generate (a stream still in its prefill would move to the other server unseen).
+        while time.perf_counter() < deadline and not (before.streaming >= 2 and await _every_server_busy(client)):
+            await asyncio.sleep(0.2)
         os.killpg(servers[0].pid, signal.SIGKILL)
         killed_at.append(time.perf_counter())
         await asyncio.gather(*tasks)
@@ -211,6 +219,8 @@ async def kill_one(api_url: str, servers: list[Any], args: argparse.Namespace, q
         "error_after_kill_s": errors_after,
         "all_within_s": ERROR_WITHIN_S,
         "ok": bool(errors_after) and max(errors_after) <= ERROR_WITHIN_S and "HTTP 500" not in after.errors,
+        "kill_after_s": round(killed_at[0] - began, 1),
+        "before_kill": {"requests": before.requests, "answered": before.answered, "errors": before.errors},
         "after_kill": {
             "requests": after.requests,
             "answered": after.answered,
@@ -220,12 +230,13 @@ async def kill_one(api_url: str, servers: list[Any], args: argparse.Namespace, q
     }
 
 
-async def _generating(llm_url: str) -> bool:
+async def _every_server_busy(client: httpx.AsyncClient) -> bool:
+    """Whether the API's pool runs a generation on each of its servers (its /health counts them)."""
     try:
-        async with httpx.AsyncClient(timeout=5) as client:
-            return any(s.get("is_processing") for s in (await client.get(f"{llm_url}/slots")).json())
-    except httpx.HTTPError:
+        servers = (await client.get("/health")).json()["backends"]["llm"].get("servers", [])
+    except (httpx.HTTPError, ValueError, KeyError):
         return False
+    return bool(servers) and all(s["active"] > 0 for s in servers)
 
 
 def _median(values: list[float]) -> float | None:
@@ -315,7 +326,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=1, help="questions each user asks, one after another")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--top-k", type=int, default=8)
-    parser.add_argument("--kill-duration", type=float, default=20.0, help="seconds of load after the kill")
+    parser.add_argument("--kill-duration", type=float, default=45.0, help="seconds of load after the kill")
+    parser.add_argument("--kill-users", type=int, default=2, help="users streaming while a server is killed")
     parser.add_argument("--skip-kill", action="store_true")
     parser.add_argument("--skip-followups", action="store_true")
     parser.add_argument("--llm-url", help="running llama-servers (comma-separated) instead of starting them")
