@@ -151,6 +151,6 @@ if want pool; then
   PYTHONPATH="$here:$WORK/pool-site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 timeout "$(( $(left) + 60 ))" \
     python3 bench/gpu/pool.py --bin "$bin_dir" --model "$WORK/models/qwen3.6-27b-shape-$quant.gguf" \
     --out "$WORK" --deadline "$deadline" --configs "${POOL_CONFIGS:-np2_whole_card,two_servers,np2_16g}" \
-    "${dry[@]}" 2>&1 | tee -a "$WORK/logs/run.log"
+    ${POOL_ARGS:-} "${dry[@]}" 2>&1 | tee -a "$WORK/logs/run.log"  # POOL_ARGS: e.g. "--rounds 1 --predict 128"
 fi
 log "done"
