@@ -49,14 +49,16 @@ def with_slots(flags: list[str], slots: int) -> list[str]:
     return out
 
 
-async def one_round(pool: LlamaServerPool, users: int, args: argparse.Namespace, n_vocab: int) -> dict[str, Any]:
+async def one_round(
+    pool: LlamaServerPool, users: int, args: argparse.Namespace, n_vocab: int, seed: int = 0
+) -> dict[str, Any]:
     ttft: list[float] = []
     decode: list[float] = []
     tokens = 0
 
     async def user(u: int) -> None:
         nonlocal tokens
-        rng = random.Random(u * 1000 + users)
+        rng = random.Random(u * 1000 + users + seed)
         for _ in range(args.rounds):
             prompt = [rng.randrange(300, n_vocab) for _ in range(args.prompt)]
             started = time.perf_counter()
@@ -113,7 +115,8 @@ async def measure(run: Run, args: argparse.Namespace, urls: list[str]) -> list[d
     rounds = []
     try:
         await pool.check()
-        await one_round(pool, 1, argparse.Namespace(**{**vars(args), "rounds": 1}), n_vocab)  # warm-up
+        # A warm-up of other prompts (the same ones would be served from the slot's cache).
+        await one_round(pool, 1, argparse.Namespace(**{**vars(args), "rounds": 1}), n_vocab, seed=500)
         for users in args.users:
             if run.left() < 20:
                 break
