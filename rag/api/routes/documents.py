@@ -183,15 +183,12 @@ async def delete_document(
 @router.get("/collections")
 async def list_collections(catalog: CatalogDep, access: AccessDep) -> dict[str, Any]:
     """Every collection with a row (those the key opens): its documents (indexed contents) and its failed
-    files; `key` says what the key opens (`collections`: null for every one) and whether it is read-only."""
+    files. For a scoped key, `key` says what it opens (`collections`: null for every one) and whether it
+    is read-only (the page shows its collections and hides what it may not do)."""
     counts = await asyncio.to_thread(catalog.counts)
     shown = [{"name": name, "documents": c.documents, "failed": c.failed} for name, c in counts.items()]
-    key = access.key
-    return {
-        "collections": [c for c in shown if access.allows(str(c["name"]))],
-        "key": {
-            "admin": access.admin,
-            "collections": list(key.collections) if key is not None and key.collections is not None else None,
-            "read_only": access.read_only,
-        },
-    }
+    body: dict[str, Any] = {"collections": [c for c in shown if access.allows(str(c["name"]))]}
+    if access.key is not None:
+        scope = access.key.collections
+        body["key"] = {"collections": list(scope) if scope is not None else None, "read_only": access.read_only}
+    return body
