@@ -146,15 +146,16 @@ class KeyStore:
             return None
         key_id, secret = match.groups()
         db = self._open(create=False)
-        row = None
+        row = ("", None, 0, 0.0, None, _STAND_IN)
         if db is not None:
             with self._lock:
+                # One row either way, the key's or the stand-in: an unknown id reads as much as a known one.
                 row = db.execute(
-                    "SELECT id, collections, read_only, created_at, last_used, secret_hash FROM api_keys WHERE id = ?",
-                    (key_id,),
+                    "SELECT id, collections, read_only, created_at, last_used, secret_hash FROM api_keys WHERE id = ? "
+                    "UNION ALL SELECT '', NULL, 0, 0.0, NULL, ? LIMIT 1",
+                    (key_id, _STAND_IN),
                 ).fetchone()
-        stored = row[5] if row is not None else _STAND_IN
-        if not hmac.compare_digest(_hash(secret), stored) or row is None:
+        if not hmac.compare_digest(_hash(secret), row[5]) or row[0] != key_id:
             return None
         return _row(row[:5])
 
