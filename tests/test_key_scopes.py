@@ -6,6 +6,7 @@ One API serves the whole module: collection `alpha` holds the Eiffel text, `beta
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,13 +16,14 @@ import anyio
 import httpx
 import openai
 import pytest
-from mcp import MCPError
+from mcp import Client, MCPError
+from mcp.client.stdio import stdio_client
 
 from rag.core.config import Settings
 from rag.store.keys import FILE, KeyStore
 from tests.chat_helpers import DOCS, ask, serve, upload
 from tests.servers import Server
-from tests.test_mcp import http_client, text_of
+from tests.test_mcp import http_client, stdio_params, text_of
 
 pytestmark = pytest.mark.integration
 
@@ -268,6 +270,21 @@ def test_the_mcp_endpoint_honours_the_scope(stack: Stack) -> None:
     anyio.run(check)
     revoked = httpx.post(f"{stack.url}/mcp", json={}, headers=stack.headers("revoked"), timeout=60)
     assert revoked.status_code == 401
+
+
+def test_rag_mcp_over_stdio_sends_its_scoped_key_to_the_api(stack: Stack, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
+    env.update(RAG_DATA_DIR=str(tmp_path / "elsewhere"), RAG_API_KEY=stack.tokens["reader of alpha"])
+
+    async def check() -> None:
+        with (tmp_path / "mcp.log").open("w") as errlog:
+            async with Client(stdio_client(stdio_params(env, "--server", stack.url), errlog=errlog)) as client:
+                listed = (await client.call_tool("list_collections", {})).structured_content
+                assert [c["name"] for c in listed["collections"]] == ["alpha"]
+                with pytest.raises(MCPError, match="no collection 'beta'"):
+                    await client.call_tool("search", {"query": "Amazon", "collection": "beta"})
+
+    anyio.run(check)
 
 
 def test_a_junk_key_file_refuses_scoped_keys_and_keeps_the_admins(backend_settings: Settings, tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ a secret drawn uniformly from 2^256 values cannot be enumerated at any hashing s
 precomputed for it, so one unsalted SHA-256 is as strong as the secret itself, and it costs a microsecond
 a request. A leaked file gives neither the keys nor a way to test guesses faster than the API would.
 
-A presented key is checked in constant time against its row's hash, or against a stand-in hash when no
+A presented key is checked in constant time against its row's hash, or against a stand-in row's when no
 row has its id, so a wrong secret and an unknown id take the same work and give the same answer.
 """
 
