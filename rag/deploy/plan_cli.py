@@ -10,7 +10,7 @@ import click
 from rag.deploy.gpus import GPUS, custom_gpu, get_gpu
 from rag.deploy.model_shapes import FTYPE_BASE, PUBLISHED_GIB, ModelSpec, published_extra_bytes, qwen35_model
 from rag.deploy.planner import CACHE_TYPES, MIB, Flags, GGUFFormatError, Plan, plan, read_gguf
-from rag.deploy.slots import MEASURED_PER_USER, Users, users
+from rag.deploy.slots import MAX_SLOTS, MEASURED_PER_USER, Users, users
 
 # Models the planner knows by shape alone (no file needed): NAME:QUANT.
 DESCRIBED = {"qwen3.6-27b": qwen35_model}
@@ -137,7 +137,9 @@ def render_users(u: Users) -> str:
             f"; each decodes {low:.1f}-{high:.1f} tok/s with all busy (bandwidth model; "
             f"{MEASURED_PER_USER:.2f}x of one user measured for two on an H200 machine)"
         )
-    if u.next_needs_mib is not None:
+    if u.slots == MAX_SLOTS:
+        line += f"\n                (the planner counts at most {MAX_SLOTS} slots)"
+    elif u.next_needs_mib is not None:
         line += f"\n                one more slot would need {u.next_needs_mib:,.0f} MiB beyond the margin"
     return line
 
