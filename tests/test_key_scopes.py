@@ -273,6 +273,26 @@ def test_the_mcp_endpoint_honours_the_scope(stack: Stack) -> None:
     assert revoked.status_code == 401
 
 
+def test_an_mcp_session_answers_only_the_key_that_opened_it(stack: Stack) -> None:
+    accept = {"Accept": "application/json, text/event-stream"}
+    hello = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
+    opened = httpx.post(f"{stack.url}/mcp", json=hello, headers={**stack.headers("admin"), **accept}, timeout=60)
+    assert opened.status_code == 200
+    session = {"mcp-session-id": opened.headers["mcp-session-id"], **accept}
+
+    def end(who: str) -> httpx.Response:
+        return httpx.delete(f"{stack.url}/mcp", headers={**stack.headers(who), **session}, timeout=60)
+
+    taken = end("reader of alpha")
+    assert taken.status_code == 404 and "Session not found" in taken.text
+    assert end("admin").status_code == 200
+
+
 def test_rag_mcp_over_stdio_sends_its_scoped_key_to_the_api(stack: Stack, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
     env.update(RAG_DATA_DIR=str(tmp_path / "elsewhere"), RAG_API_KEY=stack.tokens["reader of alpha"])
