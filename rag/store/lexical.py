@@ -201,6 +201,12 @@ class LexicalIndex:
             ).fetchall()
         return {doc_id: (int(n), int(v)) for doc_id, n, v in rows}
 
+    def chunk_ids(self, collection: str) -> dict[str, str]:
+        """Every chunk id of the collection in the record, with its document id."""
+        with self._read_lock:
+            rows = self._reader.execute("SELECT chunk_id, doc_id FROM chunks WHERE collection = ?", (collection,))
+            return dict(rows.fetchall())
+
     def records(
         self, collection: str, batch: int = 500
     ) -> Iterator[list[tuple[str, str, str, dict[str, Any], list[float] | None]]]:
