@@ -139,8 +139,8 @@ class _Embedder:
 
 
 class _AllIndexed:
-    def indexed_ids(self, collection: str, doc_ids) -> set[str]:
-        return set(doc_ids)
+    def indexed_names(self, collection: str, doc_ids) -> dict[str, str]:
+        return dict.fromkeys(doc_ids, "")
 
 
 def index_chunks(store: Any, lexical: Any, collection: str, held: dict[str, tuple[str, str]], cache: Any) -> None:

@@ -242,8 +242,8 @@ class _CachedEmbedder:
 
 
 class _AllIndexed:
-    def indexed_ids(self, collection: str, doc_ids: Iterable[str]) -> set[str]:
-        return set(doc_ids)
+    def indexed_names(self, collection: str, doc_ids: Iterable[str]) -> dict[str, str]:
+        return dict.fromkeys(doc_ids, "")
 
 
 async def production_check(

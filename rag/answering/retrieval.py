@@ -42,7 +42,8 @@ class Embedder(Protocol):
 
 
 class Catalog(Protocol):
-    def indexed_ids(self, collection: str, doc_ids: Iterable[str]) -> set[str]: ...
+    # The searchable documents among doc_ids, with the name each is cited by now ("": the chunk's own).
+    def indexed_names(self, collection: str, doc_ids: Iterable[str]) -> dict[str, str]: ...
 
 
 class Reranker(Protocol):
@@ -73,6 +74,7 @@ class _Candidate:
     text: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     score: float = 0.0
+    name: str = ""  # the document's name now, from the catalog: the chunk's stored one may be a twin's
 
     def result(self, weights: dict[str, float], tokenize: Any) -> RetrievedChunk:
         text = self.text or ""
@@ -82,7 +84,9 @@ class _Candidate:
             self.chunk_id,
             self.doc_id,
             text,
-            self.metadata,
+            # A chunk keeps the name it was first indexed under; the same bytes later known only by
+            # another name (the first one now names a newer version) are cited by that name.
+            self.metadata | {"source": self.name} if self.name else self.metadata,
             self.score,
             self.dense_rank,
             self.lexical_rank,
@@ -243,8 +247,11 @@ class Retriever:
     async def _indexed_only(self, collection: str, candidates: list[_Candidate]) -> list[_Candidate]:
         if not candidates:
             return []
-        indexed = await asyncio.to_thread(self.catalog.indexed_ids, collection, {c.doc_id for c in candidates})
-        return [c for c in candidates if c.doc_id in indexed]
+        indexed = await asyncio.to_thread(self.catalog.indexed_names, collection, {c.doc_id for c in candidates})
+        kept = [c for c in candidates if c.doc_id in indexed]
+        for cand in kept:
+            cand.name = indexed[cand.doc_id]
+        return kept
 
     async def _attach_texts(self, collection: str, candidates: list[_Candidate]) -> None:
         """Text and metadata from Chroma for the candidates that have none yet (dense hits come without)."""
