@@ -101,6 +101,7 @@ class IngestPipeline:
         self._flush_s = flush_s
         self._window_batches = window_batches
         self.locks = KeyedLocks()
+        self.deleted: set[tuple[str, str]] = set()  # documents whose DELETE waits for a run to let go
         self._verified: set[str] = set()  # collections whose recorded embedder this process checked
         self._running = 0
         self._idle = asyncio.Event()
@@ -138,6 +139,7 @@ class IngestPipeline:
             stores=self.stores,
             lease=self.lease,
             locks=self.locks,
+            deleted=self.deleted,
             prepare=self._prepare,
             max_upload_bytes=self.settings.max_upload_bytes,
             embed_batch=self.settings.embed_batch,
@@ -174,9 +176,18 @@ class IngestPipeline:
         """Take a document out of search, then delete its chunks and its row; None if unknown.
 
         With `source`, only that name of the document goes; its content stays while another names it.
+        A document being indexed stops at its next step (its result says `deleted`), then goes.
         """
         key = (collection, doc_id)
-        await self.locks.acquire(key)
+        stopping = source is None and key not in self.deleted
+        if stopping:
+            self.deleted.add(key)
+        try:
+            await self.locks.acquire(key)
+        except BaseException:
+            if stopping:
+                self.deleted.discard(key)
+            raise
         try:
             record = await asyncio.to_thread(self.catalog.get, collection, doc_id)
             if record is None or (
@@ -193,6 +204,8 @@ class IngestPipeline:
             if record is not None:
                 await asyncio.to_thread(self.stores.purge, collection, doc_id)
         finally:
+            if stopping:  # before the lock goes: a run that takes it next indexes the file anew
+                self.deleted.discard(key)
             self.locks.release(key)
         return record
 
