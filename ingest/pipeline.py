@@ -44,7 +44,7 @@ from ingest._run import RunConfig, run_files
 from ingest._stores import DocumentStores
 from ingest.originals import Originals
 from rag.core.config import Settings
-from rag.core.errors import EmbedderMismatch
+from rag.core.errors import BackendUnavailable, EmbedderMismatch
 from rag.store.catalog import DocumentCatalog, DocumentRecord, OwnerLease
 from rag.store.chunks import ChunkStore
 from rag.store.lexical import LexicalIndex
@@ -127,6 +127,7 @@ class IngestPipeline:
         self._idle.clear()
         try:
             await self.check_embedder(collection)
+            await self.retry_abandoned()
             return await run_files(self._run_config(), collection, files, progress or NoProgress())
         finally:
             self._running -= 1
@@ -208,6 +209,25 @@ class IngestPipeline:
                 self.deleted.discard(key)
             self.locks.release(key)
         return record
+
+    async def retry_abandoned(self) -> None:
+        """Take out the documents an earlier run of this process could not clean up (its store failed,
+        a full disk say): pending or deleting rows of this process that no run or deletion holds."""
+        mine = await asyncio.to_thread(self.catalog.leftovers, lambda owner: owner != self.lease.token)
+        for record in mine:
+            key = (record.collection, record.doc_id)
+            if self.locks.held(key):
+                continue
+            await self.locks.acquire(key)
+            try:
+                log.warning(
+                    "removing %s document %s (%s) left by a failed run", record.state, record.doc_id, record.name
+                )
+                await asyncio.to_thread(self.stores.purge, record.collection, record.doc_id)
+            except BackendUnavailable as exc:  # still failing: the next run tries again, this one goes on
+                log.warning("could not remove %s yet: %s", record.doc_id, exc.message)
+            finally:
+                self.locks.release(key)
 
     def recover(self) -> list[DocumentRecord]:
         """Clean up after processes that died mid-ingest: their pending and deleting documents go."""

@@ -14,6 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
@@ -200,6 +201,23 @@ def test_the_check_compares_chromas_ids_with_the_record_not_only_their_counts(bu
     assert alpha.orphans == [f"orphan:{i}" for i in range(5)]
     assert any("5 vectors of no indexed chunk" in p for p in alpha.problems)
     assert any("5 indexed chunks have no vector in Chroma" in p for p in alpha.problems)
+
+
+def test_the_api_removes_orphan_vectors_when_it_starts(built) -> None:
+    """Vectors of no indexed chunk (a write cut short) go at the next start; nothing indexed is touched."""
+    from tests.chat_helpers import serve, without_backends
+
+    settings, queries, before = built
+    _add_orphans(settings.chroma_path)
+    _forget_chroma()
+    with serve(without_backends(data_dir=settings.data_dir)) as url:
+        store = httpx.get(f"{url}/health", timeout=30).json()["backends"]["store"]
+        assert not store.get("problems"), store
+    _forget_chroma()
+    report = check_store(settings.data_dir, settings.chroma_path)
+    assert report.consistent, report.to_dict()
+    assert [(c.name, c.orphans, c.chroma) for c in report.collections] == [(name, [], n) for name, n in SIZES.items()]
+    assert {c: _top(ChunkStore.open(settings), c, queries) for c in SIZES} == before
 
 
 def test_an_interrupted_repair_goes_on_where_it_stopped(built) -> None:

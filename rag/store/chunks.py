@@ -205,6 +205,21 @@ class ChunkStore:
             return 0
         return len(self.collection(collection).get(where={"doc_id": doc_id}, include=[])["ids"])
 
+    def ids(self, collection: str, step: int = 5000) -> set[str]:
+        """Every chunk id the collection holds."""
+        coll = self._readable(collection)
+        if coll is None:
+            return set()
+        found: set[str] = set()
+        for offset in range(0, int(coll.count()), step):
+            found.update(coll.get(limit=step, offset=offset, include=[])["ids"])
+        return found
+
+    def delete_ids(self, collection: str, ids: list[str]) -> None:
+        coll = self.collection(collection)
+        for start in range(0, len(ids), FILTER_BATCH):
+            coll.delete(ids=ids[start : start + FILTER_BATCH])
+
     def count(self, collection: str) -> int:
         coll = self._readable(collection)
         return int(coll.count()) if coll is not None else 0
