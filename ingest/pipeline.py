@@ -46,7 +46,7 @@ from ingest.originals import Originals
 from rag.core.config import Settings
 from rag.core.errors import BackendUnavailable, EmbedderMismatch
 from rag.store.catalog import DocumentCatalog, DocumentRecord, OwnerLease
-from rag.store.chunks import ChunkStore
+from rag.store.chunks import ChunkStore, store_errors
 from rag.store.lexical import LexicalIndex
 from rag.store.record import EmbedderIdentity
 
@@ -209,6 +209,24 @@ class IngestPipeline:
                 self.deleted.discard(key)
             self.locks.release(key)
         return record
+
+    async def delete_collection(self, collection: str) -> bool:
+        """Delete every document of a collection (those being indexed stop, as `delete` does), then the
+        collection itself from Chroma and the record; False when there is no such collection."""
+        rows = await asyncio.to_thread(self.catalog.list, collection, 0, 1 << 62)
+        if not rows and not await asyncio.to_thread(self.store.exists, collection):
+            return False
+        for doc_id in dict.fromkeys(r.doc_id for r in rows):
+            await self.delete(collection, doc_id)
+
+        def drop() -> None:
+            with store_errors():
+                self.store.delete_collection(collection)
+            self.lexical.delete_collection(collection)
+
+        await asyncio.to_thread(drop)
+        self._verified.discard(collection)
+        return True
 
     async def retry_abandoned(self) -> None:
         """Take out the documents an earlier run of this process could not clean up (its store failed,

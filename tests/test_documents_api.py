@@ -590,6 +590,28 @@ def test_a_delete_during_ingest_cancels_the_job_and_leaves_nothing(api: LiveApi)
     assert small["status"] == "indexed"
 
 
+def test_deleting_a_collection_during_its_ingest_cancels_the_job_and_removes_the_collection(api: LiveApi) -> None:
+    kept = api.upload(("kept.txt", text_of(2, "kept"))).json()["results"][0]
+    response = api.client.post(
+        "/v1/documents",
+        files=[("files", ("long.txt", text_of(20_000, "doomed"), "text/plain"))],
+        data={"collection": "doomed"},
+        params={"wait": "false", "job_id": "collection-deleted"},
+    )
+    assert response.status_code == 202, response.text
+    _poll_job(api, "collection-deleted", lambda job: int(job["chunks_done"]) > 0)  # type: ignore[call-overload]
+    assert api.client.delete("/v1/collections/doomed").status_code == 204
+    job = _poll_job(api, "collection-deleted", lambda job: job["state"] != "running")
+    assert job["state"] == "deleted" and job["results"][0]["status"] == "deleted", job  # type: ignore[index]
+    names = [c["name"] for c in api.client.get("/v1/collections").json()["collections"]]
+    assert names == ["default"]
+    gone = api.census("doomed")
+    assert not gone.states and not gone.chroma and not gone.lexical
+    assert "doomed" not in api.services.store.names()
+    assert api.client.delete("/v1/collections/doomed").status_code == 404
+    assert api.census().indexed() == {kept["document_id"]: kept["chunks"]}
+
+
 @pytest.mark.parametrize(
     "cut",
     [

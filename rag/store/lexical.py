@@ -143,9 +143,11 @@ class LexicalIndex:
         return n
 
     def delete_collection(self, collection: str) -> int:
+        """Its chunks and its embedder's record go: a collection made again under its name starts anew."""
         with self._writer() as writer:
             with self._sqlite() as db:
                 n = db.execute("DELETE FROM chunks WHERE collection = ?", (collection,)).rowcount
+                db.execute("DELETE FROM embedders WHERE collection = ?", (collection,))
             self._bm25.delete_collection(writer, collection)
         return n
 

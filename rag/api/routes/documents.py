@@ -174,6 +174,15 @@ async def delete_document(
     return Response(status_code=204)
 
 
+@router.delete("/collections/{name}", status_code=204)
+async def delete_collection(name: str, pipeline: PipelineDep) -> Response:
+    """Remove a collection: every document (uploads being indexed into it stop), its chunks, its index."""
+    collection = check_collection(name)
+    if not await pipeline.delete_collection(collection):
+        raise NotFound(f"no collection {collection[:100]!r}")
+    return Response(status_code=204)
+
+
 @router.get("/collections")
 async def list_collections(catalog: CatalogDep) -> dict[str, Any]:
     """Every collection with a row: its documents (indexed contents) and its failed files."""
