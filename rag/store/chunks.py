@@ -155,6 +155,7 @@ class ChunkStore:
         )
         return NotFound(
             f"no collection {name[:100]!r}; the collections are: {shown}{more}",
+            collection=name[:100],
             collections=known[:SHOWN_COLLECTIONS],
             total=len(known),
         )
