@@ -134,7 +134,7 @@ class _Embedder:
     def __init__(self, cache: EmbeddingCache) -> None:
         self.cache = cache
 
-    async def embed(self, texts: list[str]) -> list[list[float]]:
+    async def embed(self, texts: list[str], kind: str = "passage") -> list[list[float]]:
         return self.cache.embed(texts).tolist()
 
 

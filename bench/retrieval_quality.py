@@ -237,7 +237,7 @@ class _CachedEmbedder:
     def __init__(self, corpus: Corpus, vectors: np.ndarray) -> None:
         self._by_text = {q.text: v for q, v in zip(corpus.questions, vectors)}
 
-    async def embed(self, texts: list[str]) -> list[list[float]]:
+    async def embed(self, texts: list[str], kind: str = "passage") -> list[list[float]]:
         return [self._by_text[t].tolist() for t in texts]
 
 

