@@ -148,6 +148,10 @@ class EmbeddingCache:
 
     def _save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():  # another run may have added vectors meanwhile: keep them too
+            with np.load(self.path) as stored:
+                for key, vector in zip(stored["keys"].tolist(), stored["vectors"]):
+                    self._vectors.setdefault(key, vector)
         keys = list(self._vectors)
         tmp = self.path.with_suffix(".tmp.npz")
         np.savez(tmp, keys=np.array(keys), vectors=np.stack([self._vectors[k] for k in keys]))

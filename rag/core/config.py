@@ -42,7 +42,7 @@ CALIBRATED: dict[str, dict[str, float]] = {
     },
     MULTILINGUAL_E5: {
         "hybrid_dense_weight": 0.4,
-        "hybrid_dense_weight_cjk": 0.4,
+        "hybrid_dense_weight_cjk": 0.45,  # tuned on CMRC trial (bench/results/retrieval_quality-cmrc-e5.txt)
         "min_relevance": 0.35,
         "min_relevance_cjk": 0.16,
     },
