@@ -41,7 +41,7 @@ CALIBRATED: dict[str, dict[str, float]] = {
         "min_relevance_cjk": 0.16,
     },
     MULTILINGUAL_E5: {
-        "hybrid_dense_weight": 0.4,
+        "hybrid_dense_weight": 0.55,  # tuned on the SQuAD dev slice (bench/results/retrieval_quality-squad-slice-e5.txt)
         "hybrid_dense_weight_cjk": 0.45,  # tuned on CMRC trial (bench/results/retrieval_quality-cmrc-e5.txt)
         "min_relevance": 0.35,
         "min_relevance_cjk": 0.16,
