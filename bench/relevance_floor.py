@@ -10,7 +10,8 @@ the tantivy index):
   bigrams) that one retrieved chunk contains;
 - `blend<s>`: the best `a * cosine + (1 - a) * coverage` of one chunk, with `a` the query's dense
   weight scaled by s (a CJK query, whose MiniLM vector is noise, is judged by its coverage alone);
-  `blend1.0` is `rag.answering.retrieval.relevance`, the score RAG_MIN_RELEVANCE applies to.
+  `blend<RAG_RELEVANCE_DENSE_SCALE>` (the embedder's: 1.0 for MiniLM, 1.5 for multilingual-e5-small) is
+  `rag.answering.retrieval.relevance`, the score RAG_MIN_RELEVANCE applies to.
 
 Positives are questions asked of the collection that holds their paragraph; negatives are questions
 that no document of the collection answers:
@@ -247,7 +248,7 @@ def production(rows: Sequence[dict], floors: tuple[float, float], embedder: str)
     settings = Settings(min_relevance=floors[0], min_relevance_cjk=floors[1], embed_model=embedder)
 
     def passes(r: dict) -> bool:
-        return r["blend1.0"] >= relevance_floor(r["text"], settings)
+        return r[f"blend{settings.relevance_dense_scale}"] >= relevance_floor(r["text"], settings)
 
     by = {kind: [r for r in rows if r["kind"] == kind] for kind in KINDS}
     out = {"min_relevance": floors[0], "min_relevance_cjk": floors[1]}
@@ -310,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
             _print_curve(f"{score}, CJK floor (cmrc+ positives)", cjk, choose(cjk))
         else:
             print(f"\n== {score}: English floor {choose(english)}\n   CJK floor {choose(cjk)}")
-    chosen = result["scores"]["blend1.0"]
+    chosen = result["scores"][f"blend{Settings(embed_model=args.embedder).relevance_dense_scale}"]
     floors = (chosen["english"]["chosen"]["threshold"], chosen["cjk"]["chosen"]["threshold"])
     result["production"] = production(rows, floors, args.embedder)
     print("\n== the answering core's floors (relevance, RAG_MIN_RELEVANCE / RAG_MIN_RELEVANCE_CJK)")
