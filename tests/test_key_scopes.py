@@ -7,6 +7,7 @@ One API serves the whole module: collection `alpha` holds the Eiffel text, `beta
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -282,6 +283,26 @@ def test_the_mcp_endpoint_honours_the_scope(stack: Stack) -> None:
     assert revoked.status_code == 401
 
 
+def test_an_mcp_session_answers_only_the_key_that_opened_it(stack: Stack) -> None:
+    accept = {"Accept": "application/json, text/event-stream"}
+    hello = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
+    opened = httpx.post(f"{stack.url}/mcp", json=hello, headers={**stack.headers("admin"), **accept}, timeout=60)
+    assert opened.status_code == 200
+    session = {"mcp-session-id": opened.headers["mcp-session-id"], **accept}
+
+    def end(who: str) -> httpx.Response:
+        return httpx.delete(f"{stack.url}/mcp", headers={**stack.headers(who), **session}, timeout=60)
+
+    taken = end("reader of alpha")
+    assert taken.status_code == 404 and "Session not found" in taken.text
+    assert end("admin").status_code == 200
+
+
 def test_rag_mcp_over_stdio_sends_its_scoped_key_to_the_api(stack: Stack, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
     env.update(RAG_DATA_DIR=str(tmp_path / "elsewhere"), RAG_API_KEY=stack.tokens["reader of alpha"])
@@ -308,3 +329,54 @@ def test_a_junk_key_file_refuses_scoped_keys_and_keeps_the_admins(backend_settin
         admin = {"Authorization": f"Bearer {ADMIN}"}
         assert httpx.get(f"{url}/v1/collections", headers=admin, timeout=60).status_code == 200
     assert (data_dir / FILE).read_bytes() == b"\x00junk" * 500, "nothing is lost"
+
+
+def test_a_key_file_moved_away_takes_its_keys_and_the_new_one_is_read(
+    backend_settings: Settings, tmp_path: Path
+) -> None:
+    data_dir = backend_settings.data_dir
+    keys = KeyStore(data_dir / FILE)
+    old = keys.create(["alpha"], read_only=False)[1]
+    keys.close()
+    settings = Settings(**{**backend_settings.model_dump(), "api_key": ADMIN})
+    with serve(settings) as url:
+
+        def status(token: str) -> int:
+            headers = {"Authorization": f"Bearer {token}"}
+            return httpx.get(f"{url}/v1/collections", headers=headers, timeout=60).status_code
+
+        assert status(old) == 200
+        for name in (FILE, f"{FILE}-wal", f"{FILE}-shm"):  # set aside, as Troubleshooting says of a damaged one
+            if (data_dir / name).exists():
+                (data_dir / name).rename(tmp_path / name)
+        assert status(old) == 401, "the keys of a file moved away open nothing"
+        keys = KeyStore(data_dir / FILE)
+        new = keys.create(["alpha"], read_only=False)[1]
+        keys.close()
+        assert status(new) == 200, "a key made in the new file works at once"
+        assert status(old) == 401
+
+
+def test_health_names_a_damaged_collection_only_to_whom_may_see_it(backend_settings: Settings) -> None:
+    from chromadb.api.shared_system_client import SharedSystemClient
+
+    settings = Settings(**{**backend_settings.model_dump(), "api_key": ADMIN})
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    with serve(settings) as url:
+        upload(url, EIFFEL, collection="alpha", headers=admin)
+        upload(url, AMAZON, collection="beta", headers=admin)
+    shutil.rmtree(settings.data_dir / "chroma")  # every collection's vectors lost: both are out of step
+    SharedSystemClient.clear_system_cache()
+    keys = KeyStore(settings.data_dir / FILE)
+    reader = {"Authorization": f"Bearer {keys.create(['alpha'], read_only=True)[1]}"}
+    keys.close()
+    with serve(settings) as url:
+
+        def problems(headers: dict[str, str]) -> list[str]:
+            store = httpx.get(f"{url}/health", headers=headers, timeout=60).json()["backends"]["store"]
+            assert store["state"] == "damaged", store
+            return sorted(store["problems"])
+
+        assert problems(admin) == ["alpha", "beta"]
+        assert problems(reader) == ["alpha"]
+        assert problems({}) == [], "no key, no collection's name"

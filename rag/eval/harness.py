@@ -159,15 +159,15 @@ class QueryVectors:
         """Embed `text` now; the milliseconds it took."""
         self._memo.clear()
         started = time.perf_counter()
-        self._memo[text] = (await self.embedder.embed([text]))[0]
+        self._memo[text] = (await self.embedder.embed([text], kind="query"))[0]
         return (time.perf_counter() - started) * 1000
 
-    async def embed(self, texts: list[str]) -> list[Sequence[float]]:
+    async def embed(self, texts: list[str], kind: str = "query") -> list[Sequence[float]]:
         if len(self._memo) > 64:  # answering asks one question after another: stay small
             self._memo.clear()
         missing = [t for t in texts if t not in self._memo]
         if missing:
-            self._memo.update(zip(missing, await self.embedder.embed(missing)))
+            self._memo.update(zip(missing, await self.embedder.embed(missing, kind="query")))
         return [self._memo[t] for t in texts]
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
 import re
 import secrets
 import sqlite3
@@ -73,9 +74,21 @@ class KeyStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._db: sqlite3.Connection | None = None
+        self._opened: tuple[int, int] | None = None  # the (device, inode) of the file `_db` has open
         self._lock = threading.Lock()
 
+    def _identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return st.st_dev, st.st_ino
+
     def _open(self, create: bool) -> sqlite3.Connection | None:
+        if self._db is not None and self._identity() != self._opened:
+            # The file was moved away or replaced (a damaged one set aside and the keys made anew): its
+            # keys go with it. The old connection is dropped, not closed: a thread may still be using it.
+            self._db = None
         if self._db is None:
             if not create and not self.path.exists():
                 return None
@@ -92,7 +105,7 @@ class KeyStore:
             except BaseException:
                 db.close()
                 raise
-            self._db = db
+            self._db, self._opened = db, self._identity()
         return self._db
 
     def close(self) -> None:
