@@ -106,6 +106,9 @@ def _share(flags: Sequence[bool]) -> float | None:
     return sum(flags) / len(flags) if flags else None
 
 
+ANSWER_CHARS_KEPT = 200  # of each answer, in the per-question scores
+
+
 def answer_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     n = max(len(records), 1)
     supported = [s for r in records for s in r["supported"]]
@@ -136,7 +139,13 @@ def answer_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "examples": [{k: r[k] for k in ("qid", "answer", "em", "f1")} for r in records[:5]],
         # Per question, so that runs over the same sample can be compared on any subset of it.
         "per_question": [
-            {"qid": r["qid"], "em": r["em"], "f1": round(r["f1"], 4), "at_token_limit": bool(r.get("at_token_limit"))}
+            {
+                "qid": r["qid"],
+                "em": r["em"],
+                "f1": round(r["f1"], 4),
+                "at_token_limit": bool(r.get("at_token_limit")),
+                "answer": r["answer"][:ANSWER_CHARS_KEPT],
+            }
             for r in records
         ],
         "samples_ms": {

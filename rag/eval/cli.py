@@ -43,6 +43,7 @@ Examples:
   rag eval squad.json --limit 200 --json > baseline.json
   RAG_CHUNK_TOKENS=120 rag eval squad.json --limit 200 --baseline baseline.json --max-drop 0.02
   rag eval cmrc2018-trial.json --answers --limit 50 --report eval-report/
+  RAG_GENERATOR=smollm2-135m-instruct rag eval squad.json --limit 200 --answers --answer-limit 50
 
 \b
 Exit status: 0 ok, 1 an error (a backend down, the store held by a running API), 3 a metric fell more
