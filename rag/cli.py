@@ -12,6 +12,7 @@ from rag.core.command_line import load_settings, run_cli
 from rag.core.config import Settings
 from rag.deploy.plan_cli import plan_command
 from rag.eval.cli import eval_command
+from rag.store.keys_cli import keys_command
 
 
 class _Group(click.Group):
@@ -409,6 +410,7 @@ def _with_embedder(settings: Settings, owner: str, work: Any) -> Any:
 
 cli.add_command(eval_command)
 cli.add_command(plan_command)
+cli.add_command(keys_command)
 
 
 def main() -> None:

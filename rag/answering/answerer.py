@@ -27,6 +27,7 @@ from dataclasses import replace
 
 from rag.answering.answer import Answer, NoSourcesAnswer, discard
 from rag.answering.budget import Candidate, PackedPrompt, PromptBudget
+from rag.answering.continuation import Sent, SentSources, conversation_key, user_turns
 from rag.answering.events import (
     Dropped,
     NoSourcesReason,
@@ -68,6 +69,7 @@ class Answerer:
         self._props_at = 0.0
         self.style_choice = choose_style(settings.llm_prompt_style, [settings.llm_model_path])
         self._example_tokens: dict[str, set[int]] = {}  # per language of the examples
+        self.sent = SentSources()  # what each conversation's last prompt sent, so a follow-up extends it
 
     async def example_ban(self, prompt: str) -> list[list[int | bool]]:
         """llama-server `logit_bias` entries that forbid the example answers' tokens absent from the
@@ -161,9 +163,18 @@ class Answerer:
             return NoSourcesAnswer(query, clock, reason, below, searched=searched, style=self.style.name)
         props = await ahead
         query = self.with_defaults(asked)  # the style may be known only now, from llama-server's model path
-        by_id = {f"S{i}": hit for i, hit in enumerate(good, 1)}
-        candidates = [Candidate(sid, h.chunk_id, h.text, h.metadata) for sid, h in by_id.items()]
+        turns = user_turns(query.messages)
+        before = conversation_key(query.collection, query.doc_ids, turns[:-1]) if history else None
+        ordered = self.sent.order(before, good)  # a follow-up's sources start as its previous prompt's did
+        by_id = {f"S{i}": hit for i, hit in enumerate(ordered.hits, 1)}
+        candidates = [
+            Candidate(sid, h.chunk_id, text, h.metadata) for (sid, h), text in zip(by_id.items(), ordered.texts)
+        ]
         packed = await self.pack(query, history, question, candidates, props.n_ctx)
+        self.sent.remember(
+            conversation_key(query.collection, query.doc_ids, turns),
+            [Sent(c.candidate.chunk_id, _cut_chars(c.text, by_id[c.source_id].text)) for c in packed.chunks],
+        )
         packed.dropped += below
         clock.mark("packed")
         if not packed.chunks:
@@ -207,3 +218,8 @@ class Answerer:
             history_share=self.settings.history_share,
             style=self.style_for(question),
         )
+
+
+def _cut_chars(sent: str, whole: str) -> int | None:
+    """The length of a source's text as sent, when that is less than its whole chunk (cut at a sentence)."""
+    return len(sent) if len(sent) < len(whole.strip()) else None

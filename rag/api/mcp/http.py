@@ -1,6 +1,7 @@
 """The MCP server's Streamable HTTP transport, mounted on the API at /mcp.
 
-It sits behind RAG_API_KEY like every /v1 route (a client without the key gets the API's 401), its
+It sits behind the API's keys like every /v1 route (a client without one gets the API's 401; a scoped key's
+tools see its collections alone: the Access rides in the request's scope to the tools), its
 request bodies are bounded by RAG_MAX_REQUEST_BYTES like the chat routes', and its `ask` takes the
 generation gate's slot like /v1/chat, since both go through the one Answerer.
 """
@@ -14,7 +15,8 @@ from mcp.server.mcpserver import MCPServer
 from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
-from rag.api.deps import check_api_key
+from rag.api.access import STATE_KEY
+from rag.api.deps import request_access
 from rag.api.errors import error_response
 from rag.api.mcp.library import LocalLibrary
 from rag.api.mcp.server import build_server
@@ -30,6 +32,7 @@ class McpEndpoint:
 
     def __init__(self, settings: Settings, services: Callable[[], Services]) -> None:
         self.settings = settings
+        self.services = services
         self.server: MCPServer = build_server(LocalLibrary(services), settings)
         # Builds the session manager; the Starlette app it returns is not used: we route to the manager.
         self.server.streamable_http_app(
@@ -43,8 +46,9 @@ class McpEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            check_api_key(Headers(scope=scope).get("authorization", ""), self.settings)
+            access = await request_access(Headers(scope=scope).get("authorization", ""), self.services())
         except Unauthorized as exc:
             await error_response(exc)(scope, receive, send)
             return
+        scope.setdefault("state", {})[STATE_KEY] = access
         await self.server.session_manager.handle_request(scope, receive, send)
