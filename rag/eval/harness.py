@@ -145,6 +145,7 @@ class EvalOptions:
     answers: bool = False
     max_tokens: int | None = None  # None: the prompt style's default
     limit: int | None = None
+    answer_limit: int | None = None  # answers for the first N sampled questions only (None: all)
     seed: int = 0
 
 
@@ -227,7 +228,7 @@ class Evaluation:
             ingest, doc_of = await self._ingest(evalset)
             runs = [_QuestionRun(q, doc_of[q.context]) for q in evalset.questions if q.context in doc_of]
             retrieval = await self._retrieve(runs, retriever, vectors)
-            answers = await self._answer(runs, retriever) if self.options.answers else None
+            answers = await self._answer(runs[: self.options.answer_limit], retriever) if self.options.answers else None
         finally:
             await retriever.aclose()
             if fresh and not self.options.keep:
@@ -276,6 +277,8 @@ class Evaluation:
             "llm_model": s.llm_model,
             "llm_url": s.llm_url if self.options.answers else None,
             "max_tokens": self.options.max_tokens,
+            "answer_limit": self.options.answer_limit,
+            "generator": s.generator,
             "chroma_mode": s.chroma_mode,
             "modes": list(self.options.modes),
             "llm_prompt_style": s.llm_prompt_style,
