@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rag.answering.events import AnswerDocument, Done
 from rag.answering.retrieval import MODES
 from rag.core.config import Settings
+from rag.core.embeddings_api import InputType
 from rag.core.errors import InvalidRequest
 from rag.core.provenance import provenance
 from rag.eval._gate import LOWER_IS_BETTER, Regression, compare, flat_scores, read_baseline, sample_differs, unmeasured
@@ -163,7 +164,7 @@ class QueryVectors:
         self._memo[text] = (await self.embedder.embed([text], kind="query"))[0]
         return (time.perf_counter() - started) * 1000
 
-    async def embed(self, texts: list[str], kind: str = "query") -> list[Sequence[float]]:
+    async def embed(self, texts: list[str], kind: InputType = "query") -> list[Sequence[float]]:
         if len(self._memo) > 64:  # answering asks one question after another: stay small
             self._memo.clear()
         missing = [t for t in texts if t not in self._memo]
