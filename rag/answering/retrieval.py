@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from rag.clients.rerank import RerankClient
 from rag.core.config import Settings
+from rag.core.embeddings_api import InputType
 from rag.core.errors import BackendUnavailable, InvalidRequest, UpstreamError
 from rag.store.chunks import ChunkStore
 from rag.store.lexical import LexicalIndex, cjk_fraction
@@ -39,7 +40,7 @@ MODES: tuple[str, ...] = ("dense", "lexical", "hybrid")  # in the order `rag eva
 
 class Embedder(Protocol):
     # One row per text; `kind` is "query" for questions, "passage" for documents (E5 embeds each its way).
-    async def embed(self, texts: list[str], kind: str = "passage") -> Vectors | Sequence[Sequence[float]]: ...
+    async def embed(self, texts: list[str], kind: InputType = "passage") -> Vectors | Sequence[Sequence[float]]: ...
 
 
 class Catalog(Protocol):

