@@ -319,7 +319,7 @@ def _add_table(builder: DocumentBuilder, part: _Part, carry: TableCarry, first_o
     cells = grid(part.rows) or []
     rows = [[_cell(lines) for lines in row] for row in cells]
     caption = part.caption.text if part.caption is not None else ""
-    rows, caption, added = carry.follow(rows, caption, first_on_page and part.caption is None)
+    rows, caption, added = carry.follow(rows, caption, first_on_page)
     md = markdown_table(rows, caption or None)
     if md is None:
         return
