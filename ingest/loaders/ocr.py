@@ -1,7 +1,8 @@
 """OCR of one page image: RapidOCR's lines, put in reading order, as page text with a box per line.
 
     lines = recognize(make_engine(), image)          # in the OCR worker (ingest.ocr_pool)
-    text, boxes = layout(lines)                      # anywhere: plain Python
+    add_ocr_page(builder, n, image, ocr, 0.8, carry) # in a loader: page n's text and tables, through `ocr`
+    text, boxes = layout(lines)                      # the lines as text alone, in reading order
 
 The engine is RapidOCR 3.10 (PP-OCRv6 detection and recognition, Chinese and English in one model;
 its 180° line classifier is off, see `make_engine`), run by onnxruntime on one thread; its model files come inside the
