@@ -85,6 +85,19 @@ def test_chinese_lines_and_segments_join_without_a_space() -> None:
     assert text == "水库的库容为三点二亿立方米。" and len(boxes) == 2
     text, _ = layout([line("水库的总库容为三点二亿立", 0.1, 0.1, 0.8), line("方米，灌溉农田四万亩。", 0.1, 0.13, 0.7)])
     assert text == "水库的总库容为三点二亿立方米，灌溉农田四万亩。"
+    # Chinese wraps anywhere: a number or a Latin word cut at the end of a line joins without a space.
+    text, _ = layout(
+        [
+            line("准决赛阶段16", 0.1, 0.1, 0.8),
+            line("名运动员，zh-cn:博尔特;zh", 0.1, 0.13, 0.7),
+            line("-tw:柏特", 0.1, 0.16, 0.3),
+        ]
+    )
+    assert text == "准决赛阶段16名运动员，zh-cn:博尔特;zh-tw:柏特"
+    assert (
+        layout([line("Room 16", 0.1, 0.1, 0.8), line("is on the left.", 0.1, 0.13, 0.7)])[0]
+        == "Room 16 is on the left."
+    )
 
 
 def cells(y: float, *row: tuple[str, float, float], confidence: float = 0.99) -> list[OcrLine]:

@@ -15,8 +15,9 @@ text's width (titles, a one-column body) cut the page into bands; inside a band,
 leave a gutter free form columns, read one after the other when each is a real column (wide and at
 least three lines tall; narrower ones are table cells and are read row by row). Segments at the same
 height join into one row; a vertical gap of more than a line's height starts a paragraph. The lines of
-a paragraph are joined as running text (a space, or nothing between Chinese characters), since a line
-break inside a sentence would split the phrases that search and answers quote.
+a paragraph are joined as running text (a space; nothing next to a Chinese character, nor between two
+lines of Chinese, which wraps anywhere, inside a number too), since a line break inside a sentence would
+split the phrases that search and answers quote.
 
 Tables: two or more rows of several cells whose boxes line up in two columns or more (`tables.grid`)
 are a table, written as markdown under its caption (a short line just above it) with its top row as the
@@ -216,6 +217,8 @@ def _text(rows: list[list[OcrLine]], height: float) -> tuple[str, list[TextBox]]
                 sep = "\n\n"
             elif len(row) > 1 or len(previous) > 1:
                 sep = "\n"  # the cells of a row of several keep their row
+            elif _CJK.search(previous[-1].text) and _CJK.search(row[0].text):
+                sep = ""  # Chinese wraps between any two characters, digits and Latin letters too
             else:
                 sep = _joiner(previous[-1], row[0])
             parts.append(sep)
@@ -233,8 +236,8 @@ def _text(rows: list[list[OcrLine]], height: float) -> tuple[str, list[TextBox]]
 
 
 def _joiner(before: OcrLine, after: OcrLine) -> str:
-    """Nothing between Chinese characters, a space between anything else."""
-    return "" if _CJK.match(after.text) and _CJK.search(before.text[-1]) else " "
+    """Nothing next to a Chinese character ("16" and "名" read as two boxes are "16名"), else a space."""
+    return "" if _CJK.match(after.text) or _CJK.search(before.text[-1]) else " "
 
 
 def _rows_in_reading_order(lines: Sequence[OcrLine], height: float) -> list[list[OcrLine]]:
