@@ -14,6 +14,13 @@ own paragraph's answer-bearing chunk in the top 5, and each rewrite's time is me
 
     .venv/bin/python -m bench.followups --json bench/results/followups.json
     .venv/bin/python -m bench.followups --llm-url http://127.0.0.1:8081 --generator-limit 60
+
+With --llm-url and --prefix N, the first N follow-ups are also packed as the API packs them (the real
+Answerer, chat style, counted by that llama-server's template and tokenizer): the first turn's prompt,
+then the follow-up's (history: the first question and its gold answer), with the conversation's
+remembered sources (rag/answering/continuation.py) and without (a fresh process). Reported: how often the
+follow-up's sources block starts with the first prompt's byte for byte, and the prompt reuse a cache can
+get: the tokens the two prompts share from the start over the follow-up's tokens.
 """
 
 from __future__ import annotations
@@ -33,7 +40,11 @@ from bench import _datasets as datasets
 from bench._provenance import header, write_json
 from bench.relevance_floor import _AllIndexed, _Embedder, _h, index_chunks, read
 from bench.retrieval_quality import EmbeddingCache, make_splitter, sentence_encoder
+from rag.answering.answer import Answer
+from rag.answering.answerer import Answerer, ChatQuery
+from rag.answering.continuation import SentSources
 from rag.answering.followup import generator_rewrite, rule_rewrite
+from rag.answering.prompt import SOURCES_CLOSE
 from rag.answering.retrieval import Retriever
 from rag.core.config import Settings
 from rag.store.chunks import ChunkStore
@@ -135,6 +146,7 @@ async def run(args: argparse.Namespace) -> dict:
         for item, queries in zip(followups, rewrites):
             for name, query in queries.items():
                 ranks[name].append(found_at(await retriever.search(query, collection=COLLECTION, k=5), item))
+        prefix = await prefix_reuse(llm, retriever, settings, followups[: args.prefix]) if llm and args.prefix else None
         lexical.close()
         if llm is not None:
             await llm.aclose()
@@ -154,6 +166,7 @@ async def run(args: argparse.Namespace) -> dict:
         },
         "rewritten_by_rule": sum(r["rule"] != r["followup"] for r in rewrites),
         "load_average": open("/proc/loadavg").read().split()[:3],
+        "prefix": prefix,
         "examples": rewrites[:12],
     }
     original = result["recall@5"]["original"]
@@ -163,11 +176,52 @@ async def run(args: argparse.Namespace) -> dict:
     return result
 
 
+def _sources_block(messages: list[dict[str, str]] | str) -> str:
+    assert not isinstance(messages, str)
+    first = next(m["content"] for m in messages if m["role"] == "user")
+    return first[: first.index(SOURCES_CLOSE) + len(SOURCES_CLOSE)] if SOURCES_CLOSE in first else ""
+
+
+async def prefix_reuse(llm, retriever, settings: Settings, followups: list[FollowUp]) -> dict:
+    """The first turn's prompt and the follow-up's, packed by the real Answerer, with and without memory."""
+    chat = Settings(**{**settings.model_dump(), "llm_prompt_style": "chat"})
+    rows: dict[str, list[tuple[bool, float]]] = {"remembered": [], "fresh": []}
+    for item in followups:
+        for mode in rows:
+            answerer = Answerer(llm, retriever, chat)
+            first = await answerer.start(ChatQuery([{"role": "user", "content": item.first}], COLLECTION, 8, 64))
+            if not isinstance(first, Answer):
+                break
+            first.close()
+            if mode == "fresh":
+                answerer.sent = SentSources()
+            asked = [*item.history(), {"role": "user", "content": item.followup}]
+            follow = await answerer.start(ChatQuery(asked, COLLECTION, 8, 64))
+            if not isinstance(follow, Answer):
+                break
+            follow.close()
+            a = await llm.tokenize(await llm.apply_template(first.packed.messages))
+            b = await llm.tokenize(await llm.apply_template(follow.packed.messages))
+            shared = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            kept = _sources_block(follow.packed.messages).startswith(_sources_block(first.packed.messages))
+            rows[mode].append((kept, shared / len(b)))
+    return {
+        mode: {
+            "n": len(r),
+            "sources_block_kept": round(sum(k for k, _ in r) / len(r), 4) if r else None,
+            "prefix_reuse_median": round(statistics.median(v for _, v in r), 4) if r else None,
+            "prefix_reuse_mean": round(statistics.fmean(v for _, v in r), 4) if r else None,
+        }
+        for mode, r in rows.items()
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit", type=int, default=400, help="follow-ups (a fixed hash sample)")
     parser.add_argument("--llm-url", default=None, help="llama-server for the generator rewrite")
     parser.add_argument("--generator-limit", type=int, default=60, help="follow-ups rewritten by the generator")
+    parser.add_argument("--prefix", type=int, default=0, help="with --llm-url: follow-ups packed for prompt reuse")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "rag-stack" / "bench")
     parser.add_argument("--json", type=Path, default=None)
     datasets.add_options(parser, "squad")

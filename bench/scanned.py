@@ -140,7 +140,7 @@ class LiveEmbedder:
     def __init__(self, encode) -> None:
         self.encode = encode
 
-    async def embed(self, texts: list[str]) -> list[list[float]]:
+    async def embed(self, texts: list[str], kind: str = "passage") -> list[list[float]]:
         return self.encode(list(texts)).tolist()
 
 

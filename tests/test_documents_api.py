@@ -608,7 +608,11 @@ def test_collections_are_capped_and_an_unknown_one_names_only_a_few(ingest_setti
             unknown = client.post("/v1/chat", json=chat)
             assert unknown.status_code == 404
             error = unknown.json()["error"]
-            assert error["detail"] == {"collections": [f"coll-{i}" for i in range(5)], "total": 7}
+            assert error["detail"] == {
+                "collection": "no-such-coll",
+                "collections": [f"coll-{i}" for i in range(5)],
+                "total": 7,
+            }
             assert "and 2 more" in error["message"] and "coll-6" not in error["message"]
     finally:
         server.should_exit = True

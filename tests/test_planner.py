@@ -23,7 +23,18 @@ from rag.deploy.model_shapes import (
     write_gguf,
 )
 from rag.deploy.plan_cli import plan_command
-from rag.deploy.planner import MIB, Flags, architecture, estimate, kv_bytes_per_token, plan, read_gguf, tune
+from rag.deploy.planner import (
+    MIB,
+    Flags,
+    _with_extra,
+    architecture,
+    default_margin,
+    estimate,
+    kv_bytes_per_token,
+    plan,
+    read_gguf,
+    tune,
+)
 from rag.deploy.profiles import PROFILES
 from tests.servers import free_port, llama_server_binary, start_server
 
@@ -75,9 +86,13 @@ def test_production_shape_kv_and_state_per_token() -> None:
     assert kv_bytes_per_token(arch, "f16") == 64 * 1024
     assert kv_bytes_per_token(arch, "q8_0") == 34 * 1024
     assert kv_bytes_per_token(arch, "q4_0") == 18 * 1024
-    memory = estimate(qwen35_model(QWEN36_27B, "Q4_K_S"), Flags.from_profile(PROFILES["v100-16g"]), V100)
+    one_slot = replace(Flags.from_profile(PROFILES["v100-16g"]), ctx=4096, parallel=1)
+    memory = estimate(qwen35_model(QWEN36_27B, "Q4_K_S"), one_slot, V100)
     assert memory.kv == 136 * MIB
     assert memory.recurrent / MIB == pytest.approx(149.6, abs=0.1)
+    # Every slot has its own: two slots of 4,096 tokens hold twice the cache and twice the state.
+    two = estimate(qwen35_model(QWEN36_27B, "Q4_K_S"), Flags.from_profile(PROFILES["v100-16g"]), V100)
+    assert (two.kv, two.recurrent) == (2 * memory.kv, 2 * memory.recurrent)
 
 
 def test_shipped_profile_fits_the_v100_and_the_field_recipe_does_not() -> None:
@@ -99,8 +114,10 @@ def test_shipped_profile_fits_the_v100_and_the_field_recipe_does_not() -> None:
 def test_planner_derives_the_shipped_profile() -> None:
     candidates = {q: production(q)[0] for q in ("Q4_K_M", "Q4_K_S", "IQ4_XS")}
     extra = {q: production(q)[1] for q in candidates}
-    quant, flags, result = tune(candidates, V100, ctx=4096, parallel=1, extra_weight_bytes=extra)
+    # As many slots of 4,096 tokens as fit (up to 4): two, with -ub 256.
+    quant, flags, result = tune(candidates, V100, ctx=4096, extra_weight_bytes=extra, max_slots=4)
     shipped = PROFILES["v100-16g"]
+    assert (flags.parallel, flags.ctx, flags.n_ubatch) == (2, 8192, 256)
     assert shipped.model == f"qwen3.6-27b-{quant.lower()}"
     derived = flags.profile(shipped.name, shipped.description, model=shipped.model)
     assert derived.flags() == shipped.flags()
@@ -367,6 +384,35 @@ def test_prediction_matches_the_16gb_emulation(name: str, entry: dict) -> None:
         assert result.free / MIB == pytest.approx(entry["free_after_serving_mib"], abs=100)
     assert (result.free > 0) == served
     assert result.fits == (served and entry["free_after_serving_mib"] >= result.margin / MIB)
+
+
+def test_users_that_fit_the_v100_and_why_not_one_more() -> None:
+    from rag.deploy.slots import users
+
+    model, extra = production("Q4_K_S")
+    one_slot = replace(Flags.from_profile(PROFILES["v100-16g"]), ctx=4096, parallel=1, ubatch=512)
+    served = users(_with_extra(model, extra), V100, one_slot, default_margin(V100))
+    assert (served.slots, served.per_slot_ctx) == (2, 4096)
+    assert served.flags == Flags.from_profile(PROFILES["v100-16g"])
+    assert served.next_needs_mib is not None and served.next_needs_mib > 0  # a third slot is over the margin
+    assert served.per_user_tok_s is not None and 29 < served.per_user_tok_s[0] < served.per_user_tok_s[1] < 35
+    result = CliRunner().invoke(plan_command, ["qwen3.6-27b:Q4_K_S", "--gpu", "v100-16g"])
+    assert "users         2 at once, 4,096 tokens each (-c 8192 -np 2 -ub 256)" in result.output
+    assert "one more slot would need" in result.output
+
+
+def test_two_slots_in_the_16gb_emulation_match_the_prediction() -> None:
+    """The slots run (bench/gpu/slots.py): per-slot KV and state as predicted, no out-of-memory over its answers."""
+    entry = json.loads(H200_RESULTS.read_text())["slots"]["np2"]
+    window = replace(get_gpu("h200"), memory_mib=16_160)
+    flags = Flags.from_server_args(entry["flags"])
+    m = plan(qwen35_model(QWEN36_27B, "Q4_K_S"), window, flags).memory
+    measured = entry["buffers_mib"]
+    assert m.kv / MIB == pytest.approx(measured["CUDA0 KV"], rel=0.001)
+    assert m.recurrent / MIB == pytest.approx(measured["CUDA0 RS"], rel=0.001)
+    assert entry["props"] == {"total_slots": 2, "n_ctx_per_slot": 4096}
+    assert entry["alive_after_serving"] and not entry["out_of_memory_lines"]
+    assert entry["two_users_summary"]["answers"] == 20 and entry["two_users_summary"]["errors"] == 0
 
 
 def test_prefill_prediction_reproduces_its_anchor_and_adds_dequantization_on_volta() -> None:

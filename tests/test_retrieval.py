@@ -139,7 +139,7 @@ class BagOfWordsEmbedder:
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
 
-    async def embed(self, texts: list[str]) -> list[list[float]]:
+    async def embed(self, texts: list[str], kind: str = "passage") -> list[list[float]]:
         self.calls.append(texts)
         return [self.vector(t) for t in texts]
 

@@ -50,3 +50,18 @@ def test_cli_reports_bad_settings_in_one_line(monkeypatch):
     result = CliRunner().invoke(cli, ["models", "prepare"])
     assert result.exit_code != 0
     assert "invalid settings: RAG_LLM_URL" in result.output
+
+
+def test_the_weights_and_floors_follow_the_embedder_unless_set(isolated_env, monkeypatch):
+    from rag.core.config import CALIBRATED, MULTILINGUAL_E5
+
+    assert Settings().hybrid_dense_weight_cjk == CALIBRATED["all-MiniLM-L6-v2"]["hybrid_dense_weight_cjk"]
+    monkeypatch.setenv("RAG_EMBED_MODEL", MULTILINGUAL_E5)
+    e5 = Settings()
+    assert {name: getattr(e5, name) for name in CALIBRATED[MULTILINGUAL_E5]} == CALIBRATED[MULTILINGUAL_E5]
+    monkeypatch.setenv("RAG_MIN_RELEVANCE", "0.5")
+    assert Settings().min_relevance == 0.5  # a setting given explicitly wins
+    assert (
+        Settings(embed_model="another-model").hybrid_dense_weight
+        == CALIBRATED["all-MiniLM-L6-v2"]["hybrid_dense_weight"]
+    )

@@ -313,3 +313,52 @@ def test_an_interrupted_restore_goes_on_when_run_again(backup, monkeypatch: pyte
     _forget_chroma()
     result = _rag("store", "restore", str(dest))  # no --force: it is the same restore
     assert result.exit_code == 0 and "consistent" in result.output, result.output
+
+
+def _listed(dest: Path, name: str, file: Path) -> None:
+    """Make the manifest list `name` with `file`'s true size and checksum (as a forger would)."""
+    entry = {"bytes": file.stat().st_size, "sha256": backup_module.sha256(file)}
+    _edit_manifest(dest, lambda m: m["files"].update({name: entry}))
+
+
+@pytest.mark.parametrize("name", ["../planted.txt", "{outside}", "notes.txt", "chroma/../../planted.txt"])
+def test_a_manifest_listing_a_file_outside_the_store_is_refused(backup, tmp_path: Path, name: str) -> None:
+    settings, dest = backup
+    planted = tmp_path / "planted.txt"
+    planted.write_text("not a store file")
+    (dest / "notes.txt").write_text("not a store file either")
+    name = name.format(outside=planted)
+    _listed(dest, name, dest / name if (dest / name).exists() else planted)
+    _refused(dest, "which is no file of the store")
+    assert not settings.data_dir.exists(), "nothing was written"
+
+
+def test_a_symbolic_link_in_the_backup_is_refused(backup, tmp_path: Path) -> None:
+    settings, dest = backup
+    outside = tmp_path / "outside.sqlite"
+    (dest / "catalog.sqlite").rename(outside)
+    (dest / "catalog.sqlite").symlink_to(outside)
+    _refused(dest, "catalog.sqlite in the backup is a symbolic link")
+    assert not settings.data_dir.exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda m: m["files"].update({"catalog.sqlite": "x"}), "files.catalog.sqlite"),
+        (lambda m: m["schema"].update({"catalog.sqlite": "new"}), "schema.catalog.sqlite"),
+        (lambda m: m.update({"collections": ["alpha"]}), "collections"),
+        (lambda m: m.pop("taken_at"), "taken_at"),
+    ],
+)
+def test_a_manifest_of_the_wrong_shape_is_refused_with_the_field(backup, change, field: str) -> None:
+    settings, dest = backup
+    _edit_manifest(dest, change)
+    _refused(dest, "is not a manifest this version reads", field)
+    assert not settings.data_dir.exists()
+
+
+def test_a_manifest_naming_the_schema_of_another_file_is_refused(backup) -> None:
+    _, dest = backup
+    _edit_manifest(dest, lambda m: m["schema"].update({"../x.sqlite": 1}))
+    _refused(dest, "which is no file of the store")

@@ -13,10 +13,13 @@ import pytest
 
 from rag.core.errors import StoreTooNew
 from rag.store.catalog import DocumentCatalog
+from rag.store.chunks import ChunkStore, persistent_client
 from rag.store.lexical import LexicalIndex
+from rag.store.repair import check_store, repair_store
 from rag.store.schema import LATEST, migrate, user_version
 
 V0_STORE = Path(__file__).parent / "data" / "store-v0"
+FIRST_RECORD_STORE = Path(__file__).parent / "data" / "store-first-record"
 
 
 @pytest.fixture
@@ -46,6 +49,37 @@ def test_a_store_from_before_versions_is_migrated_and_answers(v0_store: Path, ca
         assert user_version(v0_store / name) == LATEST[name] == 1
         assert user_version(v0_store / f"{name}.v0.bak") == 0  # the file as it was, beside it
         assert f"{name}: schema 0 -> 1" in caplog.text
+
+
+def test_a_store_from_the_first_record_is_migrated_rebuilt_and_searched(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(FIRST_RECORD_STORE, data)
+    assert user_version(data / "lexical.sqlite") == user_version(data / "catalog.sqlite") == 0
+    assert repair_store(data, data / "chroma") == {"default": 1, "river": 1}  # the stored vectors alone
+    report = check_store(data, data / "chroma")
+    assert report.consistent, report.to_dict()
+    assert {c.name: (c.documents, c.record_vectors) for c in report.collections} == {
+        "default": (1, 1),
+        "river": (1, 1),
+    }
+    for name in ("catalog.sqlite", "lexical.sqlite"):
+        assert user_version(data / name) == LATEST[name]
+        assert user_version(data / f"{name}.v0.bak") == 0
+
+    lexical = LexicalIndex(data / "lexical.sqlite")
+    store = ChunkStore(persistent_client(data / "chroma"), "default")
+    try:
+        identity = lexical.embedder("river")
+        assert identity is not None and identity.model == "all-MiniLM-L6-v2" and identity.dimensions == 384
+        [hit] = lexical.search("river", "tide mill ebb", 1)
+        [(_, _, text, meta, vector)] = [row for batch in lexical.records("river") for row in batch]
+        assert "tide mill" in text and meta["source"] == "mill.txt" and len(vector) == 384
+        # The mill's own stored vector finds the mill in the rebuilt Chroma.
+        assert store.query("river", [float(x) for x in vector], 1)[0].id == hit.chunk_id
+        beacon = lexical.search("default", "whale oil beacon", 1)[0].chunk_id
+        assert "whale oil" in lexical.chunks("default", [beacon])[beacon][0]
+    finally:
+        lexical.close()
 
 
 def test_a_new_store_starts_at_the_latest_version_without_a_copy(

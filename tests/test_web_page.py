@@ -711,6 +711,43 @@ def test_api_key_is_asked_once_and_kept_for_the_tab(context, keyed_api, tmp_path
     assert not errors
 
 
+def test_a_scoped_read_only_key_opens_its_collection_alone(context, keyed_api, backend_env):
+    from rag.store.keys import FILE, KeyStore
+
+    admin = {"Authorization": "Bearer correct-horse"}
+    for collection, name, text in (
+        ("alpha", "shed.txt", "The garden shed holds three rakes."),
+        ("beta", "attic.txt", "The attic holds the old maps."),
+    ):
+        files = [("files", (name, text.encode(), "text/plain"))]
+        response = httpx.post(
+            f"{keyed_api.url}/v1/documents", params={"collection": collection}, files=files, headers=admin, timeout=300
+        )
+        assert response.status_code == 200, response.text
+    keys = KeyStore(Path(backend_env["RAG_DATA_DIR"]) / FILE)
+    token = keys.create(["alpha"], read_only=True)[1]
+    keys.close()
+
+    page, errors = open_page(context, keyed_api)
+    page.fill("#key-input", token)
+    page.click("#key-save")
+    expect(page.locator("#key-dialog")).to_be_hidden()
+    expect(page.locator("#documents-count")).to_have_text("1 document in “alpha”")
+    assert page.locator("#collection option").all_inner_texts() == ["alpha (1 document)"]
+    expect(page.locator("#documents li", has_text="shed.txt")).to_be_visible()
+    expect(page.locator("#dropzone")).to_be_hidden()
+    expect(page.locator("#new-collection-form")).to_be_hidden()
+    expect(page.locator("#documents button.delete")).to_be_hidden()
+    shot(page, "scoped-key")
+
+    answer = ask(page, "What does the garden shed hold?", max_tokens=8)
+    wait_finished(answer)
+    expect(answer).to_have_attribute("data-state", "done")
+    expect(answer.locator(".sources")).to_contain_text("shed.txt")
+    assert "attic" not in page.content()
+    assert not errors
+
+
 @integration
 def test_narrow_screen_keyboard_and_labels(browser, api):
     context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)

@@ -12,7 +12,8 @@
 #                                  stage stack (only when named)
 #
 # The machine has no network and lacks the stack's Python packages: `stage` installs the wheels in $WHEELS
-# (cp312 manylinux, `pip download` here; see bench/README.md) into $WORK/site, unpacks the embedder packed
+# (cp312 manylinux, `pip download` here; see bench/README.md) into $WORK/site, or unpacks $SITE_XZ there
+# (the same wheels installed here with `pip install --target --python-version 3.12`, xz: 55 MB for 93), unpacks the embedder packed
 # by bench/gpu/embedder_pack.py ($STACK_DIR/minilm.tar) and copies the corpus ($STACK_DIR/corpus). Each
 # call carries at most 64 MiB: the llama.cpp sdist with the embedder in one call, the wheels in the next.
 #
@@ -100,6 +101,11 @@ if want models; then
   detach models python3 bench/gpu/make_models.py "$WORK/models" $QUANTS "${model_args[@]}"
 fi
 if want stage; then
+  SITE_XZ=${SITE_XZ:-$here/.carry/site.tar.xz}
+  if [ -f "$SITE_XZ" ]; then  # the wheels installed here for cp312 (pip --target), as one xz tarball
+    mkdir -p "$WORK/site" && tar -xJf "$SITE_XZ" -C "$WORK/site" && log "site unpacked ($(du -sh "$WORK/site" | cut -f1))" ||
+      { log "site unpack failed"; exit 1; }
+  fi
   if compgen -G "$WHEELS/*.whl" > /dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$WORK/site" \
       "$WHEELS"/*.whl > "$WORK/logs/wheels.log" 2>&1 && log "installed $(ls "$WHEELS" | wc -l) wheels" ||

@@ -12,7 +12,10 @@ Steps (results under "stack" in OUT/results-h200.json, saved after each):
                follow-up turns, the `openai` SDK against /v1;
   no_cutoff    the same full-budget answers with the packing cut-off off (before/after);
   emulation    the card held down to a V100's 16,160 MiB (bench/gpu/hold.py), the stack started again
-               (embedder on the CPU), full-budget answers and follow-ups.
+               (embedder on the CPU), full-budget answers and follow-ups;
+  slots        llama-server alone in the 16 GB emulation, one slot vs the shipped two (bench/gpu/slots.py);
+  emulation_np2  the stack in the 16 GB emulation on the shipped two-slot profile: ingest, follow-ups
+               whose history is the whole first answer (top_k 16 and 4), two users at once.
 `--dry-run` runs on a CPU with a toy model (smaller prompts and answers, no memory held).
 """
 
@@ -50,6 +53,7 @@ from driver import (  # noqa: E402
     stream_completion,
     vocab_size,
 )
+from slots import slots  # noqa: E402
 
 from bench.stream_fidelity import measure, sse, summary  # noqa: E402
 from rag.deploy.profiles import PROFILES  # noqa: E402
@@ -265,15 +269,18 @@ async def full_budget(api: str, questions: list[str], max_tokens: int) -> dict[s
     return {"summary": digest(rows), "runs": rows}
 
 
-async def follow_ups(api: str, questions: list[str], top_k: int, max_tokens: int) -> dict[str, Any]:
-    """A question, then a follow-up turn that asks it again (so it re-retrieves the same sources)."""
+async def follow_ups(
+    api: str, questions: list[str], top_k: int, max_tokens: int, keep_chars: int | None = 400
+) -> dict[str, Any]:
+    """A question, then a follow-up turn that asks it again (so it re-retrieves the same sources);
+    the history carries the first answer's first `keep_chars` characters (None: all of it, as a chat client does)."""
     firsts, seconds = [], []
     async with httpx.AsyncClient(timeout=600) as http:
         for q in questions:
             first = await chat(http, api, [{"role": "user", "content": q}], top_k, max_tokens)
             history = [
                 {"role": "user", "content": q},
-                {"role": "assistant", "content": first.pop("answer")[:400]},
+                {"role": "assistant", "content": first.pop("answer")[:keep_chars]},
                 {"role": "user", "content": q},
             ]
             second = await chat(http, api, history, top_k, max_tokens)
@@ -281,6 +288,25 @@ async def follow_ups(api: str, questions: list[str], top_k: int, max_tokens: int
             firsts.append(first)
             seconds.append(second)
     return {"top_k": top_k, "first": digest(firsts), "follow_up": digest(seconds), "runs": seconds}
+
+
+async def two_at_once(api: str, questions: list[str], max_tokens: int) -> dict[str, Any]:
+    """Two users asking full-budget questions at the same moment through /v1/chat, round after round."""
+    rounds = []
+    async with httpx.AsyncClient(timeout=600) as http:
+        for a, b in zip(questions[::2], questions[1::2]):
+            pair = await asyncio.gather(
+                *(chat(http, api, [{"role": "user", "content": q}], 16, max_tokens) for q in (a, b))
+            )
+            for row in pair:
+                row.pop("answer")
+            rounds.append(pair)
+    rows = [row for pair in rounds for row in pair]
+    return {
+        "summary": digest(rows),
+        "aggregate_decode_tps": [sum(r["decode_tps"] or 0 for r in p) for p in rounds],
+        "runs": rows,
+    }
 
 
 def openai_sdk(api: str, question: str, max_tokens: int) -> dict[str, Any]:
@@ -349,6 +375,15 @@ def stack_phase(
             entry["follow_up"] = asyncio.run(follow_ups(stack.api, questions[20 : 22 if small else 25], 16, 64))
             entry["follow_up_top4"] = asyncio.run(follow_ups(stack.api, questions[30 : 32 if small else 34], 4, 64))
             run.save("stack", f"{name}-partial", entry)
+        if "kept" in steps:  # follow-ups whose history is the whole first answer, as a chat client sends it
+            entry["follow_up"] = asyncio.run(follow_ups(stack.api, questions[20 : 22 if small else 26], 16, 64, None))
+            entry["follow_up_top4"] = asyncio.run(
+                follow_ups(stack.api, questions[30 : 32 if small else 35], 4, 64, None)
+            )
+            run.save("stack", f"{name}-partial", entry)
+        if "two" in steps:
+            entry["two_at_once"] = asyncio.run(two_at_once(stack.api, questions[40 : 44 if small else 46], tokens))
+            run.save("stack", f"{name}-partial", entry)
         if "openai" in steps:
             entry["openai_sdk"] = openai_sdk(stack.api, questions[40], 32 if small else 128)
         entry["free_after_serving_mib"] = holder_free(held)
@@ -392,6 +427,12 @@ def main() -> None:
     )
     questions = json.loads((Path(args.corpus) / "questions.json").read_text())
     steps = args.steps.split(",")
+    if "slots" in steps:
+        slots(run, args.model)
+    if "emulation_np2" in steps:  # the shipped two-slot profile in 16 GB: follow-ups with the history, two users
+        stack_phase(
+            run, args, "emulation_np2", questions, {"RAG_EMBED_DEVICE": "cpu"}, ("ingest", "kept", "two"), hold=True
+        )
     if "cache_ram" in steps:
         cache_ram(run, args.model)
     if "whole_card" in steps:

@@ -27,6 +27,7 @@ from dataclasses import replace
 
 from rag.answering.answer import Answer, NoSourcesAnswer, discard
 from rag.answering.budget import Candidate, PackedPrompt, PromptBudget
+from rag.answering.continuation import Sent, SentSources, conversation_key, user_turns
 from rag.answering.events import (
     Dropped,
     NoSourcesReason,
@@ -34,8 +35,8 @@ from rag.answering.events import (
 from rag.answering.followup import search_query
 from rag.answering.gate import GenerationGate
 from rag.answering.prompt import (
-    COMPLETION_EXAMPLE_ANSWERS,
-    COMPLETION_EXAMPLES,
+    EXAMPLES,
+    EXAMPLES_ZH,
     ChatStyle,
     CompletionStyle,
     Message,
@@ -67,18 +68,20 @@ class Answerer:
         self._props: ServerProps | None = None
         self._props_at = 0.0
         self.style_choice = choose_style(settings.llm_prompt_style, [settings.llm_model_path])
-        self._example_tokens: set[int] | None = None
+        self._example_tokens: dict[str, set[int]] = {}  # per language of the examples
+        self.sent = SentSources()  # what each conversation's last prompt sent, so a follow-up extends it
 
     async def example_ban(self, prompt: str) -> list[list[int | bool]]:
         """llama-server `logit_bias` entries that forbid the example answers' tokens absent from the
         prompt's own part (sources, history, question): a copied example answer cannot be generated."""
-        if self._example_tokens is None:
+        examples = EXAMPLES_ZH if prompt.startswith(EXAMPLES_ZH.text) else EXAMPLES
+        if examples.language not in self._example_tokens:
             tokens: set[int] = set()
-            for answer in COMPLETION_EXAMPLE_ANSWERS:
+            for answer in examples.answers:
                 tokens.update(await self.llm.tokenize(f" {answer}"))
-            self._example_tokens = tokens
-        own = set(await self.llm.tokenize(prompt.removeprefix(COMPLETION_EXAMPLES)))
-        return [[token, False] for token in sorted(self._example_tokens - own)]
+            self._example_tokens[examples.language] = tokens
+        own = set(await self.llm.tokenize(prompt.removeprefix(examples.text)))
+        return [[token, False] for token in sorted(self._example_tokens[examples.language] - own)]
 
     @property
     def style(self) -> PromptStyle:
@@ -86,6 +89,11 @@ class Answerer:
         if self.style_choice.name == "completion":
             return CompletionStyle(self.settings.completion_max_sources)
         return ChatStyle()
+
+    def style_for(self, question: str) -> PromptStyle:
+        """The style for one question: a completion prompt takes its examples in the question's script."""
+        style = self.style
+        return style.for_question(question) if isinstance(style, CompletionStyle) else style
 
     def with_defaults(self, query: ChatQuery) -> ChatQuery:
         """The query with the style's max_tokens and temperature where the request left them out."""
@@ -98,7 +106,7 @@ class Answerer:
 
     async def _look_ahead(self, question: str, history: bool) -> ServerProps:
         props = await self.props()
-        await self.budget.warm(question, history=history, style=self.style)
+        await self.budget.warm(question, history=history, style=self.style_for(question))
         return props
 
     async def aclose(self) -> None:
@@ -155,9 +163,18 @@ class Answerer:
             return NoSourcesAnswer(query, clock, reason, below, searched=searched, style=self.style.name)
         props = await ahead
         query = self.with_defaults(asked)  # the style may be known only now, from llama-server's model path
-        by_id = {f"S{i}": hit for i, hit in enumerate(good, 1)}
-        candidates = [Candidate(sid, h.chunk_id, h.text, h.metadata) for sid, h in by_id.items()]
+        turns = user_turns(query.messages)
+        before = conversation_key(query.collection, query.doc_ids, turns[:-1]) if history else None
+        ordered = self.sent.order(before, good)  # a follow-up's sources start as its previous prompt's did
+        by_id = {f"S{i}": hit for i, hit in enumerate(ordered.hits, 1)}
+        candidates = [
+            Candidate(sid, h.chunk_id, text, h.metadata) for (sid, h), text in zip(by_id.items(), ordered.texts)
+        ]
         packed = await self.pack(query, history, question, candidates, props.n_ctx)
+        self.sent.remember(
+            conversation_key(query.collection, query.doc_ids, turns),
+            [Sent(c.candidate.chunk_id, _cut_chars(c.text, by_id[c.source_id].text)) for c in packed.chunks],
+        )
         packed.dropped += below
         clock.mark("packed")
         if not packed.chunks:
@@ -199,5 +216,10 @@ class Answerer:
             ceiling=self.settings.context_budget,
             correction=correction,
             history_share=self.settings.history_share,
-            style=self.style,
+            style=self.style_for(question),
         )
+
+
+def _cut_chars(sent: str, whole: str) -> int | None:
+    """The length of a source's text as sent, when that is less than its whole chunk (cut at a sentence)."""
+    return len(sent) if len(sent) < len(whole.strip()) else None

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from rag.clients.rerank import RerankClient
 from rag.core.config import Settings
+from rag.core.embeddings_api import InputType
 from rag.core.errors import BackendUnavailable, InvalidRequest, UpstreamError
 from rag.store.chunks import ChunkStore
 from rag.store.lexical import LexicalIndex, cjk_fraction
@@ -38,7 +39,8 @@ MODES: tuple[str, ...] = ("dense", "lexical", "hybrid")  # in the order `rag eva
 
 
 class Embedder(Protocol):
-    async def embed(self, texts: list[str]) -> Vectors | Sequence[Sequence[float]]: ...  # one row per text
+    # One row per text; `kind` is "query" for questions, "passage" for documents (E5 embeds each its way).
+    async def embed(self, texts: list[str], kind: InputType = "passage") -> Vectors | Sequence[Sequence[float]]: ...
 
 
 class Catalog(Protocol):
@@ -106,7 +108,7 @@ class Matched(Protocol):
     def coverage(self) -> float: ...
 
 
-def relevance(query: str, hits: Sequence[Matched], settings: Settings, *, blend: float = 1.0) -> float:
+def relevance(query: str, hits: Sequence[Matched], settings: Settings, *, blend: float | None = None) -> float:
     """How well the best retrieved chunk matches the query, on one scale for every query (0-1).
 
     A chunk scores a * cosine + (1 - a) * coverage, with a the query's dense weight (times `blend`):
@@ -114,7 +116,8 @@ def relevance(query: str, hits: Sequence[Matched], settings: Settings, *, blend:
     search terms the chunk holds: a rare name counts more than "year") is the lexical one, so a CJK query that MiniLM cannot read is judged by its terms.
     The fused score cannot serve: it is normalised per query, so every query's best chunk scores 1.
     """
-    a = min(1.0, dense_weight_for(query, settings) * blend)
+    scale = settings.relevance_dense_scale if blend is None else blend  # per embedder (config's CALIBRATED)
+    a = min(1.0, dense_weight_for(query, settings) * scale)
     return max((a * max(h.cosine or 0.0, 0.0) + (1 - a) * h.coverage for h in hits), default=0.0)
 
 
@@ -234,7 +237,7 @@ class Retriever:
         return ranked, depth in (len(dense_hits), len(lexical_hits))
 
     async def _dense(self, query: str, collection: str, depth: int, only: list[str] | None) -> list[Any]:
-        vector = (await self.embedder.embed([query]))[0]
+        vector = (await self.embedder.embed([query], kind="query"))[0]
         # Ids and distances only: texts and metadata are read for the final top k (_attach_texts).
         return await asyncio.to_thread(
             functools.partial(self.store.query, texts=False), collection, vector, depth, only

@@ -10,7 +10,7 @@ from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 
-from rag.api.deps import require_api_key
+from rag.api.deps import get_access
 from rag.api.errors import install_error_handlers
 from rag.api.limits import ChatBodyLimit
 from rag.api.mcp.http import PATH as MCP_PATH
@@ -50,7 +50,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     # Added last, so outermost: the metrics count what the body limit refuses too.
     app.state.metrics = Metrics()
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
-    protected = [Depends(require_api_key)]
+    protected = [Depends(get_access)]
     app.include_router(health.router)
     app.include_router(documents.router, prefix="/v1", dependencies=protected)
     app.include_router(pages.router, prefix="/v1", dependencies=protected)

@@ -8,7 +8,8 @@ milliseconds on a busy 2-core machine).
 
 from __future__ import annotations
 
-import secrets
+import asyncio
+import time
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -16,10 +17,10 @@ from fastapi import Depends, Request
 from ingest.jobs import JobRegistry
 from ingest.pipeline import IngestPipeline
 from rag.answering.answerer import Answerer
+from rag.api.access import Access, authorize
 from rag.api.services import Services
 from rag.clients.embedding import EmbeddingClient
 from rag.core.config import Settings
-from rag.core.errors import Unauthorized
 from rag.store.catalog import DocumentCatalog
 from rag.store.lexical import LexicalIndex
 
@@ -69,16 +70,22 @@ AnswererDep = Annotated[Answerer, Depends(get_answerer)]
 LexicalDep = Annotated[LexicalIndex, Depends(get_lexical)]
 
 
-async def require_api_key(request: Request, settings: SettingsDep) -> None:
-    """When RAG_API_KEY is set, every /v1 route (and /mcp) needs `Authorization: Bearer <key>`."""
-    check_api_key(request.headers.get("authorization", ""), settings)
+async def get_access(request: Request, services: ServicesDep) -> Access:
+    """Who the request is (rag/api/access.py): when RAG_API_KEY is set, every /v1 route (and /mcp) needs
+    `Authorization: Bearer <key>`, the admin's or a scoped one."""
+    access = await request_access(request.headers.get("authorization", ""), services)
+    request.state.access = access  # the error handler words a 404 for this key (Access.hidden)
+    return access
 
 
-def check_api_key(header: str, settings: Settings) -> None:
-    """Unauthorized unless `header` (an Authorization header) carries RAG_API_KEY, when one is set."""
-    if settings.api_key is None:
-        return
-    scheme, _, token = header.partition(" ")
-    expected = settings.api_key.get_secret_value()
-    if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), expected.encode()):
-        raise Unauthorized("missing or wrong API key: send 'Authorization: Bearer <key>'")
+async def request_access(header: str, services: Services) -> Access:
+    """The Access of an Authorization header; a scoped key's `last used` is written at most once a
+    minute, in a thread (a read of its row is microseconds, a write may wait for the file's lock)."""
+    access = authorize(header, services.settings, services.key_store())
+    key, now = access.key, time.time()
+    if key is not None and services.key_store().due_for_touch(key, now):
+        await asyncio.to_thread(services.key_store().touch, key.id, now)
+    return access
+
+
+AccessDep = Annotated[Access, Depends(get_access)]

@@ -41,7 +41,8 @@ def error_response(exc: Exception) -> JSONResponse:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RagError)
     async def _rag_error(request: Request, exc: RagError) -> JSONResponse:
-        return error_response(exc)
+        access = getattr(request.state, "access", None)  # set by rag.api.deps.get_access
+        return error_response(access.hidden(exc) if access is not None else exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

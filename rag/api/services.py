@@ -19,6 +19,8 @@ from rag.core.config import Settings
 from rag.core.errors import BackendUnavailable, NotFound
 from rag.store.catalog import DocumentCatalog, OwnerLease
 from rag.store.chunks import REPAIR_HINT, ChunkStore, StoreLock
+from rag.store.keys import FILE as KEYS_FILE
+from rag.store.keys import KeyStore
 from rag.store.lexical import LexicalIndex
 from rag.store.probe import probe_chroma
 
@@ -39,6 +41,7 @@ class Services:
     ingest: IngestPipeline | None = None  # built on first use when not given
     jobs: JobRegistry = field(default_factory=JobRegistry)
     answering: Answerer | None = None  # built on first use when not given
+    keys: KeyStore | None = None  # opened on first use when not given
     started: int = field(default_factory=lambda: int(time.time()))  # `created` of /v1/models
 
     def pipeline(self) -> IngestPipeline:
@@ -47,6 +50,12 @@ class Services:
             lease = OwnerLease(self.settings.data_dir / "owners")
             self.ingest = IngestPipeline(self.settings, self.embedder, self.store, self.lexical, self.catalog, lease)
         return self.ingest
+
+    def key_store(self) -> KeyStore:
+        """The scoped API keys (`rag keys`) of this data dir."""
+        if self.keys is None:
+            self.keys = KeyStore(self.settings.data_dir / KEYS_FILE)
+        return self.keys
 
     def answerer(self) -> Answerer:
         """The answering core over this process's retriever and llama-server."""
@@ -67,6 +76,8 @@ class Services:
         await self.embedder.aclose()
         self.lexical.close()
         self.catalog.close()
+        if self.keys:
+            self.keys.close()
         if self.ingest:
             self.ingest.lease.release()
         if self.store_lock:

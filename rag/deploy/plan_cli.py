@@ -10,6 +10,7 @@ import click
 from rag.deploy.gpus import GPUS, custom_gpu, get_gpu
 from rag.deploy.model_shapes import FTYPE_BASE, PUBLISHED_GIB, ModelSpec, published_extra_bytes, qwen35_model
 from rag.deploy.planner import CACHE_TYPES, MIB, Flags, GGUFFormatError, Plan, plan, read_gguf
+from rag.deploy.slots import MAX_SLOTS, MEASURED_PER_USER, Users, users
 
 # Models the planner knows by shape alone (no file needed): NAME:QUANT.
 DESCRIBED = {"qwen3.6-27b": qwen35_model}
@@ -104,12 +105,43 @@ def plan_command(
         gpu_layers=ngl,
     )
     result = plan(spec, gpu, flags, margin=None if margin is None else margin * MIB, extra_weight_bytes=extra)
+    served = users(result.memory_model or spec, gpu, result.suggested or flags, result.margin)
     if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
+        click.echo(json.dumps({**result.to_dict(), "users": users_dict(served)}, indent=2))
     else:
-        click.echo(render(result))
+        click.echo(render(result) + "\n" + render_users(served))
     if result.verdict == "does not fit":
         click.get_current_context().exit(1)
+
+
+def users_dict(u: Users) -> dict[str, object]:
+    return {
+        "at_once": u.slots,
+        "per_slot_ctx": u.per_slot_ctx,
+        "server_args": [] if u.flags is None else u.flags.profile("plan", "planned").flags(),
+        "free_mib": round(u.free_mib, 1),
+        "per_user_decode_tok_s": None if u.per_user_tok_s is None else [round(v, 1) for v in u.per_user_tok_s],
+        "one_more_slot_needs_mib": None if u.next_needs_mib is None else round(u.next_needs_mib, 1),
+    }
+
+
+def render_users(u: Users) -> str:
+    """How many users fit at once, each with the whole per-slot context, and why not one more."""
+    if u.flags is None:
+        return f"  users         none: one slot of {u.per_slot_ctx:,} tokens needs {u.next_needs_mib:,.0f} MiB more"
+    f = u.flags
+    line = f"  users         {u.slots} at once, {u.per_slot_ctx:,} tokens each (-c {f.ctx} -np {f.parallel} -ub {f.n_ubatch})"
+    if u.per_user_tok_s:
+        low, high = u.per_user_tok_s
+        line += (
+            f"; each decodes {low:.1f}-{high:.1f} tok/s with all busy (bandwidth model; "
+            f"{MEASURED_PER_USER:.2f}x of one user measured for two on an H200 machine)"
+        )
+    if u.slots == MAX_SLOTS:
+        line += f"\n                (the planner counts at most {MAX_SLOTS} slots)"
+    elif u.next_needs_mib is not None:
+        line += f"\n                one more slot would need {u.next_needs_mib:,.0f} MiB beyond the margin"
+    return line
 
 
 def render(p: Plan) -> str:

@@ -49,6 +49,7 @@ from rag.deploy._memory import (
 )
 from rag.deploy._specs import ModelSpec, TensorSpec
 from rag.deploy.gpus import GPU
+from rag.deploy.slots import users
 
 __all__ = [
     "CACHE_TYPES",
@@ -109,6 +110,7 @@ class Plan:
     speed: Speed | None = None
     weights_by_type: dict[str, int] = field(default_factory=dict)
     arch: Architecture | None = None
+    memory_model: ModelSpec | None = None  # the model as planned (with the weights its table does not show)
 
     @property
     def free(self) -> int:
@@ -224,6 +226,7 @@ def plan(model: ModelSpec, gpu: GPU, flags: Flags, margin: int | None = None, ex
         notes=notes,
         weights_by_type=by_type,
         arch=arch,
+        memory_model=model,
     )
     if not ok:
         alternative = _fitting_flags(model, arch, flags, gpu, margin)
@@ -334,8 +337,12 @@ def tune(
     ctx: int,
     parallel: int = 1,
     extra_weight_bytes: dict[str, int] | None = None,
+    max_slots: int | None = None,
 ) -> tuple[str, Flags, Plan]:
     """The best-quality candidate (in the given order) that fits with every layer on the GPU.
+
+    With `max_slots`, `ctx` is each slot's context and the profile takes as many slots as fit, up to
+    `max_slots` (rag.deploy.slots: -c = slots x ctx, -ub 256 when that is what lets them fit).
 
     Flags: flash attention on (needed for a quantized V cache); a q8_0 K/V cache (its perplexity cost
     is within noise, it halves the cache and the KV bytes read per token, and the memory it saves
@@ -359,6 +366,11 @@ def tune(
                 gpu_layers=None,
                 cache_ram_mib=0,
             )
+            if max_slots is not None:
+                served = users(_with_extra(model, extra.get(name, 0)), gpu, flags, default_margin(gpu), ctx, max_slots)
+                if served.flags is None:
+                    continue
+                flags = served.flags
             result = plan(model, gpu, flags, extra_weight_bytes=extra.get(name, 0))
             if result.fits:
                 return name, flags, result

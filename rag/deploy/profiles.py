@@ -12,7 +12,7 @@ class ServerProfile:
 
     name: str
     description: str
-    ctx: int = 4096
+    ctx: int = 4096  # -c: the whole cache; each of the `parallel` slots gets ctx / parallel
     parallel: int = 1
     gpu_layers: int | None = None
     flash_attn: str = "auto"
@@ -30,6 +30,11 @@ class ServerProfile:
         # llama.cpp silently uses min(batch, ubatch): refuse a profile that would be clamped.
         if self.ubatch > self.batch:
             raise ValueError(f"profile {self.name}: ubatch {self.ubatch} > batch {self.batch} would be clamped")
+
+    @property
+    def slot_ctx(self) -> int:
+        """Each slot's context: what one prompt and its answer may use."""
+        return self.ctx // max(1, self.parallel)
 
     def flags(self) -> list[str]:
         """The model-independent flags, in a stable order."""
@@ -66,22 +71,32 @@ PROFILES: dict[str, ServerProfile] = {
         # from token 0 (cache_n 0) instead of reusing the fixed system prompt. ~70 MB more at 4,096.
         extra=("--swa-full",),
     ),
+    "cpu-instruct": ServerProfile(
+        name="cpu-instruct",
+        description="Embedded instruct generator: the bundled SmolLM2 135M Instruct on 2 CPU cores beside the embedder.",
+        threads=1,
+        # The chat template (ChatML) is in the GGUF: --jinja reads it. No sliding window, so no --swa-full.
+        model="smollm2-135m-instruct-q4_1",
+    ),
     # Derived by the planner (rag.deploy.planner.tune on the production model's shape, V100 16 GB, 4,096
-    # tokens, one slot); tests/test_planner.py checks that the planner still derives exactly this.
+    # tokens a slot, as many slots as fit); tests/test_planner.py checks that the planner still derives
+    # exactly this. Two slots of 4,096 tokens each (-c 8192 split in two): two users decode at once; the
+    # second slot's KV cache and recurrent state (~290 MiB) fit beside the model with -ub 256.
     "v100-16g": ServerProfile(
         name="v100-16g",
-        description="Qwen3.6-27B Q4_K_S on one Tesla V100 16 GB: every layer on the GPU, q8_0 K/V, flash attention.",
-        ctx=4096,
-        parallel=1,
+        description="Qwen3.6-27B Q4_K_S on one Tesla V100 16 GB: every layer on the GPU, q8_0 K/V, flash attention, "
+        "two slots of 4,096 tokens.",
+        ctx=8192,
+        parallel=2,
         gpu_layers=999,
         flash_attn="on",
         cache_type_k="q8_0",
         cache_type_v="q8_0",
         batch=512,
-        ubatch=512,
+        ubatch=256,
         # No host-memory prompt cache: saving the previous prompt to host RAM cost 390-650 ms before every
         # new question's prefill on an H200 machine, and a restored cache can leak another conversation's
-        # prompt (llama.cpp issue #27148). The one slot's own cache still reuses every repeated prefix.
+        # prompt (llama.cpp issue #27148). Each slot's own cache still reuses its conversation's prefix.
         cache_ram_mib=0,
         model="qwen3.6-27b-q4_k_s",
     ),

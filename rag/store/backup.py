@@ -36,6 +36,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, Field, ValidationError
+
 from rag.core.errors import BackupInvalid
 from rag.store.schema import LATEST, user_version
 
@@ -227,8 +229,14 @@ def read_manifest(src: Path, embed_model: str) -> dict[str, Any]:
         manifest: dict[str, Any] = json.loads(path.read_text())
     except ValueError as exc:
         raise BackupInvalid(f"{path} is not valid JSON: {exc}") from None
-    if manifest.get("format") != FORMAT:
-        raise BackupInvalid(f"{path} has backup format {manifest.get('format')!r}; this version reads {FORMAT}")
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else None
+        raise BackupInvalid(f"{path} has backup format {found!r}; this version reads {FORMAT}")
+    try:
+        _Manifest.model_validate(manifest)
+    except ValidationError as exc:
+        where = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
+        raise BackupInvalid(f"{path} is not a manifest this version reads ({where})") from None
     _check_files(src, manifest)
     _check_compatible(manifest, embed_model)
     return manifest
@@ -241,6 +249,7 @@ def _check_files(src: Path, manifest: dict[str, Any]) -> None:
             raise BackupInvalid(f"the backup's manifest lists no {name}")
     for name, want in manifest["files"].items():
         file = src / name
+        _check_name(src, name)
         if not file.is_file():
             raise BackupInvalid(f"the backup lacks {name}, which its manifest lists")
         if file.stat().st_size != want["bytes"] or sha256(file) != want["sha256"]:
@@ -249,9 +258,42 @@ def _check_files(src: Path, manifest: dict[str, Any]) -> None:
             )
 
 
+class _File(BaseModel):
+    bytes: int
+    sha256: str
+
+
+class _Collection(BaseModel):
+    embedder: dict[str, Any] | None = None
+
+
+class _Manifest(BaseModel):
+    """The parts of a manifest a restore reads, with their types (the rest is information)."""
+
+    taken_at: str
+    files: dict[str, _File]
+    schema_: dict[str, int] = Field(default_factory=dict, alias="schema")
+    collections: dict[str, _Collection] = Field(default_factory=dict)
+
+
+def _check_name(src: Path, name: str) -> None:
+    """`name` is one of the store's files (a record file, or one inside an index folder), a plain file
+    of the backup: no absolute path, no `..`, no symbolic link on the way, which would read or write
+    outside the backup and the data dir."""
+    parts = Path(name).parts
+    inside = name in RECORD_FILES or (len(parts) > 1 and parts[0] in INDEX_DIRS)
+    if Path(name).is_absolute() or ".." in parts or not inside:
+        raise BackupInvalid(f"the backup's manifest lists {name[:200]!r}, which is no file of the store")
+    for depth in range(1, len(parts) + 1):
+        if src.joinpath(*parts[:depth]).is_symlink():
+            raise BackupInvalid(f"{name[:200]} in the backup is a symbolic link: a backup holds plain files only")
+
+
 def _check_compatible(manifest: dict[str, Any], embed_model: str) -> None:
     """No schema newer than this code's, and every collection embedded by `embed_model`."""
     for name, version in manifest.get("schema", {}).items():
+        if name not in LATEST:
+            raise BackupInvalid(f"the backup's manifest names a schema of {name[:80]!r}, which is no file of the store")
         if version > LATEST[name]:
             raise BackupInvalid(
                 f"{name} in the backup has schema version {version}; this version of rag-stack reads up to {LATEST[name]}: upgrade it first"

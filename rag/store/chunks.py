@@ -135,6 +135,7 @@ class ChunkStore:
         )
         return NotFound(
             f"no collection {name[:100]!r}; the collections are: {shown}{more}",
+            collection=name[:100],
             collections=known[:SHOWN_COLLECTIONS],
             total=len(known),
         )

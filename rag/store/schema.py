@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 Step = tuple[str, Callable[[sqlite3.Connection], None]]  # (what it does, the step)
 
 # The newest version of each file: the number of steps its module passes to `migrate`.
-LATEST = {"catalog.sqlite": 1, "lexical.sqlite": 1}
+LATEST = {"catalog.sqlite": 1, "lexical.sqlite": 1, "keys.sqlite": 1}
 
 
 def run_script(db: sqlite3.Connection, script: str) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from rag.answering.events import Event
+from rag.api.access import Access
 from rag.api.mcp.payloads import (
     AskResult,
     CollectionEntry,
@@ -22,14 +23,15 @@ from rag.api.routes.chat import chat_query, collect
 from rag.api.services import Services
 from rag.core.embeddings_api import check_text
 from rag.core.errors import NotFound
-from rag.store.catalog import check_collection
 
 # Called with (tokens generated so far, the text just generated) while an answer is written.
 Progress = Callable[[float, str | None], Awaitable[None]]
 
 
 class Library(Protocol):
-    async def search(self, query: str, collection: str | None, top_k: int | None) -> SearchResult: ...
+    """The tools' work; `access` is the caller's (rag/api/access.py): the collections it opens."""
+
+    async def search(self, query: str, collection: str | None, top_k: int | None, access: Access) -> SearchResult: ...
     async def ask(
         self,
         question: str,
@@ -37,10 +39,11 @@ class Library(Protocol):
         history: list[dict[str, str]],
         top_k: int | None,
         progress: Progress,
+        access: Access,
     ) -> AskResult: ...
-    async def documents(self, collection: str | None, offset: int, limit: int) -> DocumentList: ...
-    async def collections(self) -> CollectionList: ...
-    async def document_text(self, collection: str, doc_id: str) -> str: ...
+    async def documents(self, collection: str | None, offset: int, limit: int, access: Access) -> DocumentList: ...
+    async def collections(self, access: Access) -> CollectionList: ...
+    async def document_text(self, collection: str, doc_id: str, access: Access) -> str: ...
 
 
 class LocalLibrary:
@@ -50,13 +53,10 @@ class LocalLibrary:
     def __init__(self, services: Callable[[], Services]) -> None:
         self._services = services
 
-    def _collection(self, name: str | None) -> str:
-        return check_collection(name) if name else self._services().settings.collection
-
-    async def search(self, query: str, collection: str | None, top_k: int | None) -> SearchResult:
+    async def search(self, query: str, collection: str | None, top_k: int | None, access: Access) -> SearchResult:
         services = self._services()
         check_text("query", query, services.settings.max_message_chars)
-        name = self._collection(collection)
+        name = access.collection(collection, services.settings)
         hits = await services.answerer().searcher.search(query, collection=name, k=top_k or services.settings.top_k)
         results = [
             SearchHit(
@@ -79,11 +79,13 @@ class LocalLibrary:
         history: list[dict[str, str]],
         top_k: int | None,
         progress: Progress,
+        access: Access,
     ) -> AskResult:
         services = self._services()
         query = chat_query(
             [*history, {"role": "user", "content": question}],
             services.settings,
+            access,
             collection=collection,
             top_k=top_k,
             max_tokens=None,
@@ -105,9 +107,10 @@ class LocalLibrary:
             answer.close()
         return ask_result(body, query.collection)
 
-    async def documents(self, collection: str | None, offset: int, limit: int) -> DocumentList:
-        catalog = self._services().catalog
-        name = self._collection(collection)
+    async def documents(self, collection: str | None, offset: int, limit: int, access: Access) -> DocumentList:
+        services = self._services()
+        catalog = services.catalog
+        name = access.collection(collection, services.settings)
         records, total = await asyncio.to_thread(
             lambda: (catalog.documents(name, offset, limit), catalog.count_in(name))
         )
@@ -125,13 +128,14 @@ class LocalLibrary:
         ]
         return DocumentList(collection=name, total=total, documents=entries)
 
-    async def collections(self) -> CollectionList:
+    async def collections(self, access: Access) -> CollectionList:
         rows = await asyncio.to_thread(self._services().catalog.collections)
-        return CollectionList(collections=[CollectionEntry(name=n, documents=count) for n, count in rows])
+        entries = [CollectionEntry(name=n, documents=count) for n, count in rows if access.allows(n)]
+        return CollectionList(collections=entries)
 
-    async def document_text(self, collection: str, doc_id: str) -> str:
+    async def document_text(self, collection: str, doc_id: str, access: Access) -> str:
         services = self._services()
-        name = check_collection(collection)
+        name = access.collection(collection, services.settings)
         record = await asyncio.to_thread(services.catalog.get, name, doc_id)
         if record is None or record.state != "indexed":
             raise NotFound(f"no indexed document {doc_id} in collection {name}")

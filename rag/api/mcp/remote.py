@@ -13,6 +13,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent, TextResourceContents
 from pydantic import BaseModel
 
+from rag.api.access import Access
 from rag.api.mcp.http import PATH
 from rag.api.mcp.library import Progress
 from rag.api.mcp.payloads import (
@@ -49,7 +50,9 @@ class RemoteLibrary:
     async def __aexit__(self, *exc: object) -> None:
         await self._stack.aclose()
 
-    async def search(self, query: str, collection: str | None, top_k: int | None) -> SearchResult:
+    # `access` is this process's own (stdio: the admin's); the API applies the key sent to it.
+
+    async def search(self, query: str, collection: str | None, top_k: int | None, access: Access) -> SearchResult:
         return await self._call("search", SearchResult, query=query, collection=collection, top_k=top_k)
 
     async def ask(
@@ -59,6 +62,7 @@ class RemoteLibrary:
         history: list[dict[str, str]],
         top_k: int | None,
         progress: Progress,
+        access: Access,
     ) -> AskResult:
         async def relay(done: float, total: float | None, message: str | None) -> None:
             await progress(done, message)
@@ -67,13 +71,13 @@ class RemoteLibrary:
             "ask", AskResult, relay, question=question, collection=collection, history=history or None, top_k=top_k
         )
 
-    async def documents(self, collection: str | None, offset: int, limit: int) -> DocumentList:
+    async def documents(self, collection: str | None, offset: int, limit: int, access: Access) -> DocumentList:
         return await self._call("list_documents", DocumentList, collection=collection, offset=offset, limit=limit)
 
-    async def collections(self) -> CollectionList:
+    async def collections(self, access: Access) -> CollectionList:
         return await self._call("list_collections", CollectionList)
 
-    async def document_text(self, collection: str, doc_id: str) -> str:
+    async def document_text(self, collection: str, doc_id: str, access: Access) -> str:
         assert self._client is not None
         result = await self._client.read_resource(document_uri(collection, doc_id))
         return "".join(c.text for c in result.contents if isinstance(c, TextResourceContents))

@@ -26,6 +26,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 from pydantic import BaseModel, Field, ValidationError
 
+from rag.api.access import ADMIN, STATE_KEY, Access
 from rag.api.mcp.library import Library
 from rag.api.mcp.payloads import AskResult, CollectionList, DocumentList, SearchResult
 from rag.core.config import Settings
@@ -58,12 +59,14 @@ def build_server(library: Library, settings: Settings) -> MCPServer:
         query: Annotated[
             str, Field(min_length=1, max_length=settings.max_question_chars, description="what to look for")
         ],
+        ctx: Context,
         collection: Collection = None,
         top_k: TopK = None,
     ) -> SearchResult:
         """Search the documents: the chunks that match the query best (hybrid dense + BM25), best first,
         each with its document, page and score."""
-        return await answered(library.search(query, collection, top_k))
+        access = access_of(ctx)
+        return await answered(library.search(query, collection, top_k, access), access)
 
     async def ask(
         question: Annotated[str, Field(min_length=1, max_length=settings.max_question_chars)],
@@ -83,19 +86,23 @@ def build_server(library: Library, settings: Settings) -> MCPServer:
             await ctx.report_progress(done, None, text)
 
         turns = [t.model_dump() for t in history or []]
-        return await answered(library.ask(question, collection, turns, top_k, progress))
+        access = access_of(ctx)
+        return await answered(library.ask(question, collection, turns, top_k, progress, access), access)
 
     async def list_documents(
+        ctx: Context,
         collection: Collection = None,
         offset: Annotated[int, Field(ge=0)] = 0,
         limit: Annotated[int, Field(ge=1, le=1000)] = 100,
     ) -> DocumentList:
         """The documents of a collection, oldest first, each with the URI of its text."""
-        return await answered(library.documents(collection, offset, limit))
+        access = access_of(ctx)
+        return await answered(library.documents(collection, offset, limit, access), access)
 
-    async def list_collections() -> CollectionList:
+    async def list_collections(ctx: Context) -> CollectionList:
         """The collections and how many indexed documents each holds."""
-        return await answered(library.collections())
+        access = access_of(ctx)
+        return await answered(library.collections(access), access)
 
     tools = {fn.__name__: Tool.from_function(fn) for fn in (search, ask, list_documents, list_collections)}
     server = MCPServer(NAME, instructions=INSTRUCTIONS, tools=list(tools.values()), middleware=[ArgumentCheck(tools)])
@@ -106,9 +113,9 @@ def build_server(library: Library, settings: Settings) -> MCPServer:
         mime_type="text/plain",
         description="a document's text as it was indexed (the text its chunks were cut from)",
     )
-    async def document(collection: str, doc_id: str) -> str:
+    async def document(collection: str, doc_id: str, ctx: Context) -> str:
         try:
-            return await library.document_text(collection, doc_id)
+            return await library.document_text(collection, doc_id, access_of(ctx))
         except (NotFound, InvalidRequest) as exc:
             raise ResourceNotFoundError(exc.message) from None
         except RagError as exc:
@@ -143,13 +150,30 @@ def invalid_arguments(exc: ValidationError) -> MCPError:
     return MCPError(code=INVALID_PARAMS, message=message, data={"fields": [f for f, _ in problems]})
 
 
-async def answered(work: Awaitable[T]) -> T:
+def access_of(ctx: Context) -> Access:
+    """The caller's Access: the one /mcp put in its HTTP request's scope (rag.api.mcp.http), the admin's
+    over stdio, where there is no HTTP request and the process itself opened the store or holds the key."""
+    request = ctx.request_context.request
+    if request is None:
+        return ADMIN
+    access = request.scope.get("state", {}).get(STATE_KEY)
+    if not isinstance(access, Access):  # never: every /mcp request passes the key check first
+        raise ToolError("this request carries no checked API key")
+    return access
+
+
+async def answered(work: Awaitable[T], access: Access) -> T:
     """The library's result; our errors as MCP ones (a request error is invalid params, naming the field
-    where the error does, e.g. an unknown collection; anything else a tool error with its reason)."""
+    where the error does, e.g. an unknown collection; anything else a tool error with its reason), each
+    as `access` may see it."""
     try:
         return await work
-    except (InvalidRequest, NotFound) as exc:
-        raise MCPError(code=INVALID_PARAMS, message=exc.message, data=exc.to_dict()) from None
     except RagError as exc:
-        retry = getattr(exc, "retry_after", None)
-        raise ToolError(exc.message + (f" (try again in {retry} s)" if retry else "")) from None
+        raise _mcp_error(access.hidden(exc)) from None
+
+
+def _mcp_error(exc: RagError) -> Exception:
+    if isinstance(exc, (InvalidRequest, NotFound)):
+        return MCPError(code=INVALID_PARAMS, message=exc.message, data=exc.to_dict())
+    retry = getattr(exc, "retry_after", None)
+    return ToolError(exc.message + (f" (try again in {retry} s)" if retry else ""))

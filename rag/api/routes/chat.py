@@ -23,13 +23,13 @@ from starlette.background import BackgroundTask
 from rag.answering.answerer import Answer, ChatQuery, NoSourcesAnswer
 from rag.answering.events import AnswerDocument, Event
 from rag.answering.prompt import Message
-from rag.api.deps import AnswererDep, SettingsDep
+from rag.api.access import Access
+from rag.api.deps import AccessDep, AnswererDep, SettingsDep
 from rag.api.errors import error_body
 from rag.api.limits import check_messages
 from rag.core.config import Settings
 from rag.core.disconnect import unless_disconnected
 from rag.core.errors import RagError
-from rag.store.catalog import check_collection
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -61,6 +61,7 @@ class ChatRequest(BaseModel):
 def chat_query(
     messages: list[Message],
     settings: Settings,
+    access: Access,
     *,
     collection: str | None,
     top_k: int | None,
@@ -68,11 +69,12 @@ def chat_query(
     doc_ids: list[str] | None,
     temperature: float | None,
 ) -> ChatQuery:
-    """A ChatQuery with the settings' defaults filled in (shared with the OpenAI-compatible route)."""
+    """A ChatQuery with the settings' defaults filled in, in a collection `access` opens (shared with the
+    OpenAI-compatible route and the MCP tools)."""
     check_messages(messages, settings)
     return ChatQuery(
         messages=messages,
-        collection=check_collection(collection) if collection else settings.collection,
+        collection=access.collection(collection, settings),
         top_k=top_k or settings.top_k,
         max_tokens=max_tokens,  # None: the prompt style's default (Answerer.with_defaults)
         doc_ids=doc_ids or None,
@@ -153,11 +155,12 @@ STREAMED: dict[int | str, dict[str, Any]] = {
 
 @router.post("/chat", response_model=AnswerDocument, responses=STREAMED)
 async def chat(
-    body: ChatRequest, request: Request, answerer: AnswererDep, settings: SettingsDep
+    body: ChatRequest, request: Request, answerer: AnswererDep, settings: SettingsDep, access: AccessDep
 ) -> AnswerDocument | EventSourceResponse:
     query = chat_query(
         [{"role": m.role, "content": m.content} for m in body.messages],
         settings,
+        access,
         collection=body.collection,
         top_k=body.top_k,
         max_tokens=body.max_tokens,

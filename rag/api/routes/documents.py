@@ -13,10 +13,10 @@ from fastapi.responses import JSONResponse
 
 from ingest.jobs import Job
 from ingest.pipeline import FileResult, IngestPipeline, SourceFile
-from rag.api.deps import CatalogDep, JobsDep, PipelineDep, SettingsDep
+from rag.api.deps import AccessDep, CatalogDep, JobsDep, PipelineDep, SettingsDep
 from rag.api.uploads import ReceivedForm, check_source, receive_multipart, upload_names
 from rag.core.errors import InvalidRequest, NotFound, RagError
-from rag.store.catalog import State, check_collection
+from rag.store.catalog import State
 
 router = APIRouter()
 
@@ -29,6 +29,7 @@ async def upload_documents(
     settings: SettingsDep,
     pipeline: PipelineDep,
     jobs: JobsDep,
+    access: AccessDep,
     collection: CollectionQuery = None,
     job_id: Annotated[
         str | None, Query(description="Your own id for this upload, to poll /v1/jobs/{id} meanwhile.")
@@ -39,7 +40,7 @@ async def upload_documents(
 
     One file: its own error status (413, 415, 422) when it fails. Several: 200 with a result per file.
     """
-    job = jobs.create(collection or settings.collection, job_id)
+    job = jobs.create(access.writable(collection, settings), job_id)
     uploads = settings.data_dir / "uploads"
     uploads.mkdir(parents=True, exist_ok=True)
     directory = Path(tempfile.mkdtemp(prefix="upload-", dir=uploads))
@@ -52,7 +53,7 @@ async def upload_documents(
             directory,
             settings.max_upload_bytes,
         )
-        job.collection = check_collection(form.field("collection") or job.collection)
+        job.collection = access.writable(form.field("collection") or job.collection, settings)
         await asyncio.to_thread(pipeline.catalog.check_room, job.collection, settings.max_collections)
         files = _source_files(form)
         job.files_total, job.state = len(files), "running"
@@ -109,15 +110,19 @@ async def _run_job(
 
 
 @router.get("/jobs/{job_id}")
-async def get_job(job_id: str, jobs: JobsDep) -> dict[str, Any]:
+async def get_job(job_id: str, jobs: JobsDep, access: AccessDep) -> dict[str, Any]:
     """An upload's progress: files done, chunks done, the current file; its results once done."""
-    return jobs.get(job_id).to_api()
+    job = jobs.get(job_id)
+    if not access.allows(job.collection):
+        raise NotFound(f"no job {job_id[:100]!r}")
+    return job.to_api()
 
 
 @router.get("/documents")
 async def list_documents(
     settings: SettingsDep,
     catalog: CatalogDep,
+    access: AccessDep,
     collection: CollectionQuery = None,
     offset: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
@@ -131,7 +136,7 @@ async def list_documents(
 ) -> dict[str, Any]:
     """The documents of a collection (one per content, its names beneath it), oldest first, a page at a
     time; `failed` counts the failures, listed apart with `state=failed`."""
-    name = check_collection(collection or settings.collection)
+    name = access.collection(collection, settings)
 
     def read() -> dict[str, Any]:
         records = catalog.documents(name, offset, limit, cast(State, state))
@@ -147,9 +152,9 @@ async def list_documents(
 
 @router.get("/documents/{doc_id}")
 async def get_document(
-    doc_id: str, settings: SettingsDep, catalog: CatalogDep, collection: CollectionQuery = None
+    doc_id: str, settings: SettingsDep, catalog: CatalogDep, access: AccessDep, collection: CollectionQuery = None
 ) -> dict[str, Any]:
-    name = check_collection(collection or settings.collection)
+    name = access.collection(collection, settings)
     record = await asyncio.to_thread(catalog.get, name, doc_id)
     if record is None:
         raise NotFound(f"no document {doc_id} in collection {name}")
@@ -161,6 +166,7 @@ async def delete_document(
     doc_id: str,
     settings: SettingsDep,
     pipeline: PipelineDep,
+    access: AccessDep,
     collection: CollectionQuery = None,
     source: Annotated[str | None, Query(description="Remove only this name (`source_key`) of the document.")] = None,
 ) -> Response:
@@ -168,14 +174,21 @@ async def delete_document(
 
     With `source`, only that name goes when the same content is also known under another (whose chunks stay).
     """
-    name = check_collection(collection or settings.collection)
+    name = access.writable(collection, settings)
     if await pipeline.delete(name, doc_id, source) is None:
         raise NotFound(f"no document {doc_id} in collection {name}")
     return Response(status_code=204)
 
 
 @router.get("/collections")
-async def list_collections(catalog: CatalogDep) -> dict[str, Any]:
-    """Every collection with a row: its documents (indexed contents) and its failed files."""
+async def list_collections(catalog: CatalogDep, access: AccessDep) -> dict[str, Any]:
+    """Every collection with a row (those the key opens): its documents (indexed contents) and its failed
+    files. For a scoped key, `key` says what it opens (`collections`: null for every one) and whether it
+    is read-only (the page shows its collections and hides what it may not do)."""
     counts = await asyncio.to_thread(catalog.counts)
-    return {"collections": [{"name": name, "documents": c.documents, "failed": c.failed} for name, c in counts.items()]}
+    shown = [{"name": name, "documents": c.documents, "failed": c.failed} for name, c in counts.items()]
+    body: dict[str, Any] = {"collections": [c for c in shown if access.allows(str(c["name"]))]}
+    if access.key is not None:
+        scope = access.key.collections
+        body["key"] = {"collections": list(scope) if scope is not None else None, "read_only": access.read_only}
+    return body

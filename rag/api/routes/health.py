@@ -1,16 +1,20 @@
-"""`GET /health`: the state of each backend; 503 until all are ready."""
+"""`GET /health`: the state of each backend; 503 until all are ready.
+
+It needs no key (a container's health check has none), so the names of damaged collections are shown to
+whom may open them alone: every one to the admin, its own to a scoped key, none without a key."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from rag.answering.prompt import choose_style
+from rag.api.access import Access, authorize
 from rag.api.deps import ServicesDep
-from rag.core.errors import BackendUnavailable, RagError
+from rag.core.errors import BackendUnavailable, RagError, Unauthorized
 from rag.store.chunks import REPAIR_HINT
 
 router = APIRouter()
@@ -39,7 +43,7 @@ async def _embedder_state(services: ServicesDep) -> dict[str, Any]:
     return {**await services.embedder.health(), "url": services.embedder.base_url}
 
 
-async def _store_state(services: ServicesDep) -> dict[str, Any]:
+async def _store_state(services: ServicesDep, caller: Access | None) -> dict[str, Any]:
     store = services.store
     alive = await asyncio.to_thread(store.heartbeat)
     mode = services.settings.chroma_mode
@@ -50,18 +54,30 @@ async def _store_state(services: ServicesDep) -> dict[str, Any]:
         "location": where,
         "data_dir": str(services.settings.data_dir),
     }
-    problems = {**store.out_of_step, **store.damaged}
+    every = {**store.out_of_step, **store.damaged}
+    problems = {name: why for name, why in every.items() if caller is not None and caller.allows(name)}
     if store.unreadable:
         problems["*"] = store.unreadable
-    if problems:
+    if every or problems:
         # The API serves the healthy collections meanwhile; the damaged ones answer 503 with this fix.
         state.update(state="damaged", problems=problems, fix=f"{REPAIR_HINT}")
     return state
 
 
+def _caller(request: Request, services: ServicesDep) -> Access | None:
+    """Who asks, if the request carries a key (None without one, or with a wrong one)."""
+    try:
+        return authorize(request.headers.get("authorization", ""), services.settings, services.key_store())
+    except Unauthorized:
+        return None
+
+
 @router.get("/health")
-async def health(services: ServicesDep) -> JSONResponse:
-    llm, embedder, store = await asyncio.gather(_llm_state(services), _embedder_state(services), _store_state(services))
+async def health(request: Request, services: ServicesDep) -> JSONResponse:
+    caller = _caller(request, services)
+    llm, embedder, store = await asyncio.gather(
+        _llm_state(services), _embedder_state(services), _store_state(services, caller)
+    )
     backends = {"llm": llm, "embedder": embedder, "store": store}
     states = {b["state"] for b in backends.values()}
     if states == {"ok", "damaged"}:

@@ -28,7 +28,7 @@ from typing_extensions import TypedDict
 from rag.answering.answerer import Answer, NoSourcesAnswer
 from rag.answering.events import Budget, Citations, Collected, Done, NoSourcesDone, SourceEntry
 from rag.answering.prompt import Message
-from rag.api.deps import AnswererDep, SettingsDep
+from rag.api.deps import AccessDep, AnswererDep, SettingsDep
 from rag.api.errors import error_body
 from rag.api.routes.chat import chat_query, event_stream, whole
 from rag.api.routes.models import check_chat_model
@@ -249,13 +249,14 @@ STREAMED: dict[int | str, dict[str, Any]] = {
 
 @router.post("/chat/completions", response_model=ChatCompletion, responses=STREAMED)
 async def chat_completions(
-    body: CompletionRequest, request: Request, answerer: AnswererDep, settings: SettingsDep
+    body: CompletionRequest, request: Request, answerer: AnswererDep, settings: SettingsDep, access: AccessDep
 ) -> ChatCompletion | EventSourceResponse:
     model = check_chat_model(settings, body.model)
     messages, ignored = chat_messages(body.messages)
     query = chat_query(
         messages,
         settings,
+        access,
         collection=body.collection,
         top_k=body.top_k,
         max_tokens=body.max_completion_tokens or body.max_tokens,

@@ -17,10 +17,10 @@ from fastapi.responses import Response
 from ingest.models import decode_boxes
 from ingest.originals import Originals
 from ingest.sandbox import get_pool
-from rag.api.deps import CatalogDep, LexicalDep, SettingsDep
+from rag.api.deps import AccessDep, CatalogDep, LexicalDep, SettingsDep
 from rag.core.config import Settings
 from rag.core.errors import InvalidRequest, NotFound
-from rag.store.catalog import DocumentRecord, check_collection
+from rag.store.catalog import DocumentRecord
 
 router = APIRouter()
 
@@ -49,12 +49,13 @@ async def page_image(
     catalog: CatalogDep,
     lexical: LexicalDep,
     originals: OriginalsDep,
+    access: AccessDep,
     collection: CollectionQuery = None,
     chunk: Annotated[int | None, Query(ge=0, description="Highlight this chunk (its index) on the page.")] = None,
     width: Annotated[int | None, Query(ge=200, description="Pixels; at most RAG_PAGE_IMAGE_MAX_WIDTH.")] = None,
 ) -> Response:
     """Page `page` of a PDF (or image) document as a PNG, optionally with a chunk's passage highlighted."""
-    name = check_collection(collection or settings.collection)
+    name = access.collection(collection, settings)
     record = await _document(catalog, name, doc_id)
     if not record.pages or page > record.pages:
         has = f"has {record.pages} page{'s' if record.pages != 1 else ''}" if record.pages else "has no pages"
@@ -89,10 +90,11 @@ async def chunk_in_context(
     catalog: CatalogDep,
     lexical: LexicalDep,
     originals: OriginalsDep,
+    access: AccessDep,
     collection: CollectionQuery = None,
 ) -> dict[str, Any]:
     """A chunk with the text of its section before and after it, its page and its boxes on that page."""
-    name = check_collection(collection or settings.collection)
+    name = access.collection(collection, settings)
     record = await _document(catalog, name, doc_id)
     text, meta = await _chunk(lexical, name, doc_id, index)
     ids = [f"{doc_id}:{i}" for i in range(max(0, index - NEIGHBOURS), index + NEIGHBOURS + 1)]

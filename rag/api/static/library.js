@@ -46,7 +46,8 @@ export function initLibrary(onChange) {
 }
 
 export async function refreshLibrary() {
-  await Promise.all([loadCollections(), loadDocuments()]);
+  await loadCollections(); // first: a scoped key may move the page to one of its own collections
+  await loadDocuments();
   library.onChange();
 }
 
@@ -81,11 +82,25 @@ function addOption(name, documents) {
   option.textContent = documents === null ? name : t("library.collectionOption", { name, count: documents });
 }
 
+// What the key opens (from /v1/collections): a scoped key's collections and whether it may write.
+function applyKey(key) {
+  const scoped = Boolean(key && key.collections);
+  if (scoped && !key.collections.includes(library.collection)) {
+    library.collection = key.collections[0];
+    localStorage.setItem(COLLECTION_STORAGE, library.collection);
+  }
+  $("new-collection-form").hidden = scoped; // a scoped key opens its own collections only
+  document.body.classList.toggle("read-only", Boolean(key && key.read_only));
+  return scoped ? key.collections : [];
+}
+
 async function loadCollections() {
   try {
-    const { collections } = await apiJson("/v1/collections");
+    const { collections, key } = await apiJson("/v1/collections");
+    const own = applyKey(key);
     $("collection").replaceChildren();
     for (const c of collections) addOption(c.name, c.documents);
+    for (const name of own) if (!collections.some((c) => c.name === name)) addOption(name, null);
     addOption(library.collection, null); // a new, still empty collection stays selectable
     const known = collections.find((c) => c.name === library.collection);
     if (known) addOption(known.name, known.documents);

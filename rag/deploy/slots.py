@@ -1,0 +1,91 @@
+"""How many users a card serves at once: llama-server slots that each keep the whole per-slot context.
+
+Every extra slot (`-np`) costs its own KV cache (per-slot context x layers with KV x bytes per cell, the
+context split with `-c` = slots x per-slot context, no `--kv-unified`: a unified cache would let one long
+prompt take the cells another slot needs) and its own recurrent state (Gated DeltaNet: ~150 MiB a
+sequence on the Qwen3.6-27B shape, whatever the context). The planner's memory model (`_memory`) already
+counts both per slot; this module asks it how many fit, and what each user then decodes.
+
+Decode with N users at once: one step reads every weight once for all N tokens, plus each slot's KV cache
+and state, so per user it runs at bandwidth / (weights + N x (KV + 2 x state)) times the card's measured
+share of its ceiling. On an H200 machine (16 GB emulation, two slots) each of two users got 0.80x of one
+user's rate while the other's prompt was processed beside it (bench/gpu/results-h200.json, "slots"); the
+bandwidth model is the upper end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from rag.deploy._architecture import Architecture, architecture
+from rag.deploy._flags import MIB, Flags
+from rag.deploy._memory import estimate
+from rag.deploy._specs import ModelSpec
+from rag.deploy.gpus import GPU
+
+MAX_SLOTS = 8
+MEASURED_PER_USER = 0.80  # two users at once on the H200 machine, each against one user alone
+
+
+@dataclass(frozen=True)
+class Users:
+    """How many slots of `per_slot_ctx` tokens fit, and each user's decode band with all of them busy."""
+
+    slots: int
+    per_slot_ctx: int
+    flags: Flags | None  # the flags for that many slots (None: not even one fits)
+    free_mib: float
+    per_user_tok_s: tuple[float, float] | None
+    next_needs_mib: float | None  # what one more slot would need beyond the margin (None: MAX_SLOTS reached)
+
+
+def with_slots(flags: Flags, slots: int, per_slot_ctx: int) -> Flags:
+    """`flags` for `slots` slots of `per_slot_ctx` tokens each (-c split evenly, no unified cache)."""
+    return replace(flags, parallel=slots, ctx=per_slot_ctx * slots, kv_unified=False)
+
+
+def _free(model: ModelSpec, arch: Architecture, flags: Flags, gpu: GPU) -> int:
+    return gpu.memory_bytes - estimate(model, flags, gpu, arch).total_gpu
+
+
+def per_user_decode(model: ModelSpec, arch: Architecture, flags: Flags, gpu: GPU) -> tuple[float, float]:
+    """Each user's decode band with every slot busy (the bandwidth model; see the module's note)."""
+    memory = estimate(model, flags, gpu, arch)
+    step = memory.weights_gpu + memory.kv + 2 * memory.recurrent  # one step for all slots
+    ceiling = gpu.bandwidth_gbs * 1e9 / step
+    low, high = gpu.efficiency
+    return ceiling * low, ceiling * high
+
+
+def users(
+    model: ModelSpec, gpu: GPU, flags: Flags, margin: int, per_slot_ctx: int | None = None, up_to: int = MAX_SLOTS
+) -> Users:
+    """The most slots of `per_slot_ctx` tokens (default: the flags' own per-slot context) that fit in
+    `gpu` keeping `margin` bytes free, trying the flags' micro-batch and then smaller ones (a smaller
+    micro-batch shrinks the compute buffer and the CUDA pool)."""
+    arch = architecture(model)
+    per_slot = per_slot_ctx or flags.n_ctx // max(1, flags.parallel)
+    best: Flags | None = None
+    for slots in range(1, up_to + 1):
+        fitting = next(
+            (
+                cand
+                for ub in sorted({flags.n_ubatch, min(256, flags.n_ubatch)}, reverse=True)
+                if _free(model, arch, cand := replace(with_slots(flags, slots, per_slot), ubatch=ub), gpu) >= margin
+            ),
+            None,
+        )
+        if fitting is None:
+            break
+        best = fitting
+    if best is None:
+        one = with_slots(flags, 1, per_slot)
+        return Users(
+            0, per_slot, None, _free(model, arch, one, gpu) / MIB, None, (margin - _free(model, arch, one, gpu)) / MIB
+        )
+    more = None
+    if best.parallel < up_to:
+        nxt = replace(with_slots(best, best.parallel + 1, per_slot), ubatch=min(256, best.n_ubatch))
+        more = (margin - _free(model, arch, nxt, gpu)) / MIB
+    band = per_user_decode(model, arch, best, gpu) if arch.first_gpu_layer(best.gpu_layers) == 0 else None
+    return Users(best.parallel, per_slot, best, _free(model, arch, best, gpu) / MIB, band, more)
