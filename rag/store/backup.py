@@ -277,11 +277,11 @@ class _Manifest(BaseModel):
 
 
 def _check_name(src: Path, name: str) -> None:
-    """`name` is one of the store's files (a record file, or one inside an index folder), a plain file
+    """`name` is one of the store's files (a record file, or one inside an index folder or the originals), a plain file
     of the backup: no absolute path, no `..`, no symbolic link on the way, which would read or write
     outside the backup and the data dir."""
     parts = Path(name).parts
-    inside = name in RECORD_FILES or (len(parts) > 1 and parts[0] in INDEX_DIRS)
+    inside = name in RECORD_FILES or (len(parts) > 1 and parts[0] in (*INDEX_DIRS, ORIGINALS_DIR))
     if Path(name).is_absolute() or ".." in parts or not inside:
         raise BackupInvalid(f"the backup's manifest lists {name[:200]!r}, which is no file of the store")
     for depth in range(1, len(parts) + 1):
