@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -115,3 +116,17 @@ def test_an_input_past_512_tokens_is_embedded_from_its_start_and_counted(e5_serv
     assert usage["truncated_inputs"] == 2
     assert 512 * 2 < usage["prompt_tokens"] < 512 * 2 + 10  # the tokens read: two times 512, and "short"
     assert float(vectors[0] @ vectors[1]) > 0.9999  # only the start was read: the different ends do not count
+
+
+def test_ingest_with_the_model_never_prepared_rebuilds_it_and_indexes(tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "warsaw.txt").write_text(WARSAW_EN)
+    env = _clean_env(tmp_path / "data")  # its models dir is empty: nothing was prepared
+    env.update(RAG_EMBED_MODEL=MULTILINGUAL_E5, RAG_EMBED_URL="http://127.0.0.1:9", RAG_API_PORT="9")
+    done = subprocess.run(
+        [sys.executable, "-m", "ingest.cli", str(docs)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 indexed" in done.stdout
+    assert (tmp_path / "data" / "models" / MULTILINGUAL_E5 / "tokenizer.json").is_file()
