@@ -106,7 +106,7 @@ class VectorsAtHand:
     def __init__(self, vectors: dict[str, list[float]]) -> None:
         self.vectors = vectors
 
-    async def embed(self, texts: list[str]) -> list[list[float]]:
+    async def embed(self, texts: list[str], kind: str = "passage") -> list[list[float]]:
         return [self.vectors[t] for t in texts]
 
 

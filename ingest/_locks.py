@@ -21,6 +21,10 @@ class KeyedLocks:
             self._drop(key)
             raise
 
+    def held(self, key: Any) -> bool:
+        """Whether someone holds or awaits the lock of `key`."""
+        return key in self._locks
+
     def release(self, key: Any) -> None:
         self._locks[key][0].release()
         self._drop(key)

@@ -9,6 +9,7 @@ from typing import Any
 from ingest._records import ChunkRecord, Prepared, SourceFile
 from ingest.originals import PAGED_KINDS
 from rag.core.config import Settings
+from rag.core.errors import EmbedderUnavailable
 
 # The chunk metadata keys of the contract with retrieval, from the names `Chunk.metadata()` uses.
 _CONTRACT_KEYS = {"index": "chunk_index", "n_tokens": "tokens", "headings": "heading"}
@@ -64,6 +65,11 @@ def make_chunker(settings: Settings) -> Any:
     from ingest.chunking import Chunker
 
     model_dir = settings.embed_model_dir
+    if not (model_dir / "tokenizer.json").is_file():
+        raise EmbedderUnavailable(
+            f"the embedding model {settings.embed_model} has no tokenizer at {model_dir}: "
+            "run `rag models prepare` (it rebuilds multilingual-e5-small there) or set RAG_EMBED_MODEL_PATH"
+        )
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     config = model_dir / "sentence_bert_config.json"
     max_sequence = json.loads(config.read_text()).get("max_seq_length") if config.exists() else None

@@ -12,7 +12,8 @@ from typing import Any, Literal, Protocol
 from rag.core.errors import RagError
 from rag.store.record import Vectors
 
-Status = Literal["indexed", "unchanged", "failed"]
+# deleted: a DELETE of the document came while it was being indexed; nothing of it is kept.
+Status = Literal["indexed", "unchanged", "failed", "deleted"]
 
 
 @dataclass(frozen=True)

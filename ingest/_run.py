@@ -32,6 +32,7 @@ class RunConfig:
     stores: DocumentStores
     lease: OwnerLease
     locks: KeyedLocks  # shared by the pipeline's runs and deletions
+    deleted: set[tuple[str, str]]  # (collection, doc_id) of documents whose DELETE waits for this run
     prepare: Preparer
     max_upload_bytes: int
     embed_batch: int  # chunks per embedding request
@@ -50,6 +51,7 @@ class _Doc:
     doc_id: str
     prepared: Prepared | None = None
     stored: int = 0
+    dropped: int = 0  # chunks not embedded or not written: the document was deleted meanwhile
 
 
 async def run_files(
@@ -173,12 +175,19 @@ class _Run:
         if not doc.prepared.records:
             await self._fail(doc, DocumentRejected(f"{file.name}: no text to index"))
             return None
+        if self._deleted(doc):
+            self._release(doc, _deleted_result(doc))
+            return None
         if doc.prepared.keep_original:
             await self._io(self.c.stores.save_original, self.collection, doc.doc_id, data)
         return doc
 
     def _key(self, doc: _Doc) -> tuple[str, str]:
         return (self.collection, doc.doc_id)
+
+    def _deleted(self, doc: _Doc) -> bool:
+        """Whether a DELETE of this document waits for its lock: its work stops, the DELETE removes the rest."""
+        return self._key(doc) in self.c.deleted
 
     async def _unchanged(self, doc: _Doc, record: DocumentRecord) -> None:
         # The content is indexed already (perhaps under another name): other versions of this source go.
@@ -254,19 +263,35 @@ class _Run:
             raise asyncio.CancelledError from None
 
     async def _embed_and_store(self, batch: list[tuple[_Doc, ChunkRecord]]) -> None:
-        records = [record for _, record in batch]
+        docs = {doc.doc_id: doc for doc, _ in batch}
         try:
-            vectors = await self.c.embedder.embed([r.text for r in records])
+            batch = self._without_deleted(batch)
+            vectors: Any = await self.c.embedder.embed([r.text for _, r in batch]) if batch else []
         finally:
             self._limit.release()  # the next batch goes out while this one is written
-        await self._io(self.c.stores.write_chunks, self.collection, records, vectors)
-        self.progress.chunks_stored(len(records))
+        batch, vectors = self._without_deleted(batch, vectors)
+        if batch:
+            await self._io(self.c.stores.write_chunks, self.collection, [r for _, r in batch], vectors)
+            self.progress.chunks_stored(len(batch))
         per_doc = Counter(doc.doc_id for doc, _ in batch)
-        for doc in {doc.doc_id: doc for doc, _ in batch}.values():
+        for doc in docs.values():
             doc.stored += per_doc[doc.doc_id]
             assert doc.prepared is not None
-            if doc.stored == len(doc.prepared.records):
+            if doc.stored + doc.dropped < len(doc.prepared.records):
+                continue
+            if doc.dropped or self._deleted(doc):
+                # No write of it is in flight now: its DELETE may take the lock and remove what was written.
+                self._release(doc, _deleted_result(doc))
+            else:
                 await self._searchable(doc)
+
+    def _without_deleted(self, batch: list[tuple[_Doc, ChunkRecord]], vectors: Any = None) -> Any:
+        """The batch less the chunks of deleted documents (counted as dropped); with `vectors`, theirs too."""
+        keep = [i for i, (doc, _) in enumerate(batch) if not self._deleted(doc)]
+        for i in set(range(len(batch))) - set(keep):
+            batch[i][0].dropped += 1
+        kept = [batch[i] for i in keep]
+        return kept if vectors is None else (kept, [vectors[i] for i in keep])
 
     async def _searchable(self, doc: _Doc) -> None:
         assert doc.prepared is not None
@@ -280,9 +305,8 @@ class _Run:
             owner=self.c.lease.token,
         )
         doc.prepared = None
-        self._release(
-            doc, FileResult(doc.file.name, doc.file.source, doc.doc_id, "indexed", chunks=chunks, warnings=warnings)
-        )
+        indexed = FileResult(doc.file.name, doc.file.source, doc.doc_id, "indexed", chunks=chunks, warnings=warnings)
+        self._release(doc, _deleted_result(doc) if self._deleted(doc) else indexed)
         for old in retired:
             await self._io(self.c.stores.purge, self.collection, old)
 
@@ -310,6 +334,12 @@ class _Run:
             self.c.stores.catalog.mark_failed(
                 self.collection, doc.doc_id, "interrupted: the run stopped before it was indexed"
             )
+
+
+def _deleted_result(doc: _Doc) -> FileResult:
+    return FileResult(
+        doc.file.name, doc.file.source, doc.doc_id, "deleted", "deleted while it was being indexed; nothing is kept"
+    )
 
 
 async def _settle(coro: Any) -> None:

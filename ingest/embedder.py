@@ -40,9 +40,10 @@ async def embedder_answers(url: str) -> bool:
 @contextlib.asynccontextmanager
 async def embedder_for(settings: Settings, say: Callable[[str], None], run: str = "ingest") -> AsyncIterator[Settings]:
     """`settings` whose embed_url answers: the configured server, or a child started for this `run`."""
-    if await embedder_answers(settings.embed_url):
-        yield settings
-        return
+    for url in settings.embed_urls:  # a pool answers when one of its servers does
+        if await embedder_answers(url):
+            yield settings
+            return
     port = _free_port()
     log_path = settings.data_dir / "logs" / f"{run.removeprefix('rag ').replace(' ', '-')}-embedder.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)

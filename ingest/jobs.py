@@ -26,7 +26,8 @@ class Job:
 
     id: str
     collection: str
-    state: Literal["receiving", "running", "done", "failed"] = "receiving"
+    # deleted: every file of the upload was deleted while it was being indexed.
+    state: Literal["receiving", "running", "done", "failed", "deleted"] = "receiving"
     files_total: int = 0
     files_done: int = 0
     chunks_done: int = 0
@@ -47,7 +48,8 @@ class Job:
 
     def finish(self, results: list[FileResult]) -> None:
         self.results = results
-        self.state, self.current_file, self.finished = "done", None, time.time()
+        gone = bool(results) and all(r.status == "deleted" for r in results)
+        self.state, self.current_file, self.finished = "deleted" if gone else "done", None, time.time()
 
     def fail(self, error: dict[str, Any]) -> None:
         self.error = error

@@ -44,9 +44,9 @@ from ingest._run import RunConfig, run_files
 from ingest._stores import DocumentStores
 from ingest.originals import Originals
 from rag.core.config import Settings
-from rag.core.errors import EmbedderMismatch
+from rag.core.errors import BackendUnavailable, EmbedderMismatch
 from rag.store.catalog import DocumentCatalog, DocumentRecord, OwnerLease
-from rag.store.chunks import ChunkStore
+from rag.store.chunks import ChunkStore, store_errors
 from rag.store.lexical import LexicalIndex
 from rag.store.record import EmbedderIdentity
 
@@ -102,6 +102,7 @@ class IngestPipeline:
         self._flush_s = flush_s
         self._window_batches = window_batches
         self.locks = KeyedLocks()
+        self.deleted: set[tuple[str, str]] = set()  # documents whose DELETE waits for a run to let go
         self._verified: set[str] = set()  # collections whose recorded embedder this process checked
         self._running = 0
         self._idle = asyncio.Event()
@@ -127,6 +128,7 @@ class IngestPipeline:
         self._idle.clear()
         try:
             await self.check_embedder(collection)
+            await self.retry_abandoned()
             return await run_files(self._run_config(), collection, files, progress or NoProgress())
         finally:
             self._running -= 1
@@ -139,6 +141,7 @@ class IngestPipeline:
             stores=self.stores,
             lease=self.lease,
             locks=self.locks,
+            deleted=self.deleted,
             prepare=self._prepare,
             max_upload_bytes=self.settings.max_upload_bytes,
             embed_batch=self.settings.embed_batch,
@@ -175,9 +178,18 @@ class IngestPipeline:
         """Take a document out of search, then delete its chunks and its row; None if unknown.
 
         With `source`, only that name of the document goes; its content stays while another names it.
+        A document being indexed stops at its next step (its result says `deleted`), then goes.
         """
         key = (collection, doc_id)
-        await self.locks.acquire(key)
+        stopping = source is None and key not in self.deleted
+        if stopping:
+            self.deleted.add(key)
+        try:
+            await self.locks.acquire(key)
+        except BaseException:
+            if stopping:
+                self.deleted.discard(key)
+            raise
         try:
             record = await asyncio.to_thread(self.catalog.get, collection, doc_id)
             if record is None or (
@@ -194,8 +206,47 @@ class IngestPipeline:
             if record is not None:
                 await asyncio.to_thread(self.stores.purge, collection, doc_id)
         finally:
+            if stopping:  # before the lock goes: a run that takes it next indexes the file anew
+                self.deleted.discard(key)
             self.locks.release(key)
         return record
+
+    async def delete_collection(self, collection: str) -> bool:
+        """Delete every document of a collection (those being indexed stop, as `delete` does), then the
+        collection itself from Chroma and the record; False when there is no such collection."""
+        rows = await asyncio.to_thread(self.catalog.list, collection, 0, 1 << 62)
+        if not rows and not await asyncio.to_thread(self.store.exists, collection):
+            return False
+        for doc_id in dict.fromkeys(r.doc_id for r in rows):
+            await self.delete(collection, doc_id)
+
+        def drop() -> None:
+            with store_errors():
+                self.store.delete_collection(collection)
+            self.lexical.delete_collection(collection)
+
+        await asyncio.to_thread(drop)
+        self._verified.discard(collection)
+        return True
+
+    async def retry_abandoned(self) -> None:
+        """Take out the documents an earlier run of this process could not clean up (its store failed,
+        a full disk say): pending or deleting rows of this process that no run or deletion holds."""
+        mine = await asyncio.to_thread(self.catalog.leftovers, lambda owner: owner != self.lease.token)
+        for record in mine:
+            key = (record.collection, record.doc_id)
+            if self.locks.held(key):
+                continue
+            await self.locks.acquire(key)
+            try:
+                log.warning(
+                    "removing %s document %s (%s) left by a failed run", record.state, record.doc_id, record.name
+                )
+                await asyncio.to_thread(self.stores.purge, record.collection, record.doc_id)
+            except BackendUnavailable as exc:  # still failing: the next run tries again, this one goes on
+                log.warning("could not remove %s yet: %s", record.doc_id, exc.message)
+            finally:
+                self.locks.release(key)
 
     def recover(self) -> list[DocumentRecord]:
         """Clean up after processes that died mid-ingest: their pending and deleting documents go."""

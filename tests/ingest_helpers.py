@@ -28,7 +28,7 @@ class HashEmbedder:
     concurrent: int = 0
     max_concurrent: int = 0
 
-    async def embed(self, texts: list[str]) -> list[list[float]]:
+    async def embed(self, texts: list[str], kind: str = "passage") -> list[list[float]]:
         self.concurrent += 1
         self.max_concurrent = max(self.max_concurrent, self.concurrent)
         try:

@@ -103,3 +103,22 @@ def image_pdf(pages: list[Image.Image], dpi: int = 200) -> bytes:
     buffer = io.BytesIO()
     pages[0].save(buffer, "PDF", resolution=dpi, save_all=True, append_images=pages[1:])
     return buffer.getvalue()
+
+
+def scan_of_pdf(data: bytes, dpi: int = 200, seed: int = 0) -> bytes:
+    """A born-digital PDF printed and scanned back: each page rendered at `dpi`, then `scanned` (a
+    seed per page), as an image-only PDF."""
+    import pypdfium2 as pdfium
+
+    pdf = pdfium.PdfDocument(data)
+    try:
+        pages = []
+        for index in range(len(pdf)):
+            page = pdf[index]
+            bitmap = page.render(scale=dpi / 72, grayscale=True)
+            pages.append(scanned(bitmap.to_pil().convert("L"), seed=seed + index))
+            bitmap.close()
+            page.close()
+    finally:
+        pdf.close()
+    return image_pdf(pages, dpi=dpi)

@@ -8,7 +8,7 @@ import pytest
 
 from rag.answering.answerer import Answerer, ChatQuery, cut_off, split_question
 from rag.answering.citations import check_citations, cited_ids
-from rag.answering.prompt import no_sources_answer
+from rag.answering.prompt import COMPLETION_EXAMPLES, COMPLETION_EXAMPLES_ZH, no_sources_answer
 from rag.clients.llm import LlamaServerClient
 from rag.core.config import Settings
 from rag.core.errors import InvalidRequest, LLMUnavailable
@@ -255,9 +255,27 @@ def test_the_completion_style_sends_a_plain_prompt_with_small_defaults():
     assert isinstance(prompt, str) and prompt.endswith("Question: When was the tower in Paris completed?\nAnswer:")
     assert "[S1] The Eiffel Tower is in Paris. It was completed in 1889.\n" in prompt
     assert server.requests[-1]["max_tokens"] == 32 and server.requests[-1]["temperature"] == 0.0
-    assert server.requests[-1]["stop"] == ["\n"]
+    assert server.requests[-1]["stop"] == ["\n", "。", "！", "？", "；"]
     assert data["budget"]["style"] == "completion" and data["budget"]["reserve"] == 32
     assert [c["id"] for c in data["citations"]["citations"]] == ["S1"]
+    assert prompt.startswith(COMPLETION_EXAMPLES) and "林秀" not in prompt
+
+
+def test_a_chinese_question_gets_the_examples_in_chinese():
+    chunks = [("changcheng.txt", "长城，东起山海关，西至嘉峪关。明长城总长度约为八千八百公里。")]
+    server = ReplayLlamaServer("山海关")
+    events, server, _, _ = answer(
+        "",
+        "长城，东起哪里？",  # the overlap retriever matches the words between punctuation: "长城"
+        chunks=chunks,
+        server=server,
+        settings=Settings(llm_prompt_style="completion", min_relevance_cjk=0),
+        max_tokens=None,
+    )
+    [prompt] = server.prompts
+    assert prompt.startswith(COMPLETION_EXAMPLES_ZH) and "Marta Olsen" not in prompt
+    assert prompt.endswith("Question: 长城，东起哪里？\nAnswer:")
+    assert "".join(e.data["text"] for e in events if e.name == "token") == "山海关"
 
 
 def test_the_style_follows_the_gguf_metadata(tmp_path):

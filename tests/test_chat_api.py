@@ -380,3 +380,28 @@ def test_a_reader_that_stops_reading_is_cut_off_and_its_slot_given_back(monkeypa
     assert Answer.closed >= 1
     done = len(produced)
     assert done < 10  # nothing more was generated for the stalled reader
+
+
+def _first_sources(url: str, question: str) -> list[dict[str, object]]:
+    """The `sources` event of a streamed answer; the stream is closed after it (no generation waited for)."""
+    with httpx.stream("POST", f"{url}/v1/chat", json={**ask(question), "stream": True}, timeout=300) as r:
+        assert r.status_code == 200, r.read()
+        event = next(parse_sse(r.iter_lines()))
+    assert event.event == "sources"
+    return list(event.data["sources"])
+
+
+def test_twins_keep_their_own_names_after_one_of_them_changes(backend_settings: Settings):
+    """a.txt and b.txt hold the same bytes, uploaded apart; a.txt then gets new content. The old content
+    is b.txt's alone now, and is cited as b.txt, not under the name it was first indexed by."""
+    lighthouse = "The lighthouse of Pharos guided ships into the harbour of Alexandria for sixteen centuries."
+    with serve(backend_settings) as url:
+        first = upload(url, {"a.txt": lighthouse})["results"][0]
+        twin = upload(url, {"b.txt": lighthouse})["results"][0]
+        assert (twin["status"], twin["document_id"]) == ("unchanged", first["document_id"])
+        upload(url, {"a.txt": "The bakery on the corner sells rye bread and poppy seed rolls every morning."})
+        sources = _first_sources(url, "What guided ships into the harbour of Alexandria?")
+        assert sources[0]["doc_id"] == first["document_id"]
+        assert sources[0]["source"] == "b.txt"
+        bakery = _first_sources(url, "What does the bakery on the corner sell?")
+        assert bakery[0]["source"] == "a.txt"

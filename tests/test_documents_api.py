@@ -552,6 +552,66 @@ def test_deleting_by_id_alone_removes_the_content_under_every_name(api: LiveApi)
     assert _listed(api) == [] and api.census().indexed() == {}
 
 
+def _poll_job(api: LiveApi, job_id: str, until: Callable[[dict[str, object]], bool]) -> dict[str, object]:
+    deadline = time.monotonic() + 300
+    while True:
+        job = api.client.get(f"/v1/jobs/{job_id}").json()
+        if until(job):
+            return job
+        assert time.monotonic() < deadline, job
+        time.sleep(0.05)
+
+
+def test_a_delete_during_ingest_cancels_the_job_and_leaves_nothing(api: LiveApi) -> None:
+    from ingest.pipeline import document_id
+
+    data = text_of(20_000, "long")  # ~1,500 chunks: still embedding when the DELETE comes
+    doc = document_id(data)
+    response = api.client.post(
+        "/v1/documents",
+        files=[("files", ("long.txt", data, "text/plain"))],
+        params={"wait": "false", "job_id": "deleted-midway"},
+    )
+    assert response.status_code == 202, response.text
+    _poll_job(api, "deleted-midway", lambda job: int(job["chunks_done"]) > 0)  # type: ignore[call-overload]
+    assert api.client.delete(f"/v1/documents/{doc}").status_code == 204
+    job = _poll_job(api, "deleted-midway", lambda job: job["state"] != "running")
+    assert job["state"] == "deleted", job
+    (result,) = job["results"]  # type: ignore[misc]
+    assert result["status"] == "deleted" and result["document_id"] == doc
+    assert int(job["chunks_done"]) < 1_000  # type: ignore[call-overload]
+    # Nothing of it anywhere: not listed, no chunk in Chroma, the record or BM25.
+    assert api.client.get(f"/v1/documents/{doc}").status_code == 404
+    after = api.census()
+    assert after.consistent() and doc not in after.states and after.chroma[doc] == after.lexical[doc] == 0
+    assert api.services.lexical.search_counts("default", [doc]).get(doc, 0) == 0
+    # The API goes on indexing.
+    small = api.upload(("short.txt", text_of(2, "short"))).json()["results"][0]
+    assert small["status"] == "indexed"
+
+
+def test_deleting_a_collection_during_its_ingest_cancels_the_job_and_removes_the_collection(api: LiveApi) -> None:
+    kept = api.upload(("kept.txt", text_of(2, "kept"))).json()["results"][0]
+    response = api.client.post(
+        "/v1/documents",
+        files=[("files", ("long.txt", text_of(20_000, "doomed"), "text/plain"))],
+        data={"collection": "doomed"},
+        params={"wait": "false", "job_id": "collection-deleted"},
+    )
+    assert response.status_code == 202, response.text
+    _poll_job(api, "collection-deleted", lambda job: int(job["chunks_done"]) > 0)  # type: ignore[call-overload]
+    assert api.client.delete("/v1/collections/doomed").status_code == 204
+    job = _poll_job(api, "collection-deleted", lambda job: job["state"] != "running")
+    assert job["state"] == "deleted" and job["results"][0]["status"] == "deleted", job  # type: ignore[index]
+    names = [c["name"] for c in api.client.get("/v1/collections").json()["collections"]]
+    assert names == ["default"]
+    gone = api.census("doomed")
+    assert not gone.states and not gone.chroma and not gone.lexical
+    assert "doomed" not in api.services.store.names()
+    assert api.client.delete("/v1/collections/doomed").status_code == 404
+    assert api.census().indexed() == {kept["document_id"]: kept["chunks"]}
+
+
 @pytest.mark.parametrize(
     "cut",
     [

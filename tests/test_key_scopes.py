@@ -170,6 +170,16 @@ def test_a_writing_key_uploads_and_deletes_in_its_collection_only(stack: Stack) 
     assert stack.delete("writer of alpha", "alpha", body["results"][0]["document_id"]).status_code == 204
 
 
+def test_a_collection_is_deleted_only_by_a_key_that_writes_it(stack: Stack) -> None:
+    def delete(who: str, name: str) -> httpx.Response:
+        return httpx.delete(f"{stack.url}/v1/collections/{name}", headers=stack.headers(who), timeout=120)
+
+    assert delete("writer of alpha", "beta").status_code == 404  # worded as one that does not exist
+    refused = delete("reader of alpha", "alpha")
+    assert refused.status_code == 403 and "read-only" in refused.json()["error"]["message"]
+    assert stack.get("admin", "/v1/documents", collection="beta").json()["total"] >= 1
+
+
 def test_a_job_of_another_collection_is_404(stack: Stack) -> None:
     auth = stack.headers("admin")
     job = upload(stack.url, {"rio.txt": "The Rio Negro joins the Amazon at Manaus."}, collection="beta", headers=auth)

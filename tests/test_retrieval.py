@@ -139,7 +139,7 @@ class BagOfWordsEmbedder:
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
 
-    async def embed(self, texts: list[str]) -> list[list[float]]:
+    async def embed(self, texts: list[str], kind: str = "passage") -> list[list[float]]:
         self.calls.append(texts)
         return [self.vector(t) for t in texts]
 
@@ -159,10 +159,10 @@ class DictCatalog:
         self.states = states or {}
         self.asked: list[set[str]] = []
 
-    def indexed_ids(self, collection: str, doc_ids: Iterable[str]) -> set[str]:
+    def indexed_names(self, collection: str, doc_ids: Iterable[str]) -> dict[str, str]:
         doc_ids = set(doc_ids)
         self.asked.append(doc_ids)
-        return {d for d in doc_ids if self.states.get((collection, d)) == "indexed"}
+        return {d: "" for d in doc_ids if self.states.get((collection, d)) == "indexed"}
 
 
 class ScriptedReranker:

@@ -70,3 +70,18 @@ def test_a_pool_keeps_its_order_and_one_url_stays_one():
     pool = Settings(llm_url="http://a:1, http://b:2/", embed_url="http://e:3,http://f:4")
     assert pool.llm_urls == ["http://a:1", "http://b:2"] and pool.embed_urls == ["http://e:3", "http://f:4"]
     assert Settings().llm_urls == ["http://127.0.0.1:8081"]
+
+
+def test_the_weights_and_floors_follow_the_embedder_unless_set(isolated_env, monkeypatch):
+    from rag.core.config import CALIBRATED, MULTILINGUAL_E5
+
+    assert Settings().hybrid_dense_weight_cjk == CALIBRATED["all-MiniLM-L6-v2"]["hybrid_dense_weight_cjk"]
+    monkeypatch.setenv("RAG_EMBED_MODEL", MULTILINGUAL_E5)
+    e5 = Settings()
+    assert {name: getattr(e5, name) for name in CALIBRATED[MULTILINGUAL_E5]} == CALIBRATED[MULTILINGUAL_E5]
+    monkeypatch.setenv("RAG_MIN_RELEVANCE", "0.5")
+    assert Settings().min_relevance == 0.5  # a setting given explicitly wins
+    assert (
+        Settings(embed_model="another-model").hybrid_dense_weight
+        == CALIBRATED["all-MiniLM-L6-v2"]["hybrid_dense_weight"]
+    )

@@ -1,7 +1,8 @@
 """`rag store backup` and `rag store restore` on a real store (Chroma, the BM25 index, the record): a
 backup taken while another process holds the store and writes to it, a wiped data dir, a restore: the
-same documents and the same top-10; a killed backup leaves the previous one; bad backups are refused
-with the reason before anything is written."""
+same documents and the same top-10, and the kept originals of PDFs back where the page viewer reads
+them; a killed backup leaves the previous one; bad backups are refused with the reason before anything
+is written."""
 
 from __future__ import annotations
 
@@ -18,13 +19,16 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from ingest.pipeline import SourceFile
+from ingest.originals import Originals
+from ingest.pipeline import SourceFile, document_id
 from rag.cli import cli
 from rag.core.config import Settings, get_settings
 from rag.store import backup as backup_module
 from rag.store.catalog import DocumentCatalog
 from rag.store.chunks import ChunkStore
+from tests import hostile
 from tests.ingest_helpers import HashEmbedder, open_pipeline, paragraph_chunks
+from tests.table_docs import table_pdf
 
 COLLECTIONS = {"alpha": range(12), "beta": range(12, 15)}
 
@@ -102,6 +106,51 @@ def test_backup_wipe_restore_gives_the_same_documents_and_top_10(store, tmp_path
     assert "consistent" in result.output and "BM25 index: 600 of the record's 600 chunks" in result.output
     assert not (settings.data_dir / "restore.json").exists()
     assert _state(settings, queries) == before
+
+
+def test_the_originals_of_pdfs_are_backed_up_checksummed_and_restored(store, tmp_path: Path) -> None:
+    settings, _ = store
+    folder = tmp_path / "pdfs"
+    folder.mkdir()
+    pdfs = {
+        "stock.pdf": table_pdf("Table 1: Stock", ["Item", "Price"], [["Tea", "3"], ["Cake", "4"]]),
+        "owls.pdf": hostile.text_pdf([["Page one about owls."], ["Page two about larks."]]),
+    }
+    for name, data in pdfs.items():
+        (folder / name).write_bytes(data)
+    pipeline = open_pipeline(settings, HashEmbedder())  # the real loaders: PDFs keep their originals
+    asyncio.run(pipeline.run([SourceFile(folder / n, str(folder / n), n) for n in pdfs], "alpha"))
+    _close(pipeline)
+    originals = Originals(settings.data_dir)
+    ids = {name: document_id(data) for name, data in pdfs.items()}
+    kept = {name: originals.path("alpha", doc_id) for name, doc_id in ids.items()}
+    assert all(path is not None for path in kept.values())
+    viewed = originals.page_path("alpha", ids["owls.pdf"], "p1-w1000")  # a page the viewer rendered: a cache
+    originals.save_page(viewed, b"\x89PNG cached")
+
+    dest = tmp_path / "with-originals"
+    result = _rag("store", "backup", str(dest))
+    assert result.exit_code == 0 and "originals of PDFs and images: 2" in result.output, result.output
+    manifest = json.loads((dest / "manifest.json").read_text())
+    listed = {name: f for name, f in manifest["files"].items() if name.startswith("originals/")}
+    assert sorted(listed) == sorted(f"originals/alpha/{doc_id}/original" for doc_id in ids.values())
+    # A document's id is the sha256 of its bytes: the manifest's checksum of its original is that id.
+    assert all(f["sha256"] == name.split("/")[2] for name, f in listed.items())
+    assert (manifest["originals"], manifest["originals_missing"]) == (2, 0)
+
+    shutil.rmtree(settings.data_dir)
+    result = _rag("store", "restore", str(dest))
+    assert result.exit_code == 0 and "consistent" in result.output, result.output
+    for name, data in pdfs.items():
+        restored = Originals(settings.data_dir).path("alpha", ids[name])
+        assert restored is not None and restored.read_bytes() == data
+    assert not viewed.exists(), "rendered pages are rendered again, not restored"
+
+    # A damaged original in the backup is refused before anything is written.
+    shutil.rmtree(settings.data_dir)
+    (dest / next(iter(listed))).write_bytes(b"%PDF-1.4 something else")
+    _refused(dest, f"{next(iter(listed))} in the backup does not match its checksum")
+    assert not (settings.data_dir / "catalog.sqlite").exists()
 
 
 def test_with_indexes_the_restore_uses_the_copied_indexes(store, tmp_path: Path) -> None:

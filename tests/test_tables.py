@@ -1,5 +1,5 @@
-"""Tables stay tables: PDF, DOCX and HTML tables become markdown rows, and every chunk of a long table
-names its columns; PDF text lines carry their boxes on the page."""
+"""Tables stay tables: PDF, DOCX and HTML tables, and tables in scans, become markdown rows, and every
+chunk of a long table names its columns; PDF text lines carry their boxes on the page."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ import pytest
 
 from ingest.chunking import Chunker, chunk_document
 from ingest.loaders import parse
-from ingest.loaders.tables import LineBox, align_rows, markdown_table, table_from_boxes
+from ingest.loaders.ocr import OcrLine
+from ingest.loaders.tables import grid, markdown_table
+from ingest.loading import load_document
 from ingest.models import MAX_CHUNK_BOXES, DocKind, TextBox, decode_boxes, encode_boxes
-from tests import hostile
+from rag.core.config import Settings
+from tests import hostile, scans
 from tests.table_docs import table_pdf
 
 HEADER = ["Item", "Price", "Stock", "Depot"]
@@ -29,6 +32,11 @@ def test_markdown_table_has_caption_header_and_one_line_a_row() -> None:
     assert table.header == "Table 1: Notes\n| Name | Note |\n| --- | --- |"
     assert [table.text[s:e] for s, e in table.row_spans] == ["| Name | Note |", "| a\\|b | two lines |", "| short |  |"]
     assert table.rows == (0, 1, 3)
+    assert [[table.text[s:e] for s, e in row] for row in table.cell_spans] == [
+        ["Name", "Note"],
+        ["a\\|b", "two lines"],
+        ["short", ""],
+    ]
     assert markdown_table([["", None]]) is None
 
 
@@ -128,18 +136,33 @@ def test_html_data_table_keeps_its_header_and_layout_tables_stay_text() -> None:
     assert all("| Item | Price |" in c.text for c in chunks if "Widget" in c.text)
 
 
-def test_ocr_boxes_that_line_up_become_rows_and_columns() -> None:
-    lines = [
-        LineBox("Name", 10, 10, 50, 20), LineBox("Age", 100, 11, 130, 21), LineBox("City", 200, 10, 240, 20),
-        LineBox("Bob", 12, 30, 40, 40), LineBox("42", 101, 31, 120, 41), LineBox("Oslo", 201, 30, 235, 40),
-        LineBox("Al", 12, 50, 30, 60), LineBox("Lyon", 199, 50, 230, 60),
-    ]  # fmt: skip
-    assert align_rows(lines) == [["Name", "Age", "City"], ["Bob", "42", "Oslo"], ["Al", "", "Lyon"]]
-    table = table_from_boxes(lines, caption="Members")
-    assert table is not None and table.header == "Members\n| Name | Age | City |\n| --- | --- | --- |"
-    assert (
-        align_rows([LineBox("Just a paragraph line", 10, 10, 300, 20), LineBox("and another", 10, 30, 200, 40)]) is None
-    )
+def test_ocr_boxes_that_line_up_make_columns() -> None:
+    def box(text: str, x0: float, x1: float) -> OcrLine:
+        return OcrLine(text, x0, 0.0, x1, 0.01, 0.99)
+
+    name, age, city = box("Name", 10, 50), box("Age", 100, 130), box("City", 200, 240)
+    bob, bob2, oslo = box("Bob", 12, 30), box("Smith", 33, 60), box("Oslo", 201, 235)
+    assert grid([[name, age, city], [bob, bob2, oslo]]) == [[[name], [age], [city]], [[bob, bob2], [], [oslo]]]
+    # A box across the gap joins the columns: running text, not a table.
+    assert grid([[box("The lease of the mill", 10, 120), box("runs on", 130, 200)], [box("and on", 10, 150)]]) is None
+
+
+def test_a_scanned_price_list_is_read_by_ocr_as_rows_that_keep_their_header() -> None:
+    rows = [[f"Kettle {i}", f"{20 + i * 1.25:.2f} EUR", str(i * 7 % 50)] for i in range(40)]
+    printed = table_pdf("Table 5: Kettles", ["Item", "Price", "Stock"], rows, intro="Kettles in stock.", outro="End.")
+    doc = load_document(scans.scan_of_pdf(printed, seed=3), "kettles-scan.pdf", Settings())
+    tables = [s for s in doc.sections if s.table_header]
+    assert [s.page for s in tables] == [1, 2]  # 39 rows on the first page, 1 on the second
+    assert tables[0].table_header == "Table 5: Kettles\n| Item | Price | Stock |\n| --- | --- | --- |"
+    assert tables[1].table_header == "Table 5: Kettles (continued)\n| Item | Price | Stock |\n| --- | --- | --- |"
+    read = [line for s in tables for line in s.text.splitlines()[len(s.table_header.splitlines()) :]]
+    assert read == ["| " + " | ".join(row) + " |" for row in rows]
+    assert all(b.confidence is not None and b.confidence > 0.8 for s in tables for b in s.boxes)
+
+    chunks = chunk_document(doc, "d", Chunker(words, chunk_tokens=60, chunk_overlap=8))
+    with_rows = [c for c in chunks if "| Kettle" in c.text]
+    assert len(with_rows) > 3
+    assert all(c.text.splitlines()[1] == "| Item | Price | Stock |" for c in with_rows)
 
 
 def test_table_detection_has_a_time_budget_per_document(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,6 +21,7 @@ from rag.core.errors import DocumentRejected
 from ..models import DocKind, LoadedDocument
 from ._builder import DocumentBuilder
 from .ocr import MAX_SIDE, OcrFn, add_ocr_page
+from .tables import TableCarry
 
 MAX_PIXELS = 64_000_000  # a page scanned at 600 dpi on A3 is 70 MP...; at 300 dpi on A4, 8.7 MP
 # Pillow warns past MAX_IMAGE_PIXELS and raises past twice that; we refuse past it ourselves first.
@@ -38,8 +39,9 @@ def load_image(
         pages = _count_pages(image, name, max_pages)
         builder = DocumentBuilder()
         notes: list[str] = []
+        tables = TableCarry()  # a table over the pages of a TIFF keeps its header
         for index in range(pages):
-            notes += add_ocr_page(builder, index + 1, _page_pixels(image, index, name), ocr, min_confidence)
+            notes += add_ocr_page(builder, index + 1, _page_pixels(image, index, name), ocr, min_confidence, tables)
     finally:
         image.close()
     try:

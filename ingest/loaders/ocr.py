@@ -1,7 +1,8 @@
 """OCR of one page image: RapidOCR's lines, put in reading order, as page text with a box per line.
 
     lines = recognize(make_engine(), image)          # in the OCR worker (ingest.ocr_pool)
-    text, boxes = layout(lines)                      # anywhere: plain Python
+    add_ocr_page(builder, n, image, ocr, 0.8, carry) # in a loader: page n's text and tables, through `ocr`
+    text, boxes = layout(lines)                      # the lines as text alone, in reading order
 
 The engine is RapidOCR 3.10 (PP-OCRv6 detection and recognition, Chinese and English in one model;
 its 180° line classifier is off, see `make_engine`), run by onnxruntime on one thread; its model files come inside the
@@ -14,9 +15,14 @@ text's width (titles, a one-column body) cut the page into bands; inside a band,
 leave a gutter free form columns, read one after the other when each is a real column (wide and at
 least three lines tall; narrower ones are table cells and are read row by row). Segments at the same
 height join into one row; a vertical gap of more than a line's height starts a paragraph. The lines of
-a paragraph are joined as running text (a space, or nothing between Chinese characters), since a line
-break inside a sentence would split the phrases that search and answers quote; rows of several cells
-(a table) keep a line each.
+a paragraph are joined as running text (a space; nothing next to a Chinese character, nor between two
+lines of Chinese, which wraps anywhere, inside a number too), since a line break inside a sentence would
+split the phrases that search and answers quote.
+
+Tables: two or more rows of several cells whose boxes line up in two columns or more (`tables.grid`)
+are a table, written as markdown under its caption (a short line just above it) with its top row as the
+header, as a born-digital table is, so every chunk of its rows repeats the header; a table first on its
+page without a caption continues the previous page's (`tables.TableCarry`).
 """
 
 from __future__ import annotations
@@ -29,11 +35,14 @@ from typing import Any
 
 from ..models import LoadedDocument, TextBox
 from ._builder import DocumentBuilder, clean
+from .tables import TableCarry, grid, markdown_table
 
 MAX_SIDE = 2000  # pixels on an image's long side that the detector reads (RapidOCR's default): larger is downscaled
 _SPANNING = 0.55  # a line this share of the text's width or wider spans every column
 _MIN_COLUMN = 0.2  # a column is at least this share of the text's width...
 _MIN_COLUMN_LINES = 3  # ...and this many lines tall
+_CAPTION_CHARS = 160  # a caption is a short line of its own...
+_CAPTION_GAP = 1.0  # ...at most a line's height above its table
 _CJK = re.compile(r"[\u3000-\u30ff\u3400-\u9fff\uf900-\ufaff\uff00-\uffef]")
 
 
@@ -115,25 +124,108 @@ def layout(lines: Sequence[OcrLine]) -> tuple[str, list[TextBox]]:
     """The page's text in reading order and one box per OCR line, offsets relative to that text."""
     if not lines:
         return "", []
-    height = statistics.median(line.height for line in lines) or 0.01
+    height = _line_height(lines)
+    return _text(_rows_in_reading_order(lines, height), height)
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """A run of a page's rows in reading order: text, or a table (with the line just above as caption)."""
+
+    rows: list[list[OcrLine]]
+    table: bool = False
+    caption: OcrLine | None = None
+
+
+def _line_height(lines: Sequence[OcrLine]) -> float:
+    return statistics.median(line.height for line in lines) or 0.01
+
+
+def _parts(lines: Sequence[OcrLine], height: float, carried_columns: int = 0) -> list[_Part]:
+    """The page's rows as text and tables: a table is two or more rows of several cells in a row whose
+    boxes make two columns or more (`tables.grid`), or one such row first on the page with as many
+    columns as the previous page's table (`carried_columns`: its last row); a row of one cell between
+    such rows belongs to the table when the columns stay apart with it (a cell on two lines, a row with
+    one cell filled)."""
+    rows = _rows_in_reading_order(lines, height)
+    runs: list[tuple[bool, list[list[OcrLine]]]] = []
+    for row in rows:
+        multi = len(row) > 1
+        if runs and runs[-1][0] == multi:
+            runs[-1][1].append(row)
+        else:
+            runs.append((multi, [row]))
+    merged: list[tuple[bool, list[list[OcrLine]]]] = []
+    for i, (multi, run) in enumerate(runs):
+        bridge = (
+            not multi
+            and len(run) == 1
+            and bool(merged)
+            and merged[-1][0]
+            and i + 1 < len(runs)
+            and _keeps_columns(merged[-1][1], run, runs[i + 1][1])
+        )
+        if bridge or (multi and merged and merged[-1][0]):
+            merged[-1][1].extend(run)
+        else:
+            merged.append((multi, list(run)))
+    parts: list[_Part] = []
+    for multi, run in merged:
+        columns = _column_count(run) if multi else 0
+        if columns > 1 and (len(run) >= 2 or (not parts and columns == carried_columns)):
+            caption = None
+            if parts and not parts[-1].table and _is_caption(parts[-1].rows[-1], run[0], height):
+                caption = parts[-1].rows.pop()[0]
+                if not parts[-1].rows:
+                    parts.pop()
+            parts.append(_Part(run, table=True, caption=caption))
+        elif parts and not parts[-1].table:
+            parts[-1].rows.extend(run)
+        else:
+            parts.append(_Part(list(run)))
+    return parts
+
+
+def _column_count(rows: Sequence[Sequence[OcrLine]]) -> int:
+    cells = grid(rows)
+    return len(cells[0]) if cells else 0
+
+
+def _keeps_columns(before: list[list[OcrLine]], row: list[list[OcrLine]], after: list[list[OcrLine]]) -> bool:
+    return _column_count([*before, *row, *after]) >= max(_column_count(before), _column_count(after)) > 1
+
+
+def _is_caption(row: list[OcrLine], first: list[OcrLine], height: float) -> bool:
+    """A short line of its own just above a table's first row."""
+    return (
+        len(row) == 1
+        and len(row[0].text) <= _CAPTION_CHARS
+        and min(x.y0 for x in first) - row[0].y1 <= _CAPTION_GAP * height
+    )
+
+
+def _text(rows: list[list[OcrLine]], height: float) -> tuple[str, list[TextBox]]:
+    """Rows in reading order as running text (see the module docstring), a box per line."""
     parts: list[str] = []
     boxes: list[TextBox] = []
     length = 0
     previous: list[OcrLine] | None = None
-    for row in _rows_in_reading_order(lines, height):
+    for row in rows:
         if previous is not None:
             gap = row[0].y0 - max(line.y1 for line in previous)
             if gap > height or gap < -height:  # a blank line's gap, or a jump up to the next column
                 sep = "\n\n"
             elif len(row) > 1 or len(previous) > 1:
-                sep = "\n"  # the cells of a table row keep their row
+                sep = "\n"  # the cells of a row of several keep their row
+            elif _CJK.search(previous[-1].text) and _CJK.search(row[0].text):
+                sep = ""  # Chinese wraps between any two characters, digits and Latin letters too
             else:
-                sep = "" if _CJK.search(previous[-1].text[-1]) and _CJK.match(row[0].text) else " "
+                sep = _joiner(previous[-1], row[0])
             parts.append(sep)
             length += len(sep)
         for i, line in enumerate(row):
             if i:
-                sep = "" if _CJK.match(line.text) and _CJK.search(row[i - 1].text[-1]) else " "
+                sep = _joiner(row[i - 1], line)
                 parts.append(sep)
                 length += len(sep)
             parts.append(line.text)
@@ -141,6 +233,11 @@ def layout(lines: Sequence[OcrLine]) -> tuple[str, list[TextBox]]:
             length += len(line.text)
         previous = row
     return "".join(parts), boxes
+
+
+def _joiner(before: OcrLine, after: OcrLine) -> str:
+    """Nothing next to a Chinese character ("16" and "名" read as two boxes are "16名"), else a space."""
+    return "" if _CJK.match(after.text) or _CJK.search(before.text[-1]) else " "
 
 
 def _rows_in_reading_order(lines: Sequence[OcrLine], height: float) -> list[list[OcrLine]]:
@@ -191,19 +288,64 @@ def _group_rows(lines: list[OcrLine], height: float) -> list[list[OcrLine]]:
     return [sorted(row, key=lambda line: line.x0) for row in rows]
 
 
-def add_ocr_page(builder: DocumentBuilder, number: int, image: Any, ocr: OcrFn, min_confidence: float) -> list[str]:
-    """Reads page `number` through `ocr` into `builder`; the warnings it leaves (a skipped page, doubtful lines)."""
+def add_ocr_page(
+    builder: DocumentBuilder,
+    number: int,
+    image: Any,
+    ocr: OcrFn,
+    min_confidence: float,
+    carry: TableCarry | None = None,
+) -> list[str]:
+    """Reads page `number` through `ocr` into `builder`, its tables as tables (`carry`: what the previous
+    page's table left, see `tables.TableCarry`); the warnings it leaves (a skipped page, doubtful lines)."""
     builder.page(number)
     try:
         lines = ocr(image)
     except PageSkipped as exc:
         return [f"page {number} was left out: {exc}"]
-    text, boxes = layout(lines)
-    builder.block(text, boxes=boxes)
+    if lines:
+        height = _line_height(lines)
+        carry = carry if carry is not None else TableCarry()
+        for n, part in enumerate(_parts(lines, height, len(carry.header or ()))):
+            if part.table:
+                _add_table(builder, part, carry, first_on_page=n == 0)
+            else:
+                text, boxes = _text(part.rows, height)
+                builder.block(text, boxes=boxes)
     doubtful = sum(1 for line in lines if line.confidence < min_confidence)
     if doubtful:
         return [f"page {number}: {doubtful} of {len(lines)} OCR lines read with confidence under {min_confidence:g}"]
     return []
+
+
+def _add_table(builder: DocumentBuilder, part: _Part, carry: TableCarry, first_on_page: bool) -> None:
+    """A scanned table as markdown under its caption (the top row as header), a box per OCR line."""
+    cells = grid(part.rows) or []
+    rows = [[_cell(lines) for lines in row] for row in cells]
+    caption = part.caption.text if part.caption is not None else ""
+    rows, caption, added = carry.follow(rows, caption, first_on_page)
+    md = markdown_table(rows, caption or None)
+    if md is None:
+        return
+    boxes = []
+    if part.caption is not None and caption:
+        boxes.append(_box(0, len(md.text.split("\n", 1)[0]), part.caption))
+    for spans, source in zip(md.cell_spans, md.rows, strict=True):
+        if added and source == 0:
+            continue  # the header carried from the previous page has no lines here
+        for (start, end), lines in zip(spans, cells[source - added], strict=True):
+            boxes += [_box(start, end, line) for line in lines]
+    builder.table(md.text, md.header, boxes=sorted(boxes, key=lambda b: (b.start, b.y0)))
+
+
+def _cell(lines: list[OcrLine]) -> str:
+    """A cell's lines (two on one line when OCR split it), top to bottom, as one line of text."""
+    ordered = sorted(lines, key=lambda line: (line.middle, line.x0))
+    return "".join((_joiner(ordered[i - 1], line) if i else "") + line.text for i, line in enumerate(ordered))
+
+
+def _box(start: int, end: int, line: OcrLine) -> TextBox:
+    return TextBox(start, end, line.x0, line.y0, line.x1, line.y1, line.confidence)
 
 
 def ocr_flags(doc: LoadedDocument, chunk: Mapping[str, Any], min_confidence: float) -> dict[str, int]:

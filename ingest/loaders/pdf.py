@@ -100,7 +100,8 @@ def _extract(pdf: pdfium.PdfDocument, name: str, max_pages: int, plan: _OcrPlan,
         for level, title in outline.get(index, ()):
             builder.heading(title, level, raw="", sep="")
         if index in scanned and plan.ocr is not None:
-            notes += add_ocr_page(builder, index + 1, _render(pdf, index, plan.dpi), plan.ocr, plan.min_confidence)
+            image = _render(pdf, index, plan.dpi)
+            notes += add_ocr_page(builder, index + 1, image, plan.ocr, plan.min_confidence, tables.carry)
         else:  # the text layer, with its tables as tables and its lines' boxes
             add_text_page(builder, pdf, index, tables)
     doc_title = pdf.get_metadata_value("Title").strip() or None

@@ -21,7 +21,7 @@ import itertools
 import logging
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pypdfium2 as pdfium
@@ -29,7 +29,7 @@ import pypdfium2.raw as pdfium_c
 
 from ..models import TextBox
 from ._builder import DocumentBuilder, clean
-from .tables import markdown_table
+from .tables import TableCarry, markdown_table
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +55,12 @@ class _Line:
 
 @dataclass
 class TableState:
-    """What the tables of one document carry from page to page: the last table's header and caption."""
+    """The tables of one document: pdfplumber's reader, what carries from page to page (also for
+    scanned pages), the time spent."""
 
     plumber: Any = None
     data: bytes = b""
-    header: list[str] | None = None
-    caption: str = ""
+    carry: TableCarry = field(default_factory=TableCarry)
     broken: bool = False
     spent_s: float = 0.0
 
@@ -222,18 +222,12 @@ def _add_table(
     row_boxes = [r.bbox for r in table.rows]
     if not rows:
         return 0
-    continued = first_on_page and not caption and state.header is not None and len(rows[0]) == len(state.header)
-    if continued and state.header is not None and rows[0] != state.header:
-        rows, row_boxes = [state.header, *rows], [None, *row_boxes]
-        caption = (
-            f"{state.caption} (continued)"
-            if state.caption and not state.caption.endswith("(continued)")
-            else state.caption
-        )
+    rows, caption, added = state.carry.follow(rows, caption, first_on_page)
+    if added:
+        row_boxes = [None, *row_boxes]
     md = markdown_table(rows, caption=caption or None)
     if md is None:
         return 0
-    state.header, state.caption = rows[0], caption
     boxes = []
     for (start, end), source in zip(md.row_spans, md.rows):
         bbox = row_boxes[source]

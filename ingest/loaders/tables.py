@@ -7,8 +7,8 @@ The first row is the header. The text is the caption line (if any), the header r
 separator and one line per data row, so `md.text[:len(md.header)]` is what a chunk of later rows
 repeats (see `ingest.chunking`): a chunk of rows 40-60 still names its columns.
 
-`align_rows` turns OCR line boxes into table rows by their positions, and `table_from_boxes` into a
-markdown table, for a scanned table.
+`grid` places OCR line boxes in the columns they line up in (a scanned table: see `ingest.loaders.ocr`),
+and `TableCarry` gives a table that goes on over a page without its header row the previous one.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from ._builder import clean
 
@@ -26,14 +27,16 @@ _SPACE = re.compile(r"\s+")
 class MarkdownTable:
     """A table in markdown; `header` (caption, header row, separator) is a prefix of `text`.
 
-    `row_spans` are the (start, end) offsets in `text` of each row line, the header row first, and
-    `rows` the index in the input of the row each line shows (empty rows are dropped).
+    `row_spans` are the (start, end) offsets in `text` of each row line, the header row first,
+    `cell_spans` those of each cell of each row line, and `rows` the index in the input of the row each
+    line shows (empty rows are dropped).
     """
 
     text: str
     header: str
     row_spans: tuple[tuple[int, int], ...]
     rows: tuple[int, ...]
+    cell_spans: tuple[tuple[tuple[int, int], ...], ...] = ()
 
 
 def cell_text(value: object) -> str:
@@ -59,10 +62,13 @@ def markdown_table(rows: Sequence[Sequence[object]], caption: str | None = None)
     if caption:
         parts.append(caption)
     spans: list[tuple[int, int]] = []
+    cell_spans: list[tuple[tuple[int, int], ...]] = []
     offset = len(caption) + 1 if caption else 0
     separator = "| " + " | ".join(["---"] * width) + " |"
-    for i, line in enumerate(lines):
+    for i, (row, line) in enumerate(zip(cells, lines, strict=True)):
         spans.append((offset, offset + len(line)))
+        starts = [offset + 2 + sum(len(c) + 3 for c in row[:j]) for j in range(width)]
+        cell_spans.append(tuple((start, start + len(c)) for start, c in zip(starts, row, strict=True)))
         parts.append(line)
         offset += len(line) + 1
         if i == 0:
@@ -70,68 +76,71 @@ def markdown_table(rows: Sequence[Sequence[object]], caption: str | None = None)
             offset += len(separator) + 1
     text = "\n".join(parts)
     header_end = spans[0][1] + 1 + len(separator)
-    return MarkdownTable(text=text, header=text[:header_end], row_spans=tuple(spans), rows=tuple(i for i, _ in indexed))
+    return MarkdownTable(
+        text=text,
+        header=text[:header_end],
+        row_spans=tuple(spans),
+        rows=tuple(i for i, _ in indexed),
+        cell_spans=tuple(cell_spans),
+    )
 
 
-@dataclass(frozen=True, slots=True)
-class LineBox:
-    """A line of OCR text and its box (any unit, top-left origin)."""
+class Placed(Protocol):
+    """Anything with a horizontal span (an OCR line), for `grid`."""
 
-    text: str
-    x0: float
-    y0: float
-    x1: float
-    y1: float
+    @property
+    def x0(self) -> float: ...
+
+    @property
+    def x1(self) -> float: ...
 
 
-def align_rows(lines: Sequence[LineBox], min_columns: int = 2) -> list[list[str]] | None:
-    """The table that OCR line boxes make when they line up, as rows of cells; None when they do not.
+P = TypeVar("P", bound=Placed)
 
-    Our own alignment, not img2table (which wants the page image and opencv): a box joins the row whose
-    vertical span it overlaps by more than half the smaller height; columns are the clusters of the
-    boxes' horizontal spans over all rows (overlapping spans are one column). It is a table when at
-    least two rows have `min_columns` or more cells; a row's cells are placed in their columns, empty
-    where a row has nothing.
+
+def grid(rows: Sequence[Sequence[P]]) -> list[list[list[P]]] | None:
+    """Rows of boxes (each row left to right) placed in the columns they make, or None for fewer than two.
+
+    Our own alignment, not img2table (which wants the page image and OpenCV, and finds ruled tables
+    only): the columns are the clusters of the boxes' horizontal spans over all rows (overlapping spans
+    are one column, so a cell read as two boxes stays one cell); each row gets a list of boxes per column,
+    empty where it has nothing.
     """
-    rows: list[list[LineBox]] = []
-    for box in sorted(lines, key=lambda b: ((b.y0 + b.y1) / 2, b.x0)):
-        row = rows[-1] if rows else None
-        if row is not None and _same_row(row, box):
-            row.append(box)
-        else:
-            rows.append([box])
-    if sum(1 for row in rows if len(row) >= min_columns) < 2:
-        return None
-    columns = _columns([b for row in rows for b in row])
-    table = []
-    for row in rows:
-        cells = [""] * len(columns)
-        for box in sorted(row, key=lambda b: b.x0):
-            col = next(i for i, (a, b) in enumerate(columns) if box.x0 <= b and box.x1 >= a)
-            cells[col] = f"{cells[col]} {box.text}".strip()
-        table.append(cells)
-    return table
-
-
-def table_from_boxes(
-    lines: Sequence[LineBox], caption: str | None = None, min_columns: int = 2
-) -> MarkdownTable | None:
-    """OCR lines that line up as a markdown table (the top row as header), or None (see `align_rows`)."""
-    rows = align_rows(lines, min_columns)
-    return markdown_table(rows, caption) if rows is not None else None
-
-
-def _same_row(row: list[LineBox], box: LineBox) -> bool:
-    top, bottom = min(b.y0 for b in row), max(b.y1 for b in row)
-    overlap = min(bottom, box.y1) - max(top, box.y0)
-    return overlap > 0.5 * min(bottom - top, box.y1 - box.y0)
-
-
-def _columns(boxes: list[LineBox]) -> list[tuple[float, float]]:
     spans: list[list[float]] = []
-    for box in sorted(boxes, key=lambda b: b.x0):
+    for box in sorted((b for row in rows for b in row), key=lambda b: b.x0):
         if spans and box.x0 <= spans[-1][1]:
             spans[-1][1] = max(spans[-1][1], box.x1)
         else:
             spans.append([box.x0, box.x1])
-    return [(a, b) for a, b in spans]
+    if len(spans) < 2:
+        return None
+    table: list[list[list[P]]] = []
+    for row in rows:
+        cells: list[list[P]] = [[] for _ in spans]
+        for box in row:
+            cells[next(i for i, (a, b) in enumerate(spans) if a <= box.x0 <= b)].append(box)
+        table.append(cells)
+    return table
+
+
+@dataclass
+class TableCarry:
+    """What a document's tables carry from page to page: the last table's header row and caption, so a
+    table that goes on over the next page without a header row of its own takes them."""
+
+    header: list[str] | None = None
+    caption: str = ""
+
+    def follow(self, rows: list[list[str]], caption: str, first_on_page: bool) -> tuple[list[list[str]], str, bool]:
+        """`rows` with the previous header put first when they continue the previous table (first on
+        their page, no caption, as many columns, another first row); their caption; whether it was put."""
+        continued = first_on_page and not caption and self.header is not None and len(rows[0]) == len(self.header)
+        added = continued and self.header is not None and rows[0] != self.header
+        if added and self.header is not None:
+            rows = [self.header, *rows]
+            caption = self.caption
+            if caption and not caption.endswith("(continued)"):
+                caption = f"{caption} (continued)"
+        if any(cell.strip() for cell in rows[0]):
+            self.header, self.caption = rows[0], caption
+        return rows, caption, added

@@ -35,8 +35,8 @@ from rag.answering.events import (
 from rag.answering.followup import search_query
 from rag.answering.gate import GenerationGate
 from rag.answering.prompt import (
-    COMPLETION_EXAMPLE_ANSWERS,
-    COMPLETION_EXAMPLES,
+    EXAMPLES,
+    EXAMPLES_ZH,
     ChatStyle,
     CompletionStyle,
     Message,
@@ -69,19 +69,20 @@ class Answerer:
         self._props: ServerProps | None = None
         self._props_at = 0.0
         self.style_choice = choose_style(settings.llm_prompt_style, [settings.llm_model_path])
-        self._example_tokens: set[int] | None = None
+        self._example_tokens: dict[str, set[int]] = {}  # per language of the examples
         self.sent = SentSources()  # what each conversation's last prompt sent, so a follow-up extends it
 
     async def example_ban(self, prompt: str) -> list[list[int | bool]]:
         """llama-server `logit_bias` entries that forbid the example answers' tokens absent from the
         prompt's own part (sources, history, question): a copied example answer cannot be generated."""
-        if self._example_tokens is None:
+        examples = EXAMPLES_ZH if prompt.startswith(EXAMPLES_ZH.text) else EXAMPLES
+        if examples.language not in self._example_tokens:
             tokens: set[int] = set()
-            for answer in COMPLETION_EXAMPLE_ANSWERS:
+            for answer in examples.answers:
                 tokens.update(await self.llm.tokenize(f" {answer}"))
-            self._example_tokens = tokens
-        own = set(await self.llm.tokenize(prompt.removeprefix(COMPLETION_EXAMPLES)))
-        return [[token, False] for token in sorted(self._example_tokens - own)]
+            self._example_tokens[examples.language] = tokens
+        own = set(await self.llm.tokenize(prompt.removeprefix(examples.text)))
+        return [[token, False] for token in sorted(self._example_tokens[examples.language] - own)]
 
     @property
     def style(self) -> PromptStyle:
@@ -89,6 +90,11 @@ class Answerer:
         if self.style_choice.name == "completion":
             return CompletionStyle(self.settings.completion_max_sources)
         return ChatStyle()
+
+    def style_for(self, question: str) -> PromptStyle:
+        """The style for one question: a completion prompt takes its examples in the question's script."""
+        style = self.style
+        return style.for_question(question) if isinstance(style, CompletionStyle) else style
 
     def with_defaults(self, query: ChatQuery) -> ChatQuery:
         """The query with the style's max_tokens and temperature where the request left them out."""
@@ -101,7 +107,7 @@ class Answerer:
 
     async def _look_ahead(self, question: str, history: bool) -> ServerProps:
         props = await self.props()
-        await self.budget.warm(question, history=history, style=self.style)
+        await self.budget.warm(question, history=history, style=self.style_for(question))
         return props
 
     async def aclose(self) -> None:
@@ -211,7 +217,7 @@ class Answerer:
             ceiling=self.settings.context_budget,
             correction=correction,
             history_share=self.settings.history_share,
-            style=self.style,
+            style=self.style_for(question),
         )
 
 

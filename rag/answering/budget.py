@@ -431,21 +431,22 @@ class PromptBudget:
         return sum(await self._memo.count_all([defuse(m["content"]) for m in turn])) + per_message * len(turn)
 
     async def _skeleton(self, style: PromptStyle) -> int:
-        """Tokens of a prompt with no sources and no history, less its question (measured once per style)."""
-        if style.name not in self._skeleton_tokens:
+        """Tokens of a prompt with no sources and no history, less its question (measured once per style and
+        language of its examples)."""
+        if style.key not in self._skeleton_tokens:
             probe = await self._count(style.build([], [], "x"))
-            self._skeleton_tokens[style.name] = probe - await self._memo.count("x")
-        return self._skeleton_tokens[style.name]
+            self._skeleton_tokens[style.key] = probe - await self._memo.count("x")
+        return self._skeleton_tokens[style.key]
 
     async def _per_message_overhead(self, style: PromptStyle) -> int:
         """Template tokens around one history message (measured once per style)."""
-        if style.name not in self._per_message:
+        if style.key not in self._per_message:
             probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "x"}]
             with_turn = await self._count(style.build([], probe, "x"))
             without = await self._count(style.build([], [], "x"))
             x = await self._memo.count("x")
-            self._per_message[style.name] = max(0, -(-(with_turn - without - 2 * x) // 2))  # rounded up
-        return self._per_message[style.name]
+            self._per_message[style.key] = max(0, -(-(with_turn - without - 2 * x) // 2))  # rounded up
+        return self._per_message[style.key]
 
 
 async def _zero() -> int:

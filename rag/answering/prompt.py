@@ -131,7 +131,8 @@ def no_sources_answer(collection: str | None = None, question: str = "") -> str:
 # which were never trained on a chat template and echo it): one plain extractive prompt through
 # /completion, greedy, stopped at the end of the line:
 #
-#     COMPLETION_EXAMPLES   fixed invented examples, byte-identical in every request (cached prefix)
+#     COMPLETION_EXAMPLES   fixed invented examples, byte-identical in every request (cached prefix);
+#                           COMPLETION_EXAMPLES_ZH for a question written in Chinese
 #     Context:
 #     [S1] the first source, on one line
 #     [S2] ...
@@ -156,11 +157,50 @@ COMPLETION_EXAMPLES = (
     "Question: Who built the Brenna observatory?\n"
     "Answer: Ilse Varga\n\n"
 )
-COMPLETION_STOP = ("\n",)
-# A small base model copies an example's answer when a question has the same shape ("Who built the
-# lighthouse?" -> "the astronomer Ilse Varga"). Generation bans the tokens of these answers that the
-# question's own context lacks, so an extractive answer loses nothing and the examples cannot leak.
-COMPLETION_EXAMPLE_ANSWERS = tuple(re.findall(r"^Answer: (.+)$", COMPLETION_EXAMPLES, flags=re.M))
+# The same kind of invented examples in Chinese, for a question written in Chinese: with English ones the
+# base model answered a Chinese question in English or ran on past the span.
+COMPLETION_EXAMPLES_ZH = (
+    "用上下文中最短的原文片段回答每个问题。\n\n"
+    "Context:\n"
+    "[S1] 青石桥建于1887年，直到1962年一直承载着跨越澜水河的火车。\n"
+    "[S2] 画家林秀用四个夏天绘制了教堂的天花板，颜料是她用本地黏土研磨而成的。\n"
+    "Question: 林秀的颜料是用什么做的？\n"
+    "Answer: 本地黏土\n\n"
+    "Context:\n"
+    "[S1] 海带林在富含氮的冷水中生长最快，每天可长半米。\n"
+    "[S2] 白岭天文台由天文学家瓦尔嘉于1931年建在特尔山上。\n"
+    "Question: 白岭天文台是谁建造的？\n"
+    "Answer: 瓦尔嘉\n\n"
+)
+# One answer line: it ends at the end of the line or of a Chinese sentence (a span answer holds none of
+# these; a model running on past its span writes them first). Not at "，": on 40 CMRC questions that cut
+# the run-on answers (7.5% at the token limit instead of 35%) but also the spans across clauses (F1
+# 0.225 instead of 0.268).
+COMPLETION_STOP = ("\n", "。", "！", "？", "；")
+
+
+@dataclass(frozen=True)
+class FewShot:
+    """The completion prompt's fixed examples in one script, and the answers they show."""
+
+    language: str
+    text: str
+
+    @property
+    def answers(self) -> tuple[str, ...]:
+        """A small base model copies an example's answer when a question has the same shape ("Who built
+        the lighthouse?" -> "Ilse Varga"): generation bans the tokens of these answers that the question's
+        own context lacks (rag.answering.answerer), so an extractive answer loses nothing."""
+        return tuple(re.findall(r"^Answer: (.+)$", self.text, flags=re.M))
+
+
+EXAMPLES = FewShot("en", COMPLETION_EXAMPLES)
+EXAMPLES_ZH = FewShot("zh", COMPLETION_EXAMPLES_ZH)
+
+
+def examples_for(question: str) -> FewShot:
+    """The examples in the question's script: Chinese ones for a question written in Chinese."""
+    return EXAMPLES_ZH if cjk_fraction(question) >= CJK_QUESTION else EXAMPLES
 
 
 def one_line(text: str) -> str:
@@ -171,6 +211,7 @@ class ChatStyle:
     """Instruct models: system prompt, <sources> in the first user message, the chat template."""
 
     name = "chat"
+    key = "chat"  # what the budget remembers counts under: the fixed text is the same for every question
     max_sources: int | None = None
     fixed_text = SYSTEM_PROMPT  # what an echo of our own instructions would repeat
 
@@ -189,10 +230,16 @@ class CompletionStyle:
     """Base models: a plain extractive prompt with fixed examples, one short answer line."""
 
     name = "completion"
-    fixed_text = COMPLETION_EXAMPLES
+    fixed_text = COMPLETION_EXAMPLES + COMPLETION_EXAMPLES_ZH
 
-    def __init__(self, max_sources: int | None = None) -> None:
+    def __init__(self, max_sources: int | None = None, examples: FewShot = EXAMPLES) -> None:
         self.max_sources = max_sources
+        self.examples = examples
+        self.key = f"completion-{examples.language}"
+
+    def for_question(self, question: str) -> CompletionStyle:
+        """This style with the examples in the question's script."""
+        return CompletionStyle(self.max_sources, examples_for(question))
 
     def render_source(self, source_id: str, text: str, metadata: Mapping[str, Any]) -> str:
         return f"[{source_id}] {one_line(text)}\n"
@@ -201,7 +248,7 @@ class CompletionStyle:
         return "Context:\n"
 
     def build(self, rendered_sources: Sequence[str], history: Sequence[Message], question: str) -> str:
-        parts = [COMPLETION_EXAMPLES]
+        parts = [self.examples.text]
         if rendered_sources:
             parts += ["Context:\n", *rendered_sources]
         for message in history:

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from rag.clients.rerank import RerankClient
 from rag.core.config import Settings
+from rag.core.embeddings_api import InputType
 from rag.core.errors import BackendUnavailable, InvalidRequest, UpstreamError
 from rag.store.chunks import ChunkStore
 from rag.store.lexical import LexicalIndex, cjk_fraction
@@ -38,11 +39,13 @@ MODES: tuple[str, ...] = ("dense", "lexical", "hybrid")  # in the order `rag eva
 
 
 class Embedder(Protocol):
-    async def embed(self, texts: list[str]) -> Vectors | Sequence[Sequence[float]]: ...  # one row per text
+    # One row per text; `kind` is "query" for questions, "passage" for documents (E5 embeds each its way).
+    async def embed(self, texts: list[str], kind: InputType = "passage") -> Vectors | Sequence[Sequence[float]]: ...
 
 
 class Catalog(Protocol):
-    def indexed_ids(self, collection: str, doc_ids: Iterable[str]) -> set[str]: ...
+    # The searchable documents among doc_ids, with the name each is cited by now ("": the chunk's own).
+    def indexed_names(self, collection: str, doc_ids: Iterable[str]) -> dict[str, str]: ...
 
 
 class Reranker(Protocol):
@@ -73,6 +76,7 @@ class _Candidate:
     text: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     score: float = 0.0
+    name: str = ""  # the document's name now, from the catalog: the chunk's stored one may be a twin's
 
     def result(self, weights: dict[str, float], tokenize: Any) -> RetrievedChunk:
         text = self.text or ""
@@ -82,7 +86,9 @@ class _Candidate:
             self.chunk_id,
             self.doc_id,
             text,
-            self.metadata,
+            # A chunk keeps the name it was first indexed under; the same bytes later known only by
+            # another name (the first one now names a newer version) are cited by that name.
+            self.metadata | {"source": self.name} if self.name else self.metadata,
             self.score,
             self.dense_rank,
             self.lexical_rank,
@@ -106,7 +112,7 @@ class Matched(Protocol):
     def coverage(self) -> float: ...
 
 
-def relevance(query: str, hits: Sequence[Matched], settings: Settings, *, blend: float = 1.0) -> float:
+def relevance(query: str, hits: Sequence[Matched], settings: Settings, *, blend: float | None = None) -> float:
     """How well the best retrieved chunk matches the query, on one scale for every query (0-1).
 
     A chunk scores a * cosine + (1 - a) * coverage, with a the query's dense weight (times `blend`):
@@ -114,7 +120,8 @@ def relevance(query: str, hits: Sequence[Matched], settings: Settings, *, blend:
     search terms the chunk holds: a rare name counts more than "year") is the lexical one, so a CJK query that MiniLM cannot read is judged by its terms.
     The fused score cannot serve: it is normalised per query, so every query's best chunk scores 1.
     """
-    a = min(1.0, dense_weight_for(query, settings) * blend)
+    scale = settings.relevance_dense_scale if blend is None else blend  # per embedder (config's CALIBRATED)
+    a = min(1.0, dense_weight_for(query, settings) * scale)
     return max((a * max(h.cosine or 0.0, 0.0) + (1 - a) * h.coverage for h in hits), default=0.0)
 
 
@@ -234,7 +241,7 @@ class Retriever:
         return ranked, depth in (len(dense_hits), len(lexical_hits))
 
     async def _dense(self, query: str, collection: str, depth: int, only: list[str] | None) -> list[Any]:
-        vector = (await self.embedder.embed([query]))[0]
+        vector = (await self.embedder.embed([query], kind="query"))[0]
         # Ids and distances only: texts and metadata are read for the final top k (_attach_texts).
         return await asyncio.to_thread(
             functools.partial(self.store.query, texts=False), collection, vector, depth, only
@@ -243,8 +250,11 @@ class Retriever:
     async def _indexed_only(self, collection: str, candidates: list[_Candidate]) -> list[_Candidate]:
         if not candidates:
             return []
-        indexed = await asyncio.to_thread(self.catalog.indexed_ids, collection, {c.doc_id for c in candidates})
-        return [c for c in candidates if c.doc_id in indexed]
+        indexed = await asyncio.to_thread(self.catalog.indexed_names, collection, {c.doc_id for c in candidates})
+        kept = [c for c in candidates if c.doc_id in indexed]
+        for cand in kept:
+            cand.name = indexed[cand.doc_id]
+        return kept
 
     async def _attach_texts(self, collection: str, candidates: list[_Candidate]) -> None:
         """Text and metadata from Chroma for the candidates that have none yet (dense hits come without)."""

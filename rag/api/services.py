@@ -140,19 +140,34 @@ def open_store(settings: Settings) -> ChunkStore:
 
 
 def find_lost_vectors(services: Services) -> None:
-    """Note the collections where Chroma holds fewer vectors than the catalog's indexed chunks."""
+    """Note the collections where Chroma holds fewer vectors than the catalog's indexed chunks; remove
+    the vectors of no indexed chunk where it holds more (a write cut short, by a full disk say)."""
     store, catalog = services.store, services.catalog
     for name, _ in catalog.collections():
         if name in store.damaged or store.unreadable:
             continue
-        expected = sum(catalog.indexed_chunks(name).values())
+        indexed = catalog.indexed_chunks(name)
+        expected = sum(indexed.values())
         try:
-            held = store.count(name) if expected else 0
+            held = store.count(name)
+            if held > expected and services.settings.chroma_mode == "embedded":  # no other writer
+                held -= remove_orphans(services, name, indexed)
         except (BackendUnavailable, NotFound):
             held = 0
         if held < expected:
             store.out_of_step[name] = f"Chroma holds {held:,} vectors for {expected:,} indexed chunks"
             log.error("collection %r is out of step: %s; %s", name, store.out_of_step[name], REPAIR_HINT)
+
+
+def remove_orphans(services: Services, collection: str, indexed: dict[str, int]) -> int:
+    """Delete the collection's vectors that belong to no indexed chunk of the record; how many went.
+    Run at start, after `recover()`: no document of this store is being written."""
+    recorded = services.lexical.chunk_ids(collection)
+    orphans = sorted(cid for cid in services.store.ids(collection) if recorded.get(cid) not in indexed)
+    if orphans:
+        log.warning("removing %d vectors of no indexed chunk from collection %r", len(orphans), collection)
+        services.store.delete_ids(collection, orphans)
+    return len(orphans)
 
 
 def remove_leftover_uploads(settings: Settings) -> None:

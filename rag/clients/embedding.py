@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
-from rag.core.embeddings_api import EmbeddingsUsage
+from rag.core.embeddings_api import EmbeddingsUsage, InputType
 from rag.core.errors import EmbedderUnavailable, UpstreamError
 
 RETRIED_STATUSES = frozenset({408, 429, 502, 503, 504})  # loading, overloaded or restarting: worth a retry
@@ -96,23 +96,23 @@ class EmbeddingClient:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
-        self.servers = (
-            1  # a pool (rag.clients.embedding_pool) has several: ingestion sends that many more batches at once
-        )
+        # A pool (rag.clients.embedding_pool) has several servers: ingestion sends that many more batches at once.
+        self.servers = 1
         self._retries = retries
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, transport=transport)
 
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def embed(self, texts: list[str]) -> np.ndarray:
-        """One row per text, in order (float32)."""
+    async def embed(self, texts: list[str], kind: InputType = "passage") -> np.ndarray:
+        """One row per text, in order (float32). `kind` says whether the texts are documents (`passage`)
+        or questions (`query`): a model with prompts per kind (E5) embeds each with its own."""
         if not texts:
             return np.zeros((0, 0), dtype=np.float32)
-        return _vectors(await self._post_embeddings(texts), texts)
+        return _vectors(await self._post_embeddings(texts, kind), texts)
 
-    async def embed_one(self, text: str) -> np.ndarray:
-        vector: np.ndarray = (await self.embed([text]))[0]
+    async def embed_one(self, text: str, kind: InputType = "passage") -> np.ndarray:
+        vector: np.ndarray = (await self.embed([text], kind))[0]
         return vector
 
     async def health(self) -> dict[str, Any]:
@@ -124,10 +124,10 @@ class EmbeddingClient:
             return {"state": "ok", **{k: v for k, v in response.json().items() if k != "status"}}  # dimensions: an int
         return {"state": "loading" if response.status_code == 503 else "down", "reason": f"HTTP {response.status_code}"}
 
-    async def embed_with_usage(self, texts: list[str]) -> tuple[np.ndarray, EmbeddingsUsage]:
+    async def embed_with_usage(self, texts: list[str], kind: InputType = "query") -> tuple[np.ndarray, EmbeddingsUsage]:
         """Like `embed` for a non-empty list, with the server's usage (`prompt_tokens`, `total_tokens`,
         and `truncated_inputs`: the inputs longer than the model reads, embedded from their start)."""
-        body = await self._post_embeddings(texts)
+        body = await self._post_embeddings(texts, kind)
         usage = (body.get("usage") if isinstance(body, dict) else None) or {}
         prompt = int(usage.get("prompt_tokens") or 0)
         truncated = int(usage.get("truncated_inputs") or 0)
@@ -135,9 +135,14 @@ class EmbeddingClient:
             prompt_tokens=prompt, total_tokens=prompt, truncated_inputs=truncated
         )
 
-    async def _post_embeddings(self, texts: list[str]) -> Any:
+    async def _post_embeddings(self, texts: list[str], kind: InputType) -> Any:
         """The server's JSON answer for `texts` (base64 vectors), retried as the class says; typed errors."""
-        payload = {"model": self.model, "input": [_encodable(t) for t in texts], "encoding_format": "base64"}
+        payload = {
+            "model": self.model,
+            "input": [_encodable(t) for t in texts],
+            "encoding_format": "base64",
+            "input_type": kind,
+        }
         try:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception(_retried),

@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 
 from rag.clients.embedding import EmbeddingClient
-from rag.core.embeddings_api import EmbeddingsUsage
+from rag.core.embeddings_api import EmbeddingsUsage, InputType
 from rag.core.errors import EmbedderUnavailable
 
 T = TypeVar("T")
@@ -65,15 +65,15 @@ class EmbeddingPool:
         for member in self.members:
             await member.client.aclose()
 
-    async def embed(self, texts: list[str]) -> np.ndarray:
-        return await self._send(lambda c: c.embed(texts))
+    async def embed(self, texts: list[str], kind: InputType = "passage") -> np.ndarray:
+        return await self._send(lambda c: c.embed(texts, kind))
 
-    async def embed_one(self, text: str) -> np.ndarray:
-        vector: np.ndarray = (await self.embed([text]))[0]
+    async def embed_one(self, text: str, kind: InputType = "passage") -> np.ndarray:
+        vector: np.ndarray = (await self.embed([text], kind))[0]
         return vector
 
-    async def embed_with_usage(self, texts: list[str]) -> tuple[np.ndarray, EmbeddingsUsage]:
-        return await self._send(lambda c: c.embed_with_usage(texts))
+    async def embed_with_usage(self, texts: list[str], kind: InputType = "query") -> tuple[np.ndarray, EmbeddingsUsage]:
+        return await self._send(lambda c: c.embed_with_usage(texts, kind))
 
     async def health(self) -> dict[str, Any]:
         """`ok` (with the first healthy member's fields) while any member is; every member under `servers`."""

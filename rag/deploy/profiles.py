@@ -71,6 +71,13 @@ PROFILES: dict[str, ServerProfile] = {
         # from token 0 (cache_n 0) instead of reusing the fixed system prompt. ~70 MB more at 4,096.
         extra=("--swa-full",),
     ),
+    "cpu-instruct": ServerProfile(
+        name="cpu-instruct",
+        description="Embedded instruct generator: the bundled SmolLM2 135M Instruct on 2 CPU cores beside the embedder.",
+        threads=1,
+        # The chat template (ChatML) is in the GGUF: --jinja reads it. No sliding window, so no --swa-full.
+        model="smollm2-135m-instruct-q4_1",
+    ),
     # Derived by the planner (rag.deploy.planner.tune on the production model's shape, V100 16 GB, 4,096
     # tokens a slot, as many slots as fit); tests/test_planner.py checks that the planner still derives
     # exactly this. Two slots of 4,096 tokens each (-c 8192 split in two): two users decode at once; the

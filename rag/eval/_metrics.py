@@ -106,6 +106,9 @@ def _share(flags: Sequence[bool]) -> float | None:
     return sum(flags) / len(flags) if flags else None
 
 
+ANSWER_CHARS_KEPT = 200  # of each answer, in the per-question scores
+
+
 def answer_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     n = max(len(records), 1)
     supported = [s for r in records for s in r["supported"]]
@@ -134,6 +137,17 @@ def answer_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "ttft_ms": latency_summary([r["ttft_ms"] for r in records if r.get("ttft_ms") is not None]),
         "total_ms": latency_summary([r["total_ms"] for r in records]),
         "examples": [{k: r[k] for k in ("qid", "answer", "em", "f1")} for r in records[:5]],
+        # Per question, so that runs over the same sample can be compared on any subset of it.
+        "per_question": [
+            {
+                "qid": r["qid"],
+                "em": r["em"],
+                "f1": round(r["f1"], 4),
+                "at_token_limit": bool(r.get("at_token_limit")),
+                "answer": r["answer"][:ANSWER_CHARS_KEPT],
+            }
+            for r in records
+        ],
         "samples_ms": {
             "ttft": [r["ttft_ms"] for r in records if r.get("ttft_ms") is not None],
             "total": [round(r["total_ms"], 1) for r in records],

@@ -141,7 +141,7 @@ def report_markdown(result: dict[str, Any]) -> str:
         lines += [
             "## Answers",
             "",
-            f"{answers['questions']} questions, top_k {c['top_k']}, max_tokens {c['max_tokens'] or 'the style default'}, "
+            f"{answers['questions']} questions{' (the first of the sample)' if c.get('answer_limit') else ''}, top_k {c['top_k']}, max_tokens {c['max_tokens'] or 'the style default'}, "
             f"model `{c['llm_model']}`, prompt style `{answers.get('prompt_style')}` ({answers.get('prompt_style_reason')}).",
             "",
             "| exact match | F1 | citation precision | no valid citation | with an invalid citation |",

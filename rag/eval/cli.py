@@ -43,6 +43,7 @@ Examples:
   rag eval squad.json --limit 200 --json > baseline.json
   RAG_CHUNK_TOKENS=120 rag eval squad.json --limit 200 --baseline baseline.json --max-drop 0.02
   rag eval cmrc2018-trial.json --answers --limit 50 --report eval-report/
+  RAG_GENERATOR=smollm2-135m-instruct rag eval squad.json --limit 200 --answers --answer-limit 50
 
 \b
 Exit status: 0 ok, 1 an error (a backend down, the store held by a running API), 3 a metric fell more
@@ -218,6 +219,12 @@ def _gate(result: dict[str, Any], baseline_path: Path, max_drop: float) -> bool:
     default=None,
     help="A seeded sample of N questions; only their paragraphs are indexed.",
 )
+@click.option(
+    "--answer-limit",
+    type=click.IntRange(1),
+    default=None,
+    help="With --answers, answer only the first N questions of the sample (a slow model on the same questions).",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON (the --baseline format).")
 @click.option(
@@ -241,6 +248,7 @@ def eval_command(
     answers: bool,
     max_tokens: int | None,
     limit: int | None,
+    answer_limit: int | None,
     seed: int,
     as_json: bool,
     report: Path | None,
@@ -262,7 +270,14 @@ def eval_command(
         check_collection(collection)
     evalset = read_squad(dataset, limit=limit, seed=seed)
     options = EvalOptions(
-        collection=collection, keep=keep, modes=chosen, answers=answers, max_tokens=max_tokens, limit=limit, seed=seed
+        collection=collection,
+        keep=keep,
+        modes=chosen,
+        answers=answers,
+        max_tokens=max_tokens,
+        limit=limit,
+        seed=seed,
+        answer_limit=answer_limit,
     )
     result = asyncio.run(_evaluate(evalset, settings, options))
     if as_json:

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rag.answering.events import AnswerDocument, Done
 from rag.answering.retrieval import MODES
 from rag.core.config import Settings
+from rag.core.embeddings_api import InputType
 from rag.core.errors import InvalidRequest
 from rag.core.provenance import provenance
 from rag.eval._gate import LOWER_IS_BETTER, Regression, compare, flat_scores, read_baseline, sample_differs, unmeasured
@@ -145,6 +146,7 @@ class EvalOptions:
     answers: bool = False
     max_tokens: int | None = None  # None: the prompt style's default
     limit: int | None = None
+    answer_limit: int | None = None  # answers for the first N sampled questions only (None: all)
     seed: int = 0
 
 
@@ -159,15 +161,15 @@ class QueryVectors:
         """Embed `text` now; the milliseconds it took."""
         self._memo.clear()
         started = time.perf_counter()
-        self._memo[text] = (await self.embedder.embed([text]))[0]
+        self._memo[text] = (await self.embedder.embed([text], kind="query"))[0]
         return (time.perf_counter() - started) * 1000
 
-    async def embed(self, texts: list[str]) -> list[Sequence[float]]:
+    async def embed(self, texts: list[str], kind: InputType = "query") -> list[Sequence[float]]:
         if len(self._memo) > 64:  # answering asks one question after another: stay small
             self._memo.clear()
         missing = [t for t in texts if t not in self._memo]
         if missing:
-            self._memo.update(zip(missing, await self.embedder.embed(missing)))
+            self._memo.update(zip(missing, await self.embedder.embed(missing, kind="query")))
         return [self._memo[t] for t in texts]
 
 
@@ -227,7 +229,7 @@ class Evaluation:
             ingest, doc_of = await self._ingest(evalset)
             runs = [_QuestionRun(q, doc_of[q.context]) for q in evalset.questions if q.context in doc_of]
             retrieval = await self._retrieve(runs, retriever, vectors)
-            answers = await self._answer(runs, retriever) if self.options.answers else None
+            answers = await self._answer(runs[: self.options.answer_limit], retriever) if self.options.answers else None
         finally:
             await retriever.aclose()
             if fresh and not self.options.keep:
@@ -276,6 +278,8 @@ class Evaluation:
             "llm_model": s.llm_model,
             "llm_url": s.llm_url if self.options.answers else None,
             "max_tokens": self.options.max_tokens,
+            "answer_limit": self.options.answer_limit,
+            "generator": s.generator,
             "chroma_mode": s.chroma_mode,
             "modes": list(self.options.modes),
             "llm_prompt_style": s.llm_prompt_style,

@@ -4,7 +4,9 @@ Concurrent requests are micro-batched into one `encode` call (bounded batch size
 lanes: queries (requests of at most SHORT_REQUEST texts) never wait behind an ingest's batches. Work
 whose client has gone away is dropped: a request is cancelled when its client disconnects, and a batch
 nobody waits for any more runs none of its remaining forward passes. Nothing here is specific to one
-model: the embedded default serves all-MiniLM-L6-v2, the GPU deployment bge-m3.
+model: the embedded default serves all-MiniLM-L6-v2, the multilingual option multilingual-e5-small (whose
+prompts, `query: ` and `passage: `, go in front of each input by the request's `input_type`), the GPU
+deployment bge-m3.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from rag.core.embeddings_api import (
     EmbeddingsResponse,
     EmbeddingsUsage,
     EncodingFormat,
+    InputType,
     check_embedding_inputs,
     embeddings_response,
 )
@@ -42,6 +45,10 @@ class EmbeddingRequest(BaseModel):
     model: str | None = None
     encoding_format: EncodingFormat = "float"
     dimensions: int | None = None
+    # Not in the OpenAI API (the SDK sends it as `extra_body={"input_type": "passage"}`): which kind of
+    # text the inputs are, for models that embed questions and documents with different prompts (E5's
+    # "query: " / "passage: "). Absent: a query, E5's advice for text that is neither.
+    input_type: InputType = "query"
 
 
 SHUTDOWN_GRACE_S = 3.0  # at a stop, requests in flight get this long; then their work is dropped
@@ -190,6 +197,8 @@ class SentenceEmbedder:
         if max_seq_length is None:
             raise ValueError(f"the model at {model_path} states no max_seq_length")
         self.max_seq_length = int(max_seq_length)
+        # The model's prompts per input kind (E5's "query: " and "passage: "; none for MiniLM).
+        self.prompts: dict[str, str] = dict(getattr(self.model, "prompts", None) or {})
         dimension = self.model.get_embedding_dimension()
         self.dimensions = int(dimension) if dimension is not None else 0
         # Counting runs beside an encode. Calling the model's own tokenizer with other truncation and padding
@@ -248,6 +257,11 @@ class SentenceEmbedder:
             texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
         )
         return np.asarray(vectors, dtype=np.float32)
+
+    def prompted(self, texts: list[str], kind: str) -> list[str]:
+        """The texts as the model reads them: with the prompt of their kind in front, where it has one."""
+        prompt = self.prompts.get(kind, "")
+        return [prompt + t for t in texts] if prompt else texts
 
     def token_counts(self, texts: list[str]) -> list[int]:
         return [len(e.ids) for e in self._counter.encode_batch(texts, add_special_tokens=True)]
@@ -315,6 +329,8 @@ def create_embedding_app(settings: Settings, embedder: SentenceEmbedder | None =
         texts = [body.input] if isinstance(body.input, str) else list(body.input)
         check_embedding_inputs(texts, max_inputs=settings.embed_max_inputs)
         model: SentenceEmbedder = state["model"]
+        # The prompt goes in front of each text before batching: one batch may hold both kinds.
+        texts = model.prompted(texts, body.input_type)
         # A query's count is cheaper than the hop to a thread (the event loop waits ~0.1 ms for it).
         short = len(texts) <= SHORT_REQUEST
         counts = model.token_counts(texts) if short else await asyncio.to_thread(model.token_counts, texts)

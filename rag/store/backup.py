@@ -9,6 +9,13 @@ as a `pending` document, which the next start removes, as after a crash. Chroma 
 derived and rebuilt on restore; `--with-indexes` copies them too, only while no process holds the store
 (Chroma's files cannot be copied consistently under a running API).
 
+The kept originals of the documents that have pages (the PDFs and images the page viewer renders: see
+`ingest.originals`) are copied too, once the writers go on: an original never changes (its name is its
+content's hash), so only a document deleted in between can lack its original in the copy, which the
+manifest counts (`originals_missing`, as for documents indexed before originals were kept). The caller
+says where an original lives (`original_of`), since that layout belongs to ingestion. Rendered pages
+are a cache and are left out. Restored, the originals are back where they were, checked like every file.
+
 Safe to kill: a backup is written into `.<DEST>.partial` beside DEST and renamed at the end; a
 previous backup at DEST is moved to `.<DEST>.previous` first and removed once the new one is in place,
 and put back when a killed run left DEST missing. A restore writes `restore.json` into the data dir
@@ -23,7 +30,7 @@ import os
 import shutil
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from importlib import metadata
 from pathlib import Path
@@ -38,6 +45,7 @@ FORMAT = 1
 MANIFEST = "manifest.json"
 RECORD_FILES = ("catalog.sqlite", "lexical.sqlite")
 INDEX_DIRS = ("chroma", "lexical.tantivy")
+ORIGINALS_DIR = "originals"
 RESTORE_MARK = "restore.json"
 _CHUNK = 1 << 20
 
@@ -122,9 +130,43 @@ def _previous(dest: Path) -> Path:
     return dest.with_name(f".{dest.name}.previous")
 
 
-def backup_store(data_dir: Path, dest: Path, *, with_indexes: bool = False) -> dict[str, Any]:
+OriginalOf = Callable[[str, str], Path | None]  # (collection, doc_id) -> the kept original's file, if any
+
+
+def _copy_originals(data_dir: Path, partial: Path, original_of: OriginalOf) -> int:
+    """Copy the originals of the copy's indexed documents that have pages; how many are missing."""
+    db = sqlite3.connect(f"file:{partial / 'catalog.sqlite'}?mode=ro", uri=True)
+    try:
+        paged = db.execute(
+            "SELECT collection, doc_id FROM documents WHERE state = 'indexed' AND pages IS NOT NULL"
+        ).fetchall()
+    finally:
+        db.close()
+    missing = 0
+    for collection, doc_id in paged:
+        try:
+            source = original_of(collection, doc_id)
+        except ValueError:  # an id that is no content hash has none
+            source = None
+        if source is None:
+            missing += 1
+            continue
+        target = partial / source.relative_to(data_dir)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            shutil.copyfile(source, target)
+        except FileNotFoundError:  # deleted with its document since the record was copied
+            target.unlink(missing_ok=True)
+            missing += 1
+    return missing
+
+
+def backup_store(
+    data_dir: Path, dest: Path, *, with_indexes: bool = False, original_of: OriginalOf | None = None
+) -> dict[str, Any]:
     """Write a backup of the store at `data_dir` into `dest`; returns its manifest. The caller holds the
-    store's lock when `with_indexes` (no process writes Chroma meanwhile)."""
+    store's lock when `with_indexes` (no process writes Chroma meanwhile). With `original_of`, the kept
+    originals of documents with pages are in it too."""
     for name in RECORD_FILES:
         if not (data_dir / name).exists():
             raise BackupInvalid(f"no store to back up: {data_dir / name} does not exist")
@@ -140,6 +182,7 @@ def backup_store(data_dir: Path, dest: Path, *, with_indexes: bool = False) -> d
         taken_at = time.time()
         for name in RECORD_FILES:
             _copy_sqlite(data_dir / name, partial / name)
+    missing = _copy_originals(data_dir, partial, original_of) if original_of is not None else None
     if with_indexes:
         for name in INDEX_DIRS:
             if (data_dir / name).exists():
@@ -158,6 +201,8 @@ def backup_store(data_dir: Path, dest: Path, *, with_indexes: bool = False) -> d
         "schema": {name: user_version(partial / name) for name in RECORD_FILES},
         "with_indexes": with_indexes,
         "collections": _collections(partial / "lexical.sqlite", partial / "catalog.sqlite"),
+        "originals": sum(1 for name in files if name.startswith(f"{ORIGINALS_DIR}/")),
+        "originals_missing": missing,
         "files": files,
         "seconds": round(time.time() - started, 3),
     }
@@ -232,11 +277,11 @@ class _Manifest(BaseModel):
 
 
 def _check_name(src: Path, name: str) -> None:
-    """`name` is one of the store's files (a record file, or one inside an index folder), a plain file
+    """`name` is one of the store's files (a record file, or one inside an index folder or the originals), a plain file
     of the backup: no absolute path, no `..`, no symbolic link on the way, which would read or write
     outside the backup and the data dir."""
     parts = Path(name).parts
-    inside = name in RECORD_FILES or (len(parts) > 1 and parts[0] in INDEX_DIRS)
+    inside = name in RECORD_FILES or (len(parts) > 1 and parts[0] in (*INDEX_DIRS, ORIGINALS_DIR))
     if Path(name).is_absolute() or ".." in parts or not inside:
         raise BackupInvalid(f"the backup's manifest lists {name[:200]!r}, which is no file of the store")
     for depth in range(1, len(parts) + 1):
@@ -264,11 +309,11 @@ def _check_compatible(manifest: dict[str, Any], embed_model: str) -> None:
 
 def store_contents(data_dir: Path) -> list[str]:
     """What a restore would replace in `data_dir`."""
-    return [name for name in (*RECORD_FILES, *INDEX_DIRS) if (data_dir / name).exists()]
+    return [name for name in (*RECORD_FILES, *INDEX_DIRS, ORIGINALS_DIR) if (data_dir / name).exists()]
 
 
 def restore_files(src: Path, data_dir: Path, manifest: dict[str, Any], *, force: bool = False) -> list[str]:
-    """Put the backup's record and catalog (and its indexes, if it has them) into `data_dir`. Refused
+    """Put the backup's record and catalog (and its indexes and originals, if it has them) into `data_dir`. Refused
     when the data dir holds a store, unless `force` (the replaced files are moved into
     `replaced-<time>/` there) or this is the same restore run again. Returns what was replaced."""
     mark = data_dir / RESTORE_MARK

@@ -8,7 +8,7 @@
 A failed row is claimed again (back to `pending`) when its file comes again, or deleted like an
 indexed one.
 
-Only `indexed` documents are searchable: retrieval asks `indexed_ids()` and drops hits of any other
+Only `indexed` documents are searchable: retrieval asks `indexed_names()` and drops hits of any other
 document. A new version of a source becomes searchable, and the old one unsearchable, in one SQLite
 transaction (`mark_indexed`); the old version's chunks are deleted after. A process that dies leaves
 `pending` or `deleting` rows whose owner lease is free: `leftovers()` finds them for clean-up.
@@ -236,17 +236,21 @@ class DocumentCatalog:
 
     def indexed_ids(self, collection: str, doc_ids: Iterable[str]) -> set[str]:
         """The subset of `doc_ids` that is searchable now."""
+        return set(self.indexed_names(collection, doc_ids))
+
+    def indexed_names(self, collection: str, doc_ids: Iterable[str]) -> dict[str, str]:
+        """The searchable documents among `doc_ids`, each with its own (display) name now."""
         wanted = list(dict.fromkeys(doc_ids))
-        found: set[str] = set()
+        found: dict[str, str] = {}
         for start in range(0, len(wanted), 500):
             part = wanted[start : start + 500]
             with self._lock:
                 rows = self._db.execute(
-                    f"SELECT doc_id FROM documents WHERE collection = ? AND state = 'indexed' "
+                    f"SELECT doc_id, name FROM documents WHERE collection = ? AND state = 'indexed' "
                     f"AND doc_id IN ({','.join('?' * len(part))})",
                     (collection, *part),
                 ).fetchall()
-            found.update(r[0] for r in rows)
+            found.update(rows)
         return found
 
     def leftovers(self, is_live: IsLive) -> builtins.list[DocumentRecord]:

@@ -83,6 +83,10 @@ class ChunkStore:
         self.damaged: dict[str, str] = {}
         self.out_of_step: dict[str, str] = {}
         self.unreadable: str | None = None
+        # The embedded store's path: after a failed write (a full disk) its client is opened anew, since
+        # chromadb's embedded writer, once it failed, blocks the next write for good (1.5.x); a new client goes on.
+        self.path: Path | None = None
+        self._failed_write = False
 
     @classmethod
     def open(cls, settings: Settings) -> ChunkStore:
@@ -99,7 +103,23 @@ class ChunkStore:
         else:
             settings.chroma_path.mkdir(parents=True, exist_ok=True)
             client = persistent_client(settings.chroma_path)
-        return cls(client, settings.collection)
+        store = cls(client, settings.collection)
+        store.path = None if settings.chroma_mode == "server" else settings.chroma_path
+        return store
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A write, on a client opened anew if the last write failed."""
+        if self._failed_write and self.path is not None:
+            from chromadb.api.shared_system_client import SharedSystemClient
+
+            SharedSystemClient.clear_system_cache()
+            self._client, self._collections, self._failed_write = persistent_client(self.path), {}, False
+        try:
+            yield
+        except Exception:
+            self._failed_write = True
+            raise
 
     def collection(self, name: str, *, create: bool = False) -> Any:
         """The Chroma collection `name`; only writes create it, a read of an unknown one is NotFound."""
@@ -186,25 +206,43 @@ class ChunkStore:
         documents: list[str],
         metadatas: list[dict[str, Any]],
     ) -> None:
-        coll = self.collection(collection, create=True)
-        step = min(self.max_batch_size(), 1000)
-        for start in range(0, len(ids), step):
-            end = start + step
-            coll.upsert(
-                ids=ids[start:end],
-                embeddings=embeddings[start:end],
-                documents=documents[start:end],
-                metadatas=metadatas[start:end],
-            )
+        with self._writing():
+            coll = self.collection(collection, create=True)
+            step = min(self.max_batch_size(), 1000)
+            for start in range(0, len(ids), step):
+                end = start + step
+                coll.upsert(
+                    ids=ids[start:end],
+                    embeddings=embeddings[start:end],
+                    documents=documents[start:end],
+                    metadatas=metadatas[start:end],
+                )
 
     def delete_document(self, collection: str, doc_id: str) -> None:
-        if self.exists(collection):
-            self.collection(collection).delete(where={"doc_id": doc_id})
+        with self._writing():
+            if self.exists(collection):
+                self.collection(collection).delete(where={"doc_id": doc_id})
 
     def count_document(self, collection: str, doc_id: str) -> int:
         if not self.exists(collection):
             return 0
         return len(self.collection(collection).get(where={"doc_id": doc_id}, include=[])["ids"])
+
+    def ids(self, collection: str, step: int = 5000) -> set[str]:
+        """Every chunk id the collection holds."""
+        coll = self._readable(collection)
+        if coll is None:
+            return set()
+        found: set[str] = set()
+        for offset in range(0, int(coll.count()), step):
+            found.update(coll.get(limit=step, offset=offset, include=[])["ids"])
+        return found
+
+    def delete_ids(self, collection: str, ids: list[str]) -> None:
+        with self._writing():
+            coll = self.collection(collection)
+            for start in range(0, len(ids), FILTER_BATCH):
+                coll.delete(ids=ids[start : start + FILTER_BATCH])
 
     def count(self, collection: str) -> int:
         coll = self._readable(collection)

@@ -143,9 +143,11 @@ class LexicalIndex:
         return n
 
     def delete_collection(self, collection: str) -> int:
+        """Its chunks and its embedder's record go: a collection made again under its name starts anew."""
         with self._writer() as writer:
             with self._sqlite() as db:
                 n = db.execute("DELETE FROM chunks WHERE collection = ?", (collection,)).rowcount
+                db.execute("DELETE FROM embedders WHERE collection = ?", (collection,))
             self._bm25.delete_collection(writer, collection)
         return n
 
@@ -200,6 +202,12 @@ class LexicalIndex:
                 "SELECT doc_id, count(*), count(vector) FROM chunks WHERE collection = ? GROUP BY doc_id", (collection,)
             ).fetchall()
         return {doc_id: (int(n), int(v)) for doc_id, n, v in rows}
+
+    def chunk_ids(self, collection: str) -> dict[str, str]:
+        """Every chunk id of the collection in the record, with its document id."""
+        with self._read_lock:
+            rows = self._reader.execute("SELECT chunk_id, doc_id FROM chunks WHERE collection = ?", (collection,))
+            return dict(rows.fetchall())
 
     def records(
         self, collection: str, batch: int = 500

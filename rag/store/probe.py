@@ -6,10 +6,12 @@ write-ahead log disagree crashed `get_collection` in 1.5.9), taking the whole pr
 child opens each collection, counts it and runs one query on its index; it prints a JSON line before
 and after each step, so when it dies the parent knows which collection killed it, marks that one
 damaged and probes the rest in a new child. The child can also export a healthy collection's vectors
-(`export`), which a repair uses instead of embedding the texts again.
+(`export`), which a repair uses instead of embedding the texts again, or list the ids of every healthy
+collection (`ids`), which a check compares with the record.
 
     python -m rag.store.probe PATH [--skip NAME ...]      one JSON line per step
     python -m rag.store.probe PATH --export NAME FILE     ids and float16 vectors as .npz
+    python -m rag.store.probe PATH --ids FILE [NAME ...]  per collection a JSON line of its ids
 """
 
 from __future__ import annotations
@@ -83,6 +85,20 @@ def export_vectors(
         metadatas = json.loads(str(data["metadatas"]))
     out.unlink()
     return {i: (v.tolist(), m or {}) for i, v, m in zip(ids, vectors, metadatas)}
+
+
+def chroma_ids(path: Path, collections: list[str], out: Path, timeout_s: float = 600.0) -> dict[str, set[str]] | None:
+    """The chunk ids Chroma holds in each of `collections` (healthy ones: probed first), read in a
+    child; None if it failed."""
+    if not collections:
+        return {}
+    _, died = _run_child([str(path), "--ids", str(out), *collections], timeout_s)
+    if died is not None or not out.exists():
+        return None
+    try:
+        return {line["collection"]: set(line["ids"]) for line in _lines(out.read_text())}
+    finally:
+        out.unlink()
 
 
 def _run_child(args: list[str], timeout_s: float) -> tuple[list[dict[str, Any]], str | None]:
@@ -179,10 +195,25 @@ def _export(path: str, name: str, out: str) -> None:
     _say(exported=name, count=len(ids))
 
 
+def _ids(path: str, out: str, names: list[str]) -> None:
+    client = persistent_client(path)
+    step = 5000
+    with open(out, "w") as f:
+        for name in names:
+            coll = client.get_collection(name, embedding_function=None)
+            ids: list[str] = []
+            for offset in range(0, coll.count(), step):
+                ids += coll.get(limit=step, offset=offset, include=[])["ids"]
+            f.write(json.dumps({"collection": name, "ids": ids}) + "\n")
+    _say(listed=len(names))
+
+
 def main(argv: list[str]) -> None:
     path, *rest = argv
     if rest[:1] == ["--export"]:
         _export(path, rest[1], rest[2])
+    elif rest[:1] == ["--ids"]:
+        _ids(path, rest[1], rest[2:])
     else:
         _probe(path, set(rest[1:]) if rest[:1] == ["--skip"] else set())
 

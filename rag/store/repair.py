@@ -4,7 +4,9 @@ from it.
 The catalog says which documents are indexed and how many chunks each has; the record (the chunks
 table of `lexical.sqlite`) holds those chunks' texts, metadata and vectors. Chroma and the BM25 index
 are derived from them. A check counts, per collection, the catalog's chunks, the record's, Chroma's
-(probed in a child process: a damaged collection can crash its engine) and the BM25 index's.
+(probed in a child process: a damaged collection can crash its engine) and the BM25 index's, and
+compares Chroma's ids with the record's: a vector of no indexed chunk (a write cut short) is an orphan
+that search would find, an indexed chunk without one is lost to dense search, even where the counts agree.
 
 A repair rebuilds Chroma from the record into a new folder beside the old one and swaps them at the
 end; the old one is kept as `chroma.damaged-<time>`. Chunks written before the record kept vectors get
@@ -26,7 +28,7 @@ from rag.core.errors import StoreUnavailable
 from rag.store.catalog import DocumentCatalog, DocumentCounts
 from rag.store.chunks import HNSW, persistent_client
 from rag.store.lexical import LexicalIndex
-from rag.store.probe import ChromaProbe, export_vectors, probe_chroma
+from rag.store.probe import ChromaProbe, chroma_ids, export_vectors, probe_chroma
 
 REPAIR_COMMAND = "rag store repair"
 BATCH = 500
@@ -46,12 +48,24 @@ class CollectionCheck:
     chroma_state: str  # ok, damaged, missing
     not_in_record: list[str] = field(default_factory=list)  # indexed documents whose chunks the record lacks
     failed: int = 0  # files that failed, kept in the catalog with their reason (not documents)
+    # Chroma's ids against the record's indexed chunks; None when Chroma's ids could not be read.
+    orphans: list[str] | None = None  # vectors of no indexed chunk
+    missing: list[str] | None = None  # indexed chunks with no vector
 
     @property
     def problems(self) -> list[str]:
         out = []
         if self.chroma_state == "damaged":
             out.append("Chroma cannot open this collection")
+        elif self.orphans or self.missing:
+            if self.orphans:
+                out.append(
+                    f"Chroma holds {len(self.orphans):,} vectors of no indexed chunk (such as {self.orphans[0]!r})"
+                )
+            if self.missing:
+                out.append(
+                    f"{len(self.missing):,} indexed chunks have no vector in Chroma (such as {self.missing[0]!r})"
+                )
         elif self.chroma is not None and self.chroma != self.catalog_chunks:
             # More is as wrong as fewer: vectors of no indexed chunk (a write cut short) are found by search.
             out.append(f"Chroma holds {self.chroma:,} vectors for {self.catalog_chunks:,} indexed chunks")
@@ -71,6 +85,8 @@ class CollectionCheck:
             "record_vectors": self.record_vectors,
             "chroma": self.chroma,
             "chroma_state": self.chroma_state,
+            "orphan_vectors": None if self.orphans is None else len(self.orphans),
+            "missing_vectors": None if self.missing is None else len(self.missing),
             "problems": self.problems,
         }
 
@@ -105,7 +121,8 @@ def check_store(data_dir: Path, chroma_path: Path, probe: ChromaProbe | None = N
         names = sorted(
             {n for n, _ in catalog.collections()} | set(lexical.collections()) | set(probe.counts) | set(probe.damaged)
         )
-        checks = [_check_collection(name, catalog, lexical, probe) for name in names]
+        held = chroma_ids(chroma_path, sorted(probe.counts), data_dir / ".check-ids.jsonl") or {}
+        checks = [_check_collection(name, catalog, lexical, probe, held.get(name)) for name in names]
         return StoreCheck(checks, lexical.total(), lexical.search_count(), probe)
     finally:
         lexical.close()
@@ -113,7 +130,7 @@ def check_store(data_dir: Path, chroma_path: Path, probe: ChromaProbe | None = N
 
 
 def _check_collection(
-    name: str, catalog: DocumentCatalog, lexical: LexicalIndex, probe: ChromaProbe
+    name: str, catalog: DocumentCatalog, lexical: LexicalIndex, probe: ChromaProbe, held: set[str] | None
 ) -> CollectionCheck:
     indexed = catalog.indexed_chunks(name)
     in_record = lexical.document_counts(name)
@@ -122,6 +139,8 @@ def _check_collection(
     if probe.unreadable is not None:
         state = "damaged"
     counts = catalog.counts().get(name, DocumentCounts())
+    not_in_record = [d for d, n in indexed.items() if in_record.get(d, (0, 0))[0] < n]
+    orphans, missing = _compare_ids(held, lexical.chunk_ids(name), indexed, set(not_in_record))
     return CollectionCheck(
         name=name,
         documents=counts.documents,
@@ -131,8 +150,23 @@ def _check_collection(
         record_vectors=sum(v for _, v in record),
         chroma=probe.counts.get(name),
         chroma_state=state,
-        not_in_record=[d for d, n in indexed.items() if in_record.get(d, (0, 0))[0] < n],
+        not_in_record=not_in_record,
+        orphans=orphans,
+        missing=missing,
     )
+
+
+def _compare_ids(
+    held: set[str] | None, recorded: dict[str, str], indexed: dict[str, int], unrecorded: set[str]
+) -> tuple[list[str] | None, list[str] | None]:
+    """(orphans, missing): Chroma's ids of no indexed chunk of the record, the record's indexed chunks
+    Chroma lacks. The vectors of an indexed document the record lacks are not orphans: that document
+    is reported apart."""
+    if held is None:
+        return None, None
+    expected = {cid for cid, doc_id in recorded.items() if doc_id in indexed}
+    orphans = sorted(cid for cid in held - expected if cid.rsplit(":", 1)[0] not in unrecorded)
+    return orphans, sorted(expected - held)
 
 
 # Repair.

@@ -180,6 +180,15 @@ async def delete_document(
     return Response(status_code=204)
 
 
+@router.delete("/collections/{name}", status_code=204)
+async def delete_collection(name: str, settings: SettingsDep, pipeline: PipelineDep, access: AccessDep) -> Response:
+    """Remove a collection: every document (uploads being indexed into it stop), its chunks, its index."""
+    collection = access.writable(name, settings)  # a key that does not open it finds no such collection
+    if not await pipeline.delete_collection(collection):
+        raise NotFound(f"no collection {collection[:100]!r}")
+    return Response(status_code=204)
+
+
 @router.get("/collections")
 async def list_collections(catalog: CatalogDep, access: AccessDep) -> dict[str, Any]:
     """Every collection with a row (those the key opens): its documents (indexed contents) and its failed

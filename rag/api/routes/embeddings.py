@@ -5,6 +5,7 @@ the embedding model, and this route serves it, forwarded through the embedding c
 bounded before it leaves the API (body bytes, number of inputs, characters of each); `model` must be the
 embedding model's name (or left out), another is a 404 in OpenAI's shape; `dimensions` is accepted only
 when it is the model's own, since the model cannot shorten its vectors. Token arrays as input are refused.
+`input_type` (`query`, the default, or `passage`) is ours: it picks the model's prompt (E5's).
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from rag.api.deps import EmbedderDep, SettingsDep
 from rag.api.routes.models import check_embedding_model
 from rag.clients.embedding_pool import EmbeddingBackend
-from rag.core.embeddings_api import EmbeddingsResponse, EncodingFormat, check_embedding_inputs, embeddings_response
+from rag.core.embeddings_api import (
+    EmbeddingsResponse,
+    EncodingFormat,
+    InputType,
+    check_embedding_inputs,
+    embeddings_response,
+)
 from rag.core.errors import EmbedderUnavailable, InvalidRequest
 
 router = APIRouter()
@@ -31,6 +38,8 @@ class EmbeddingsRequest(BaseModel):
     model: str | None = None
     encoding_format: EncodingFormat = "float"
     dimensions: int | None = Field(default=None, ge=1)
+    # Ours, as the embedding server takes it (the openai SDK: `extra_body={"input_type": "passage"}`).
+    input_type: InputType = "query"
 
 
 async def check_dimensions(embedder: EmbeddingBackend, dimensions: int | None) -> None:
@@ -56,5 +65,5 @@ async def create_embeddings(
     texts = [body.input] if isinstance(body.input, str) else body.input
     check_embedding_inputs(texts, max_inputs=settings.embed_max_inputs, max_chars=settings.max_message_chars)
     await check_dimensions(embedder, body.dimensions)
-    vectors, usage = await embedder.embed_with_usage(texts)
+    vectors, usage = await embedder.embed_with_usage(texts, body.input_type)
     return embeddings_response(vectors, body.encoding_format, model, usage)
