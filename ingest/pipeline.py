@@ -44,7 +44,7 @@ from ingest._run import RunConfig, run_files
 from ingest._stores import DocumentStores
 from ingest.originals import Originals
 from rag.core.config import Settings
-from rag.core.errors import BackendUnavailable, EmbedderMismatch
+from rag.core.errors import BackendUnavailable
 from rag.store.catalog import DocumentCatalog, DocumentRecord, OwnerLease
 from rag.store.chunks import ChunkStore, store_errors
 from rag.store.lexical import LexicalIndex
@@ -163,13 +163,7 @@ class IngestPipeline:
             (vector,) = await self.embedder.embed([recorded.probe_text])
             now = EmbedderIdentity.of(self.settings.embed_model, recorded.probe_text, vector)
             if not now.same_as(recorded):
-                raise EmbedderMismatch(
-                    f"collection {collection!r} was embedded with {recorded.describe()}; the embedding server now "
-                    f"gives {now.describe()}. Serve the original model, or re-embed the collection with "
-                    f"`rag store reindex --collection {collection}`",
-                    recorded=recorded.describe(),
-                    current=now.describe(),
-                )
+                raise recorded.refusal(now, collection)
         self._verified.add(collection)
 
     # Deletion and recovery (also used by the API and --sync).

@@ -405,3 +405,22 @@ def test_twins_keep_their_own_names_after_one_of_them_changes(backend_settings: 
         assert sources[0]["source"] == "b.txt"
         bakery = _first_sources(url, "What does the bakery on the corner sell?")
         assert bakery[0]["source"] == "a.txt"
+
+
+def test_a_collection_embedded_by_another_model_is_a_409_that_says_to_reindex(backend_settings: Settings):
+    """The record says another model made the collection's vectors (its probe points elsewhere): a chat
+    is refused with the way out, instead of a dense search that quietly finds nothing."""
+    import sqlite3
+
+    from rag.store.record import EmbedderIdentity, read_embedder, write_embedder
+
+    with serve(backend_settings) as url:
+        upload(url)
+        with sqlite3.connect(backend_settings.data_dir / "lexical.sqlite") as db:
+            ours = read_embedder(db, backend_settings.collection)
+            assert ours is not None
+            other = EmbedderIdentity.of("another-model", ours.probe_text, [-x for x in ours.probe])
+            write_embedder(db, backend_settings.collection, other, 0.0)
+        response = httpx.post(f"{url}/v1/chat", json=ask("How tall is the Eiffel Tower?", stream=False), timeout=120)
+        assert response.status_code == 409, response.text
+        assert "rag store reindex --collection" in response.text

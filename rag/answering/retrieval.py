@@ -31,7 +31,7 @@ from rag.core.embeddings_api import InputType
 from rag.core.errors import BackendUnavailable, InvalidRequest, UpstreamError
 from rag.store.chunks import ChunkStore
 from rag.store.lexical import LexicalIndex, cjk_fraction
-from rag.store.record import Vectors
+from rag.store.record import EmbedderIdentity, Vectors
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +181,7 @@ class Retriever:
         self.lexical = lexical
         self.catalog = catalog
         self.settings = settings
+        self._verified: set[str] = set()  # collections whose recorded embedder the query embedder matches
         self._own_reranker = None if reranker is not None else RerankClient.from_settings(settings)
         self.reranker: Reranker | None = reranker or self._own_reranker
 
@@ -240,7 +241,21 @@ class Retriever:
             ranked.append(cand)
         return ranked, depth in (len(dense_hits), len(lexical_hits))
 
+    async def _check_embedder(self, collection: str) -> None:
+        """A collection embedded by another model than the one serving queries is a 409 (reindex it), not a
+        search that quietly finds nothing: its probe text embedded again must give its recorded vector."""
+        if collection in self._verified:
+            return
+        recorded = await asyncio.to_thread(self.lexical.embedder, collection)
+        if recorded is not None:
+            (vector,) = await self.embedder.embed([recorded.probe_text], kind="passage")
+            now = EmbedderIdentity.of(self.settings.embed_model, recorded.probe_text, vector)
+            if not now.same_as(recorded):
+                raise recorded.refusal(now, collection)
+        self._verified.add(collection)
+
     async def _dense(self, query: str, collection: str, depth: int, only: list[str] | None) -> list[Any]:
+        await self._check_embedder(collection)
         vector = (await self.embedder.embed([query], kind="query"))[0]
         # Ids and distances only: texts and metadata are read for the final top k (_attach_texts).
         return await asyncio.to_thread(

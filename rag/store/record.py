@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from rag.core.errors import EmbedderMismatch
 from rag.store.schema import run_script
 
 SAME_MODEL_COSINE = 0.999
@@ -109,6 +110,16 @@ class EmbedderIdentity:
         a, b = np.asarray(self.probe), np.asarray(other.probe)
         cosine = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) or 1.0))
         return cosine >= SAME_MODEL_COSINE
+
+    def refusal(self, now: EmbedderIdentity, collection: str) -> EmbedderMismatch:
+        """The 409 of a collection embedded by this model, asked through `now`'s."""
+        return EmbedderMismatch(
+            f"collection {collection!r} was embedded with {self.describe()}; the embedding server now "
+            f"gives {now.describe()}. Serve the original model, or re-embed the collection with "
+            f"`rag store reindex --collection {collection}`",
+            recorded=self.describe(),
+            current=now.describe(),
+        )
 
 
 def read_embedder(db: sqlite3.Connection, collection: str) -> EmbedderIdentity | None:
