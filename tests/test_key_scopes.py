@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -380,3 +382,20 @@ def test_health_names_a_damaged_collection_only_to_whom_may_see_it(backend_setti
         assert problems(admin) == ["alpha", "beta"]
         assert problems(reader) == ["alpha"]
         assert problems({}) == [], "no key, no collection's name"
+
+
+@pytest.mark.parametrize("key", [None, "rag_0123abcd_" + "B" * 43])
+def test_commands_sent_to_the_api_without_its_key_say_so_in_one_line(stack: Stack, tmp_path: Path, key: str | None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
+    env.update(RAG_DATA_DIR=str(tmp_path / "elsewhere"), PYTHONPATH=str(Path(__file__).parent.parent))
+    if key:
+        env["RAG_API_KEY"] = key
+    note = tmp_path / "note.txt"
+    note.write_text("A note that never gets in.")
+    for command in (["ingest.cli", "--server", stack.url, str(note)], ["rag.cli", "mcp", "--server", stack.url]):
+        done = subprocess.run(
+            [sys.executable, "-m", *command], env=env, input="", capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 1, done.stderr
+        assert "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.strip().splitlines()[-1].startswith("error: ") and "key" in done.stderr.splitlines()[-1]

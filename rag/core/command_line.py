@@ -36,10 +36,22 @@ def run_cli(command: click.Command) -> None:
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except RagError as exc:
-        if os.environ.get("RAG_DEBUG") == "1":
+    except (RagError, BaseExceptionGroup) as exc:
+        # A task group (anyio, asyncio.TaskGroup) wraps what its tasks raised: the RagError inside is the reason.
+        reason = exc if isinstance(exc, RagError) else _rag_error_in(exc)
+        if reason is None or os.environ.get("RAG_DEBUG") == "1":
             raise
-        click.echo(f"error: {exc.message}", err=True)
+        click.echo(f"error: {reason.message}", err=True)
         sys.exit(1)
     if isinstance(code, int) and code:
         sys.exit(code)
+
+
+def _rag_error_in(group: BaseExceptionGroup) -> RagError | None:
+    for exc in group.exceptions:
+        found = (
+            exc if isinstance(exc, RagError) else _rag_error_in(exc) if isinstance(exc, BaseExceptionGroup) else None
+        )
+        if found is not None:
+            return found
+    return None

@@ -24,6 +24,7 @@ from rag.api.mcp.payloads import (
     document_uri,
 )
 from rag.core.config import Settings
+from rag.core.errors import Unauthorized
 
 M = TypeVar("M", bound=BaseModel)
 READ_TIMEOUT_S = 600.0  # an answer that waits for the generation slot, then generates
@@ -43,6 +44,14 @@ class RemoteLibrary:
         http = await self._stack.enter_async_context(
             httpx2.AsyncClient(headers=self._headers, timeout=httpx2.Timeout(30.0, read=READ_TIMEOUT_S))
         )
+        # The key is tried once before the MCP session: a refused one is one line, not the SDK's traceback.
+        refused = (await http.get(self.url.removesuffix(PATH) + "/v1/collections")).status_code == 401
+        if refused:
+            await self._stack.aclose()
+            sent = "its RAG_API_KEY" if self._headers else "no key (RAG_API_KEY is unset)"
+            raise Unauthorized(
+                f"the API at {self.url.removesuffix(PATH)} refuses {sent}: set RAG_API_KEY to its key or a scoped key"
+            )
         transport = streamable_http_client(self.url, http_client=http)
         self._client = await self._stack.enter_async_context(Client(transport))
         return self
