@@ -244,7 +244,7 @@ class Report:
         if result.status == "failed":
             self.line(f"{'failed':<13} {result.source}: {result.reason}")
         elif self._bar is None:
-            self.line(f"{result.status:<13} {result.source} ({result.chunks} chunks)")
+            self.line(f"{result.status:<13} {result.source} ({result.chunks} chunk{'' if result.chunks == 1 else 's'})")
         for warning in result.warnings:
             self.line(f"{'warning':<13} {result.source}: {warning}")
 

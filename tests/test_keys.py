@@ -134,3 +134,11 @@ def test_the_cli_refuses_a_bad_collection_name(monkeypatch: pytest.MonkeyPatch) 
     result = CliRunner().invoke(cli, ["keys", "create", "--collections", "a"])
     assert result.exit_code != 0
     assert "collection name 'a'" in str(result.exception) + result.output
+
+
+@pytest.mark.parametrize("scope", [[], ["--collections", "alpha", "--all-collections"]])
+def test_the_cli_makes_no_key_without_a_scope_said_once(isolated_env: Path, monkeypatch, scope: list[str]) -> None:
+    monkeypatch.setenv("RAG_API_KEY", "admin-key")
+    result = CliRunner().invoke(cli, ["keys", "create", *scope])
+    assert result.exit_code == 2 and "--all-collections" in result.output
+    assert not (isolated_env / FILE).exists()

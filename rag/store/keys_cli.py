@@ -20,6 +20,7 @@ EPILOG = """\b
 Examples:
   rag keys create --collections handbook --read-only   ask and search in one collection
   rag keys create --collections team-a,team-b           read and write two collections
+  rag keys create --all-collections --read-only         read every collection
   rag keys list
   rag keys revoke 3f9c2a1b
 """
@@ -50,10 +51,15 @@ def keys_command() -> None:
 
 
 @keys_command.command("create")
-@click.option("--collections", default=None, help="Comma-separated collections the key opens (default: every one).")
+@click.option("--collections", default=None, help="Comma-separated collections the key opens.")
+@click.option("--all-collections", is_flag=True, help="The key opens every collection, today's and later ones.")
 @click.option("--read-only", is_flag=True, help="Search and chat only: no upload, no delete.")
-def create(collections: str | None, read_only: bool) -> None:
-    """Make a key and print it once: only its hash is kept."""
+def create(collections: str | None, all_collections: bool, read_only: bool) -> None:
+    """Make a key and print it once: only its hash is kept. Name its collections, or say --all-collections."""
+    if (collections is None) == (not all_collections):
+        raise click.UsageError(
+            "name the key's collections (--collections a,b) or give it every one (--all-collections)"
+        )
     settings = load_settings()
     if settings.api_key is None:
         raise click.ClickException(
