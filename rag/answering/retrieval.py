@@ -182,6 +182,8 @@ class Retriever:
         self.catalog = catalog
         self.settings = settings
         self._verified: set[str] = set()  # collections whose recorded embedder the query embedder matches
+        # The check's own embedder: the metrics time `self.embedder` as a query's embed stage, which it is not.
+        self._probe_embedder = embedder
         self._own_reranker = None if reranker is not None else RerankClient.from_settings(settings)
         self.reranker: Reranker | None = reranker or self._own_reranker
 
@@ -248,7 +250,7 @@ class Retriever:
             return
         recorded = await asyncio.to_thread(self.lexical.embedder, collection)
         if recorded is not None:
-            (vector,) = await self.embedder.embed([recorded.probe_text], kind="passage")
+            (vector,) = await self._probe_embedder.embed([recorded.probe_text], kind="passage")
             now = EmbedderIdentity.of(self.settings.embed_model, recorded.probe_text, vector)
             if not now.same_as(recorded):
                 raise recorded.refusal(now, collection)
