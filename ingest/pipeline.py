@@ -48,7 +48,7 @@ from rag.core.errors import BackendUnavailable
 from rag.store.catalog import DocumentCatalog, DocumentRecord, OwnerLease
 from rag.store.chunks import ChunkStore, store_errors
 from rag.store.lexical import LexicalIndex
-from rag.store.record import EmbedderIdentity
+from rag.store.record import check_embedder_of
 
 __all__ = [
     "ChunkRecord",
@@ -158,12 +158,13 @@ class IngestPipeline:
         """
         if collection in self._verified:
             return
+
+        async def embed(text: str) -> Sequence[float]:
+            (vector,) = await self.embedder.embed([text])
+            return list(vector)
+
         recorded = await asyncio.to_thread(self.lexical.embedder, collection)
-        if recorded is not None:
-            (vector,) = await self.embedder.embed([recorded.probe_text])
-            now = EmbedderIdentity.of(self.settings.embed_model, recorded.probe_text, vector)
-            if not now.same_as(recorded):
-                raise recorded.refusal(now, collection)
+        await check_embedder_of(collection, recorded, self.settings.embed_model, embed)
         self._verified.add(collection)
 
     # Deletion and recovery (also used by the API and --sync).

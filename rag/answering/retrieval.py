@@ -31,7 +31,7 @@ from rag.core.embeddings_api import InputType
 from rag.core.errors import BackendUnavailable, InvalidRequest, UpstreamError
 from rag.store.chunks import ChunkStore
 from rag.store.lexical import LexicalIndex, cjk_fraction
-from rag.store.record import EmbedderIdentity, Vectors
+from rag.store.record import Vectors, check_embedder_of
 
 log = logging.getLogger(__name__)
 
@@ -248,12 +248,12 @@ class Retriever:
         search that quietly finds nothing: its probe text embedded again must give its recorded vector."""
         if collection in self._verified:
             return
+
+        async def embed(text: str) -> Sequence[float]:
+            return (await self._probe_embedder.embed([text], kind="passage"))[0]
+
         recorded = await asyncio.to_thread(self.lexical.embedder, collection)
-        if recorded is not None:
-            (vector,) = await self._probe_embedder.embed([recorded.probe_text], kind="passage")
-            now = EmbedderIdentity.of(self.settings.embed_model, recorded.probe_text, vector)
-            if not now.same_as(recorded):
-                raise recorded.refusal(now, collection)
+        await check_embedder_of(collection, recorded, self.settings.embed_model, embed)
         self._verified.add(collection)
 
     async def _dense(self, query: str, collection: str, depth: int, only: list[str] | None) -> list[Any]:

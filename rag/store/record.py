@@ -19,7 +19,7 @@ import hashlib
 import json
 import math
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,6 +120,17 @@ class EmbedderIdentity:
             recorded=self.describe(),
             current=now.describe(),
         )
+
+
+async def check_embedder_of(
+    collection: str, recorded: EmbedderIdentity | None, model: str, embed: Callable[[str], Awaitable[Sequence[float]]]
+) -> None:
+    """The 409 when `embed` (the serving model's passage embedding) no longer gives the collection's probe."""
+    if recorded is None:
+        return
+    now = EmbedderIdentity.of(model, recorded.probe_text, await embed(recorded.probe_text))
+    if not now.same_as(recorded):
+        raise recorded.refusal(now, collection)
 
 
 def read_embedder(db: sqlite3.Connection, collection: str) -> EmbedderIdentity | None:
