@@ -3,6 +3,7 @@ embedding server (and llama-server for --answers) on a small slice of SQuAD."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -18,6 +19,7 @@ from rag.core.provenance import in_checkout
 from rag.eval.cli import EXIT_REGRESSION, eval_command
 from rag.eval.harness import (
     LOWER_IS_BETTER,
+    QueryVectors,
     bears_answer,
     compare,
     exact_match,
@@ -29,6 +31,7 @@ from rag.eval.harness import (
     unmeasured,
 )
 from rag.store.chunks import StoreLock
+from tests.conftest import SUITE_EMBEDDER
 from tests.data import CMRC, SQUAD
 from tests.servers import Server
 
@@ -63,6 +66,19 @@ def test_best_gold_answer_counts() -> None:
 def test_citation_markers_are_not_scored() -> None:
     assert strip_citations("Denver Broncos [S1][S2, S3] 【S4】.") == "Denver Broncos ."
     assert exact_match(strip_citations("Denver Broncos [S1]"), ["Denver Broncos"]) == 1.0
+
+
+def test_a_question_and_a_passage_of_the_same_text_are_embedded_each_as_its_kind() -> None:
+    class ByKind:  # a model with a prompt per input kind (multilingual-e5-small) gives two vectors
+        async def embed(self, texts: list[str], kind: str = "query") -> list[list[float]]:
+            return [[1.0, 0.0] if kind == "query" else [0.0, 1.0] for _ in texts]
+
+    async def both() -> tuple[list[Any], list[Any]]:
+        vectors = QueryVectors(ByKind())
+        await vectors.prime("probe text")
+        return await vectors.embed(["probe text"]), await vectors.embed(["probe text"], kind="passage")
+
+    assert asyncio.run(both()) == ([[1.0, 0.0]], [[0.0, 1.0]])
 
 
 def test_answer_bearing_chunk_is_of_the_question_paragraph() -> None:
@@ -126,7 +142,11 @@ def _invoke(env: dict[str, str | None], *args: str) -> Result:
 def eval_env(tmp_path_factory: pytest.TempPathFactory, embedding_server: Server) -> dict[str, str | None]:
     """A data dir shared by this module's runs, so the slice is ingested once."""
     env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("RAG_") and k != "RAG_LLM_SERVER_BIN"}
-    env.update(RAG_DATA_DIR=str(tmp_path_factory.mktemp("eval-data")), RAG_EMBED_URL=embedding_server.url)
+    env.update(
+        RAG_DATA_DIR=str(tmp_path_factory.mktemp("eval-data")),
+        RAG_EMBED_URL=embedding_server.url,
+        RAG_EMBED_MODEL=SUITE_EMBEDDER,
+    )
     return env
 
 

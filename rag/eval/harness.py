@@ -151,26 +151,30 @@ class EvalOptions:
 
 
 class QueryVectors:
-    """The embedder for the retriever: each question is embedded once (timed) and reused by every method."""
+    """The embedder for the retriever: each question is embedded once (timed) and reused by every method.
+
+    Memoized per input kind: the retriever's check of a collection's embedder embeds its probe text as a
+    passage, which a model with prompts per kind (multilingual-e5-small) embeds otherwise than a question.
+    """
 
     def __init__(self, embedder: Any) -> None:
         self.embedder = embedder
-        self._memo: dict[str, Sequence[float]] = {}
+        self._memo: dict[tuple[str, InputType], Sequence[float]] = {}
 
     async def prime(self, text: str) -> float:
         """Embed `text` now; the milliseconds it took."""
         self._memo.clear()
         started = time.perf_counter()
-        self._memo[text] = (await self.embedder.embed([text], kind="query"))[0]
+        self._memo[text, "query"] = (await self.embedder.embed([text], kind="query"))[0]
         return (time.perf_counter() - started) * 1000
 
     async def embed(self, texts: list[str], kind: InputType = "query") -> list[Sequence[float]]:
         if len(self._memo) > 64:  # answering asks one question after another: stay small
             self._memo.clear()
-        missing = [t for t in texts if t not in self._memo]
+        missing = [t for t in texts if (t, kind) not in self._memo]
         if missing:
-            self._memo.update(zip(missing, await self.embedder.embed(missing, kind="query")))
-        return [self._memo[t] for t in texts]
+            self._memo.update(((t, kind), v) for t, v in zip(missing, await self.embedder.embed(missing, kind=kind)))
+        return [self._memo[t, kind] for t in texts]
 
 
 class _IngestProgress:
