@@ -163,8 +163,8 @@ def test_a_client_that_disconnects_frees_the_llama_server_slot_at_once(
 ):
     llama_server = endless_llama  # writes until max_tokens, whatever the prompt style
     settings = changed(
-        backend_settings, llm_url=llama_server.url, queue_max=0, queue_timeout_s=0
-    )  # a leaked permit would mean 429
+        backend_settings, llm_url=llama_server.url, queue_max=0, queue_timeout_s=0, completion_stop_loops=False
+    )  # a leaked permit would mean 429; its endless line repeats itself
     body = ask("Write a very long story about the Eiffel Tower.", max_tokens=500)
     with serve(settings) as url:
         upload(url)
@@ -205,7 +205,7 @@ def test_a_non_streamed_request_whose_client_gives_up_frees_the_slot(
 ):
     llama_server = endless_llama  # writes until max_tokens, whatever the prompt style
     body = json.dumps({**ask("Write a very long story about the Eiffel Tower.", max_tokens=500), "stream": False})
-    with serve(changed(backend_settings, llm_url=llama_server.url)) as url:
+    with serve(changed(backend_settings, llm_url=llama_server.url, completion_stop_loops=False)) as url:
         upload(url)
         host, port = url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port))) as sock:

@@ -241,6 +241,7 @@ def test_a_stdio_client_that_disappears_stops_the_answer_being_generated(
         "RAG_API_PORT": str(free_port()),
         "RAG_LLM_URL": endless_llama.url,
         "RAG_COMPLETION_MAX_TOKENS": "1500",
+        "RAG_COMPLETION_STOP_LOOPS": "false",  # the endless line repeats itself
         "PYTHONPATH": str(ROOT),
     }
     ingest_docs(env, tmp_path / "docs")

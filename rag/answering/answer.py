@@ -35,8 +35,10 @@ from rag.answering.prompt import (
     no_sources_answer,
 )
 from rag.answering.query import ChatQuery, Clock, Hit, source_entry
+from rag.answering.repetition import LoopGuard
 from rag.clients.llm import ServerProps, StreamDelta, StreamEnd
 from rag.clients.llm_pool import LLMBackend, conversation_key
+from rag.core.config import Settings
 from rag.core.errors import ContextOverflow, RagError
 
 
@@ -45,6 +47,7 @@ class Answering(Protocol):
 
     llm: LLMBackend
     budget: PromptBudget
+    settings: Settings
 
     async def props(self, *, refresh: bool = False) -> ServerProps: ...
 
@@ -169,10 +172,13 @@ class Answer:
         assert self.query.max_tokens is not None and self.query.temperature is not None
         prompt = self.packed.messages
         if isinstance(prompt, str):
+            line = _until_loop if self.answerer.settings.completion_stop_loops else _as_is
             return self._never_blank(
                 [
-                    lambda: _lstripped(self._complete(llm, prompt)),
-                    lambda: _lstripped(self._complete(llm, prompt, grammar=ANSWER_LINE_GRAMMAR)),
+                    lambda: line(_lstripped(self._complete(llm, prompt)), self.packed.used),
+                    lambda: line(
+                        _lstripped(self._complete(llm, prompt, grammar=ANSWER_LINE_GRAMMAR)), self.packed.used
+                    ),
                 ]
             )
         max_tokens, temperature = self.query.max_tokens, self.query.temperature
@@ -313,6 +319,40 @@ async def _lstripped(stream: AsyncIterator[StreamDelta | StreamEnd]) -> AsyncIte
             yield item
     finally:
         await _close(stream)
+
+
+async def _until_loop(
+    stream: AsyncIterator[StreamDelta | StreamEnd], prompt_tokens: int
+) -> AsyncIterator[StreamDelta | StreamEnd]:
+    """The answer line up to where it starts repeating itself (rag.answering.repetition); generation is then
+    stopped and the end says `repetition`, with the tokens generated until then."""
+    guard, generated = LoopGuard(), 0
+    try:
+        async for item in stream:
+            if isinstance(item, StreamEnd):
+                if rest := guard.rest():
+                    yield StreamDelta(rest)
+                yield item
+                return
+            generated += 1
+            if text := guard.feed(item.text):
+                yield StreamDelta(text)
+            if guard.looped:
+                break
+    finally:
+        await _close(stream)
+    if not guard.looped:  # the stream ended without its end
+        if rest := guard.rest():
+            yield StreamDelta(rest)
+        return
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": generated, "total_tokens": prompt_tokens + generated}
+    yield StreamEnd("repetition", usage=usage)
+
+
+def _as_is(
+    stream: AsyncIterator[StreamDelta | StreamEnd], prompt_tokens: int
+) -> AsyncIterator[StreamDelta | StreamEnd]:
+    return stream
 
 
 async def discard(task: asyncio.Future[Any]) -> None:

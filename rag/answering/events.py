@@ -163,7 +163,7 @@ class Done(Event):
     ttft_ms: float | None
     invalid_citations: int
     cache_n: int | None
-    finish_reason: str | None
+    finish_reason: str | None  # llama-server's ("stop", "length"), or "repetition": we ended a looping line
     retrieval_ms: float
     pack_ms: float
     queue_ms: float

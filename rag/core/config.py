@@ -215,6 +215,8 @@ class Settings(BaseSettings):
     llm_prompt_style: Literal["auto", "chat", "completion"] = "auto"
     completion_max_tokens: int = Field(default=32, ge=1)
     completion_max_sources: int = Field(default=1, ge=1, le=100)
+    # End a completion answer line where it starts repeating itself (rag.answering.repetition).
+    completion_stop_loops: bool = True
 
     @field_validator("llm_url", "embed_url")
     @classmethod
