@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -54,6 +55,12 @@ class LoaderPreparer:
             if self._chunker is None:
                 self._chunker = make_chunker(self.settings)
             return self._chunker
+
+    def warm(self) -> None:
+        """Build the chunker now (reading multilingual-e5-small's 250k-piece tokenizer takes about a CPU
+        second), so that the first upload does not wait for it; a missing tokenizer is the upload's error."""
+        with contextlib.suppress(EmbedderUnavailable):
+            self.chunker  # noqa: B018
 
 
 def make_chunker(settings: Settings) -> Any:

@@ -251,14 +251,17 @@ def token_counter(tokenizer: Any) -> tuple[TokenCounter, int]:
     """(count without special tokens, number of special tokens added) for an HF or `tokenizers` tokenizer."""
     from tokenizers import Tokenizer
 
-    backend = tokenizer if isinstance(tokenizer, Tokenizer) else getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:  # a slow (pure-Python) HF tokenizer
+    if isinstance(tokenizer, Tokenizer):
+        backend = tokenizer  # set up in place below: a `tokenizers.Tokenizer` is given to count with
+    elif (shared := getattr(tokenizer, "backend_tokenizer", None)) is not None:
+        # A private copy of the HF tokenizer's own (copying multilingual-e5-small's costs a CPU second).
+        backend = Tokenizer.from_str(shared.to_str())
+    else:  # a slow (pure-Python) HF tokenizer
         return TokenCounter(
             lambda text: len(tokenizer.encode(text, add_special_tokens=False))
         ), tokenizer.num_special_tokens_to_add()
-    # A private copy: saved tokenizers often carry truncation and padding (MiniLM's pads everything to
-    # 128), which would make every count wrong.
-    backend = Tokenizer.from_str(backend.to_str())
+    # Saved tokenizers often carry truncation and padding (MiniLM's pads everything to 128), which would
+    # make every count wrong.
     backend.no_truncation()
     backend.no_padding()
     specials = backend.num_special_tokens_to_add(is_pair=False)

@@ -109,6 +109,12 @@ class IngestPipeline:
         self._idle.set()
         keep_big_buffers_out_of_the_heap()
 
+    async def warm(self) -> None:
+        """Make ready ahead of the first file what the preparer builds on first use (its chunker)."""
+        warm = getattr(self._prepare, "warm", None)
+        if warm is not None:
+            await asyncio.to_thread(warm)
+
     async def drained(self) -> None:
         """Return once no run is in flight, clean-ups included. At shutdown the server cancels a request
         and moves on: the stores must stay open until its run has taken its half-done documents out."""

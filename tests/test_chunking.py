@@ -12,11 +12,13 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
+from ingest._preparer import LoaderPreparer
+from ingest._records import SourceFile
 from ingest.chunking import Chunker, chunk_document
 from ingest.loaders import parse
 from ingest.models import Chunk, DocKind, LoadedDocument, Section
 from rag.core.config import Settings
-from rag.core.errors import DocumentRejected
+from rag.core.errors import DocumentRejected, EmbedderUnavailable
 from tests import hostile
 from tests.data import CMRC, SQUAD
 
@@ -214,8 +216,9 @@ def test_sizes_come_from_settings_and_must_fit_the_model(tokenizer: Tokenizer) -
         Chunker(len, chunk_tokens=10, chunk_overlap=10)
 
 
-def test_saved_truncation_and_padding_do_not_distort_counts(tokenizer: Tokenizer) -> None:
+def test_saved_truncation_and_padding_do_not_distort_counts() -> None:
     # MiniLM's tokenizer.json pads and truncates to 128; counts must ignore both.
+    tokenizer = Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
     assert tokenizer.truncation is not None and tokenizer.padding is not None
     chunker = Chunker.from_tokenizer(tokenizer, chunk_tokens=200)
     assert chunker.count_tokens("hello world") == 2
@@ -302,3 +305,13 @@ def test_a_text_too_long_for_the_chunk_limit_is_refused_before_tokenizing() -> N
     with pytest.raises(DocumentRejected, match="RAG_MAX_DOCUMENT_CHUNKS"):
         chunker.chunk(doc, "long")
     assert counted == []
+
+
+def test_the_preparer_builds_its_chunker_ahead_and_a_missing_tokenizer_is_the_uploads_error(tmp_path: Path) -> None:
+    ready = LoaderPreparer(Settings(data_dir=tmp_path))
+    ready.warm()
+    assert ready._chunker is not None  # the first upload does not wait for the tokenizer to load
+    missing = LoaderPreparer(Settings(data_dir=tmp_path, embed_model_path=str(tmp_path)))
+    missing.warm()  # nothing to say yet: no upload asked
+    with pytest.raises(EmbedderUnavailable, match="has no tokenizer"):
+        missing(b"A note.", SourceFile(path=tmp_path / "note.txt", source="note.txt", name="note.txt"), "doc-1")

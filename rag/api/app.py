@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -31,12 +33,17 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.services = services or build_services(settings)
         instrument(app.state.services, app.state.metrics)
+        # The chunker is built while the API waits for its first upload (a task: start-up does not wait).
+        warming = asyncio.ensure_future(app.state.services.pipeline().warm())
         try:
             if isinstance(app.state.services.llm, LlamaServerPool):
                 await app.state.services.llm.check()  # a pool of differing servers is refused here
             async with mcp_endpoint.run():
                 yield
         finally:
+            warming.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # an upload reports a broken tokenizer
+                await warming
             await app.state.services.aclose()
 
     logging.basicConfig(level=logging.DEBUG if settings.debug else logging.INFO)
