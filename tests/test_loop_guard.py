@@ -50,14 +50,19 @@ def test_an_answer_that_does_not_loop_is_shown_whole(line: str):
     assert "".join(shown) == line and not looped
 
 
-def test_the_first_word_is_shown_at_once_and_at_most_five_wait():
+def test_the_first_word_is_shown_at_once_and_at_most_seven_wait():
     guard = LoopGuard()
     assert guard.feed("Marta ") == "Marta "  # the first unit can never begin a repeat
-    for word in ["Olsen ", "painted ", "the ", "chapel ", "ceiling "]:
-        guard.feed(word)
-    assert guard.shown >= len("Marta ")
-    assert guard.feed("over ").strip() == "Olsen"  # "painted the chapel ceiling over" may still repeat
+    for word in ["Olsen ", "painted ", "the ", "chapel ", "ceiling ", "over ", "four "]:
+        assert guard.feed(word) == ""  # any of these may still begin a run said again
+    assert guard.feed("summers ").strip() == "Olsen"
     assert not guard.looped
+
+
+def test_a_name_said_twice_in_a_chinese_span_is_no_loop():
+    line = "四川大学华西医院是四川大学华西临床医学院的附属医院"
+    shown, looped = _shown(list(line))
+    assert "".join(shown) == line and not looped
 
 
 LIGHTHOUSE = {"lighthouse.txt": "The lighthouse keeper lives on Skerry Island. She lights the lamp at dusk.\n"}
