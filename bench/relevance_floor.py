@@ -205,6 +205,9 @@ async def measure(
                     "cosine": max((h.cosine for h in hits if h.cosine is not None), default=0.0),
                     "coverage": max((h.coverage for h in hits), default=0.0),
                     **{f"blend{b}": relevance(q.text, hits, settings, blend=b) for b in BLENDS},
+                    # every hit's, in rank order: for other scores than the best one (a gap, a spread)
+                    "cosines": [round(h.cosine, 4) if h.cosine is not None else None for h in hits],
+                    "coverages": [round(h.coverage, 4) for h in hits],
                 }
             )
     lexical.close()

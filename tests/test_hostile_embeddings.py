@@ -21,6 +21,7 @@ from rag.core.config import Settings
 from rag.core.errors import EmbedderUnavailable
 from rag.servers.embedding import DISCONNECT_POLL_S
 from tests.chat_helpers import serve
+from tests.conftest import SUITE_EMBEDDER
 from tests.servers import Server, free_port, start_embedding_server
 
 JSON = {"content-type": "application/json"}
@@ -122,7 +123,8 @@ BUSY = [f"word{i} " * 300 for i in range(512)]  # 512 texts over the model's 256
 @pytest.fixture
 def embedder(tmp_path: Path) -> Iterator[Server]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
-    server = start_embedding_server(tmp_path, {**env, "RAG_DATA_DIR": str(tmp_path / "data")})
+    env.update(RAG_DATA_DIR=str(tmp_path / "data"), RAG_EMBED_MODEL=SUITE_EMBEDDER)  # its 256 tokens
+    server = start_embedding_server(tmp_path, env)
     try:
         yield server
     finally:

@@ -25,6 +25,7 @@ from mcp.client.stdio import stdio_client
 from rag.core.config import Settings
 from rag.store.keys import FILE, KeyStore
 from tests.chat_helpers import DOCS, ask, serve, upload
+from tests.conftest import SUITE_EMBEDDER
 from tests.servers import Server
 from tests.test_mcp import http_client, stdio_params, text_of
 
@@ -307,7 +308,11 @@ def test_an_mcp_session_answers_only_the_key_that_opened_it(stack: Stack) -> Non
 
 def test_rag_mcp_over_stdio_sends_its_scoped_key_to_the_api(stack: Stack, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
-    env.update(RAG_DATA_DIR=str(tmp_path / "elsewhere"), RAG_API_KEY=stack.tokens["reader of alpha"])
+    env.update(
+        RAG_DATA_DIR=str(tmp_path / "elsewhere"),
+        RAG_API_KEY=stack.tokens["reader of alpha"],
+        RAG_EMBED_MODEL=SUITE_EMBEDDER,
+    )
 
     async def check() -> None:
         with (tmp_path / "mcp.log").open("w") as errlog:
@@ -387,7 +392,11 @@ def test_health_names_a_damaged_collection_only_to_whom_may_see_it(backend_setti
 @pytest.mark.parametrize("key", [None, "rag_0123abcd_" + "B" * 43])
 def test_commands_sent_to_the_api_without_its_key_say_so_in_one_line(stack: Stack, tmp_path: Path, key: str | None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
-    env.update(RAG_DATA_DIR=str(tmp_path / "elsewhere"), PYTHONPATH=str(Path(__file__).parent.parent))
+    env.update(
+        RAG_DATA_DIR=str(tmp_path / "elsewhere"),
+        PYTHONPATH=str(Path(__file__).parent.parent),
+        RAG_EMBED_MODEL=SUITE_EMBEDDER,
+    )
     if key:
         env["RAG_API_KEY"] = key
     note = tmp_path / "note.txt"

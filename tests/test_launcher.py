@@ -11,8 +11,10 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
+from tests.conftest import MODELS
 from tests.servers import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -47,10 +49,17 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _default_embedder_prepared(default_models_dir: Path) -> None:
+    """`rag up` serves the default embedder from MODELS, rebuilt there beforehand as set-up does."""
+
+
 def _env(data_dir: Path, generator_model: Path, **ports: int) -> dict[str, str]:
+    """`rag up`'s environment: the defaults, the session's generator file, free ports."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
     env.update(
         RAG_DATA_DIR=str(data_dir),
+        RAG_MODELS_DIR=str(MODELS),
         RAG_LLM_MODEL_PATH=str(generator_model),
         RAG_LLM_URL=f"http://127.0.0.1:{ports['llm']}",
         RAG_EMBED_URL=f"http://127.0.0.1:{ports['embed']}",
@@ -58,6 +67,9 @@ def _env(data_dir: Path, generator_model: Path, **ports: int) -> dict[str, str]:
         HF_HUB_OFFLINE="1",
     )
     return env
+
+
+EN = ["The Great Wall is a defensive work built in ancient China.", "A recipe for apple pie with cinnamon."]
 
 
 def test_rag_up_starts_every_part_and_stops_them_cleanly(isolated_env: Path, generator_model: Path):
@@ -88,6 +100,14 @@ def test_rag_up_starts_every_part_and_stops_them_cleanly(isolated_env: Path, gen
         assert health["backends"]["llm"]["n_ctx"] == 4096
         assert health["backends"]["embedder"]["state"] == "ok"
         assert health["backends"]["store"]["mode"] == "embedded"
+        # The default embedder reads Chinese: a sentence lands nearer its translation than another sentence.
+        vectors = httpx.post(
+            f"http://127.0.0.1:{ports['api']}/v1/embeddings",
+            json={"model": "multilingual-e5-small", "input": ["长城是中国古代的防御工程。", *EN]},
+            timeout=60,
+        ).json()["data"]
+        zh, translation, other = (np.array(v["embedding"]) for v in vectors)
+        assert zh @ translation > zh @ other + 0.05, (zh @ translation, zh @ other)  # E5: 0.82 against 0.74
         children = _children(proc.pid)
         assert len(children) >= 3
     finally:

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from rag.core.config import get_settings
 from rag.eval.cli import eval_command
+from tests.conftest import SUITE_EMBEDDER
 from tests.data import CMRC, SQUAD
 from tests.servers import Server
 
@@ -31,7 +32,7 @@ def test_retrieval_does_not_fall_below_its_baseline(
     path = BASELINES / baseline
     limit = json.loads(path.read_text())["dataset"]["limit"]
     env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("RAG_")}
-    env.update(RAG_DATA_DIR=str(tmp_path / "data"), RAG_EMBED_URL=embedding_server.url)
+    env.update(RAG_DATA_DIR=str(tmp_path / "data"), RAG_EMBED_URL=embedding_server.url, RAG_EMBED_MODEL=SUITE_EMBEDDER)
     get_settings.cache_clear()
     try:
         result = CliRunner().invoke(

@@ -72,6 +72,15 @@ def test_a_pool_keeps_its_order_and_one_url_stays_one():
     assert Settings().llm_urls == ["http://127.0.0.1:8081"]
 
 
+def test_the_default_embedder_is_the_multilingual_one(monkeypatch):
+    from rag.core.config import CALIBRATED, MULTILINGUAL_E5
+
+    monkeypatch.delenv("RAG_EMBED_MODEL")  # the suite's own choice (tests/conftest.py)
+    settings = Settings()
+    assert settings.embed_model == MULTILINGUAL_E5
+    assert settings.hybrid_dense_weight_cjk == CALIBRATED[MULTILINGUAL_E5]["hybrid_dense_weight_cjk"] > 0
+
+
 def test_the_weights_and_floors_follow_the_embedder_unless_set(isolated_env, monkeypatch):
     from rag.core.config import CALIBRATED, MULTILINGUAL_E5
 

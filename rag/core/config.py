@@ -127,7 +127,8 @@ class Settings(BaseSettings):
 
     # The embedding server: one URL, or a pool of several (comma-separated).
     embed_url: str = "http://127.0.0.1:8082"
-    embed_model: str = "all-MiniLM-L6-v2"
+    # The bundled multilingual embedder: it won on both languages (bench/README.md, "The default embedder").
+    embed_model: str = MULTILINGUAL_E5
     embed_model_path: str | None = None
     embed_device: str | None = None
     # CPU threads of the embedding model for batches (unset: all cores); short requests (queries) use one.
