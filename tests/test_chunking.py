@@ -265,7 +265,11 @@ def test_offsets_and_limits_hold_for_repeated_text(chunker: Chunker, unit: str, 
     if not text.strip() or "\x00" in text:
         return
     small = Chunker(chunker.count_tokens, chunk_tokens=24, chunk_overlap=6)
-    doc = text_doc(text)
+    try:
+        doc = text_doc(text)
+    except DocumentRejected:  # refused as empty: nothing in it but whitespace and invisible characters
+        assert all(ch.isspace() or not ch.isprintable() for ch in text), text
+        return
     check_chunks(doc, small.chunk(doc, "h"), limit=24)
 
 

@@ -190,7 +190,7 @@ def cpu_override() -> dict:
 def test_cpu_override_replaces_only_the_gpu_and_the_models(cpu_override: dict, services: dict) -> None:
     assert set(cpu_override) <= set(services)
     allowed = {
-        "models": {"command"},
+        "models": {"command", "environment"},
         "llm": {"build", "image", "command", "healthcheck", "deploy"},
         "embed": {"environment", "healthcheck"},
         "api": {"environment"},
@@ -199,6 +199,10 @@ def test_cpu_override_replaces_only_the_gpu_and_the_models(cpu_override: dict, s
         assert set(service) <= allowed[name], name
     assert cpu_override["llm"]["deploy"] == "!reset"
     assert cpu_override["llm"]["build"]["args"]["GGML_CUDA"] == "OFF"
+    # The models job prepares the embedder the variant serves, so it rebuilds no other.
+    assert environment(cpu_override["models"]) == {
+        "RAG_EMBED_MODEL": environment(cpu_override["embed"])["RAG_EMBED_MODEL"]
+    }
     assert set(environment(cpu_override["api"])) == {
         "RAG_LLM_MODEL",
         "RAG_LLM_PROFILE",
