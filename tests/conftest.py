@@ -16,6 +16,7 @@ from tests.servers import Server, start_embedding_server, start_llama_server
 # this CPU); the tests of the default embedder (tests/test_e5_embedder.py, `rag up` in tests/test_launcher.py)
 # ask for it. Set in every test's environment and in the environment of every process a test starts.
 SUITE_EMBEDDER = "all-MiniLM-L6-v2"
+os.environ["RAG_EMBED_MODEL"] = SUITE_EMBEDDER  # before any fixture: session- and module-scoped ones too
 MODELS = Path(os.environ.get("RAG_CACHE_DIR") or Path.home() / ".cache" / "rag-stack") / "models"
 
 
