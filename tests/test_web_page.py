@@ -118,7 +118,8 @@ def citing_api(backend_env: dict[str, str], forced_llama_server: Any, tmp_path: 
 
 @pytest.fixture
 def endless_api(backend_env: dict[str, str], endless_llama: Server, tmp_path: Path) -> Iterator[Server]:
-    yield from _api(tmp_path, {**backend_env, "RAG_LLM_URL": endless_llama.url})
+    # Its endless line repeats itself: the loop guard would end it before Stop is pressed.
+    yield from _api(tmp_path, {**backend_env, "RAG_LLM_URL": endless_llama.url, "RAG_COMPLETION_STOP_LOOPS": "false"})
 
 
 @pytest.fixture
