@@ -1,8 +1,8 @@
 """Ending an answer line that has started to loop, before the loop reaches the reader.
 
 A small base model asked for a span sometimes copies it and then repeats it, or a clause of it, until
-the token limit ("短叶水蜈蚣有毒性，有毒性，有毒性，…"): on 200 CMRC questions 17% of the bundled
-model's answers ran to the limit, most of them so. A sampler penalty (llama-server's repeat or DRY
+the token limit ("短叶水蜈蚣有毒性，有毒性，有毒性，…"): on 200 CMRC questions 18.5% of the bundled
+model's answers ran to the limit, a quarter of them so (bench/README.md, "The loop guard and the E5 default"). A sampler penalty (llama-server's repeat or DRY
 penalties) cannot tell this from what an extractive answer must do, copy the words of its context;
 the loop itself is plain to see in the answer: the same run of units (a CJK character, a word or a whole
 link; punctuation and case ignored) a second time, the run at least `REPEAT_UNITS` units and
@@ -10,8 +10,8 @@ link; punctuation and case ignored) a second time, the run at least `REPEAT_UNIT
 "四川大学华西" twice: "四川大学华西医院是四川大学华西临床医学院的附属医院"). `LoopGuard` watches the streamed text, holds
 back only the last units that could still turn out to begin a repeat (the first unit never waits),
 and when a repeat appears it gives the text up to where the repeat began, less the separators before
-it, and says the answer is over. Used for the completion style's one-line answers, where a repeated
-run of six units is never part of a span; a chat answer of several sentences may legitimately repeat one.
+it, and says the answer is over. Used for the completion style's one-line answers, where such a run
+said twice is hardly ever part of a span; a chat answer of several sentences may legitimately repeat one.
 """
 
 from __future__ import annotations
