@@ -172,13 +172,10 @@ class Answer:
         assert self.query.max_tokens is not None and self.query.temperature is not None
         prompt = self.packed.messages
         if isinstance(prompt, str):
-            line = _until_loop if self.answerer.settings.completion_stop_loops else _as_is
             return self._never_blank(
                 [
-                    lambda: line(_lstripped(self._complete(llm, prompt)), self.packed.used),
-                    lambda: line(
-                        _lstripped(self._complete(llm, prompt, grammar=ANSWER_LINE_GRAMMAR)), self.packed.used
-                    ),
+                    lambda: self._answer_line(llm, prompt),
+                    lambda: self._answer_line(llm, prompt, grammar=ANSWER_LINE_GRAMMAR),
                 ]
             )
         max_tokens, temperature = self.query.max_tokens, self.query.temperature
@@ -216,6 +213,13 @@ class Answer:
         self.no_answer = True
         yield StreamDelta(no_answer_text(c.candidate.metadata.get("source", "") for c in self.packed.chunks))
         yield end
+
+    def _answer_line(
+        self, llm: LLMBackend, prompt: str, grammar: str | None = None
+    ) -> AsyncIterator[StreamDelta | StreamEnd]:
+        """One completion attempt: its text without the leading blank, ended where it starts to loop."""
+        line = _lstripped(self._complete(llm, prompt, grammar))
+        return _until_loop(line, self.packed.used) if self.answerer.settings.completion_stop_loops else line
 
     async def _complete(
         self, llm: LLMBackend, prompt: str, grammar: str | None = None
@@ -326,33 +330,25 @@ async def _until_loop(
 ) -> AsyncIterator[StreamDelta | StreamEnd]:
     """The answer line up to where it starts repeating itself (rag.answering.repetition); generation is then
     stopped and the end says `repetition`, with the tokens generated until then."""
-    guard, generated = LoopGuard(), 0
+    guard, generated, end = LoopGuard(), 0, None
     try:
         async for item in stream:
             if isinstance(item, StreamEnd):
-                if rest := guard.rest():
-                    yield StreamDelta(rest)
-                yield item
-                return
+                end = item
+                break
             generated += 1
             if text := guard.feed(item.text):
                 yield StreamDelta(text)
             if guard.looped:
+                usage = {"prompt_tokens": prompt_tokens, "completion_tokens": generated}
+                end = StreamEnd("repetition", usage={**usage, "total_tokens": prompt_tokens + generated})
                 break
     finally:
         await _close(stream)
-    if not guard.looped:  # the stream ended without its end
-        if rest := guard.rest():
-            yield StreamDelta(rest)
-        return
-    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": generated, "total_tokens": prompt_tokens + generated}
-    yield StreamEnd("repetition", usage=usage)
-
-
-def _as_is(
-    stream: AsyncIterator[StreamDelta | StreamEnd], prompt_tokens: int
-) -> AsyncIterator[StreamDelta | StreamEnd]:
-    return stream
+    if rest := guard.rest():  # nothing after a loop
+        yield StreamDelta(rest)
+    if end is not None:
+        yield end
 
 
 async def discard(task: asyncio.Future[Any]) -> None:
