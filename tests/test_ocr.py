@@ -100,6 +100,16 @@ def test_chinese_lines_and_segments_join_without_a_space() -> None:
     )
 
 
+def test_english_lines_with_a_chinese_gloss_keep_the_space_between_their_words() -> None:
+    text, _ = layout(
+        [
+            line("The city of Tokyo (東京), home", 0.1, 0.1, 0.8),
+            line("to 14 million people (一千四百万).", 0.1, 0.13, 0.7),
+        ]
+    )
+    assert text == "The city of Tokyo (東京), home to 14 million people (一千四百万)."
+
+
 def cells(y: float, *row: tuple[str, float, float], confidence: float = 0.99) -> list[OcrLine]:
     return [line(text, x0, y, x1, confidence) for text, x0, x1 in row]
 

@@ -15,9 +15,9 @@ text's width (titles, a one-column body) cut the page into bands; inside a band,
 leave a gutter free form columns, read one after the other when each is a real column (wide and at
 least three lines tall; narrower ones are table cells and are read row by row). Segments at the same
 height join into one row; a vertical gap of more than a line's height starts a paragraph. The lines of
-a paragraph are joined as running text (a space; nothing next to a Chinese character, nor between two
-lines of Chinese, which wraps anywhere, inside a number too), since a line break inside a sentence would
-split the phrases that search and answers quote.
+a paragraph are joined as running text (a space; nothing next to a Chinese character, nor where the break
+falls inside a word of Chinese text, which wraps anywhere, inside a number too), since a line break inside a
+sentence would split the phrases that search and answers quote.
 
 Tables: two or more rows of several cells whose boxes line up in two columns or more (`tables.grid`)
 are a table, written as markdown under its caption (a short line just above it) with its top row as the
@@ -27,11 +27,12 @@ page without a caption continues the previous page's (`tables.TableCarry`).
 
 from __future__ import annotations
 
-import re
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from rag.core.cjk import has_cjk, is_cjk
 
 from ..models import LoadedDocument, TextBox
 from ._builder import DocumentBuilder, clean
@@ -43,7 +44,6 @@ _MIN_COLUMN = 0.2  # a column is at least this share of the text's width...
 _MIN_COLUMN_LINES = 3  # ...and this many lines tall
 _CAPTION_CHARS = 160  # a caption is a short line of its own...
 _CAPTION_GAP = 1.0  # ...at most a line's height above its table
-_CJK = re.compile(r"[\u3000-\u30ff\u3400-\u9fff\uf900-\ufaff\uff00-\uffef]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +217,7 @@ def _text(rows: list[list[OcrLine]], height: float) -> tuple[str, list[TextBox]]
                 sep = "\n\n"
             elif len(row) > 1 or len(previous) > 1:
                 sep = "\n"  # the cells of a row of several keep their row
-            elif _CJK.search(previous[-1].text) and _CJK.search(row[0].text):
+            elif _breaks_a_chinese_word(previous[-1].text, row[0].text):
                 sep = ""  # Chinese wraps between any two characters, digits and Latin letters too
             else:
                 sep = _joiner(previous[-1], row[0])
@@ -235,9 +235,17 @@ def _text(rows: list[list[OcrLine]], height: float) -> tuple[str, list[TextBox]]
     return "".join(parts), boxes
 
 
+def _breaks_a_chinese_word(before: str, after: str) -> bool:
+    """Whether the word a line ends with or the next begins with holds a CJK character: Chinese has no
+    spaces, so "准决赛阶段16" / "名运动员" and "博尔特;zh" / "-tw:柏特" run on, while "Tokyo (東京), home" / "to"
+    are English words with a gloss."""
+    last, first = before.rsplit(None, 1)[-1:], after.split(None, 1)[:1]
+    return has_cjk("".join(last + first))
+
+
 def _joiner(before: OcrLine, after: OcrLine) -> str:
     """Nothing next to a Chinese character ("16" and "名" read as two boxes are "16名"), else a space."""
-    return "" if _CJK.match(after.text) or _CJK.search(before.text[-1]) else " "
+    return "" if is_cjk(after.text[:1]) or is_cjk(before.text[-1:]) else " "
 
 
 def _rows_in_reading_order(lines: Sequence[OcrLine], height: float) -> list[list[OcrLine]]:
