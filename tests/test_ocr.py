@@ -167,6 +167,20 @@ def test_a_scanned_table_becomes_markdown_rows_under_its_caption_and_header() ->
     assert len(rows) == 2 and all(PRICES_HEADER in c.text for c in rows), "every chunk of rows names the columns"
 
 
+def test_a_new_table_after_a_page_without_one_does_not_take_the_earlier_header() -> None:
+    page_3 = [
+        *cells(0.05, ("Town", 0.1, 0.18), ("Visitors", 0.4, 0.5), ("Year", 0.7, 0.75)),
+        *cells(0.08, ("Leeds", 0.1, 0.17), ("1,200", 0.4, 0.46), ("2024", 0.7, 0.75)),
+    ]
+    text_only = [line("The depot closed for the summer.", 0.1, 0.05, 0.8)]
+    ocr = StandInOcr([], pages=[PRICES_PAGE_1, text_only, page_3])
+    doc = parse(DocKind.PDF, hostile.mixed_scan_pdf([None, None, None]), "prices.pdf", ocr=ocr)
+    last = [s for s in doc.sections if s.table_header][-1]
+    assert last.page == 3
+    assert last.table_header == "| Town | Visitors | Year |\n| --- | --- | --- |"
+    assert last.text == f"{last.table_header}\n| Leeds | 1,200 | 2024 |"
+
+
 def test_running_text_that_ocr_cut_in_two_is_not_a_table() -> None:
     ocr = StandInOcr(
         [

@@ -41,6 +41,7 @@ def load_image(
         notes: list[str] = []
         tables = TableCarry()  # a table over the pages of a TIFF keeps its header
         for index in range(pages):
+            tables.turn_page()
             notes += add_ocr_page(builder, index + 1, _page_pixels(image, index, name), ocr, min_confidence, tables)
     finally:
         image.close()

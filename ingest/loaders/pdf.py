@@ -97,6 +97,7 @@ def _extract(pdf: pdfium.PdfDocument, name: str, max_pages: int, plan: _OcrPlan,
     notes: list[str] = []
     for index in range(n_pages):
         builder.page(index + 1)
+        tables.carry.turn_page()
         for level, title in outline.get(index, ()):
             builder.heading(title, level, raw="", sep="")
         if index in scanned and plan.ocr is not None:

@@ -8,7 +8,8 @@ separator and one line per data row, so `md.text[:len(md.header)]` is what a chu
 repeats (see `ingest.chunking`): a chunk of rows 40-60 still names its columns.
 
 `grid` places OCR line boxes in the columns they line up in (a scanned table: see `ingest.loaders.ocr`),
-and `TableCarry` gives a table that goes on over a page without its header row the previous one.
+and `TableCarry` gives a table that goes on over a page without its header row the previous one (the
+loaders turn its page at each page: a page without a table ends the carry).
 """
 
 from __future__ import annotations
@@ -130,6 +131,14 @@ class TableCarry:
 
     header: list[str] | None = None
     caption: str = ""
+    on_page: bool = False  # the page being read has had a table
+
+    def turn_page(self) -> None:
+        """A new page begins: the last table goes on onto it only from the page just read (a page without
+        a table between them ends it)."""
+        if not self.on_page:
+            self.header, self.caption = None, ""
+        self.on_page = False
 
     def follow(self, rows: list[list[str]], caption: str, first_on_page: bool) -> tuple[list[list[str]], str, bool]:
         """`rows` with the previous header put first when they continue the previous table (first on
@@ -142,5 +151,5 @@ class TableCarry:
             if caption and not caption.endswith("(continued)"):
                 caption = f"{caption} (continued)"
         if any(cell.strip() for cell in rows[0]):
-            self.header, self.caption = rows[0], caption
+            self.header, self.caption, self.on_page = rows[0], caption, True
         return rows, caption, added
