@@ -52,6 +52,13 @@ def test_an_answer_that_does_not_loop_is_shown_whole(line: str):
     assert "".join(shown) == line and not looped
 
 
+@pytest.mark.parametrize("pieces", ["whole", "one character at a time"])
+def test_a_number_that_grows_past_a_repeat_is_no_loop_however_it_is_streamed(pieces: str):
+    line = "Line 1 runs from the airport to 1 Station Road; line 3 runs from the airport to 10 Main Street."
+    shown, looped = _shown([line] if pieces == "whole" else list(line))
+    assert "".join(shown) == line and not looped
+
+
 def test_the_first_word_is_shown_at_once_and_at_most_seven_wait():
     guard = LoopGuard()
     assert guard.feed("Marta ") == "Marta "  # the first unit can never begin a repeat

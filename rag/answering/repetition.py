@@ -19,11 +19,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from rag.core.cjk import CJK_CHARS, is_cjk
+
 REPEAT_UNITS = 6
 REPEAT_LETTERS = 8
 _MAX_RUN = REPEAT_LETTERS  # units: a run of one-letter units is as long as its letters
-_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
-_UNIT = re.compile(f"[a-z][a-z0-9+.-]*://[^\\s)\\]>\"']+|[{_CJK}]|[^\\W_{_CJK}]+", re.IGNORECASE)  # a link is one unit
+# A unit: a link (whole), a CJK character, or a word.
+_UNIT = re.compile(f"[a-z][a-z0-9+.-]*://[^\\s)\\]>\"']+|[{CJK_CHARS}]|[^\\W_{CJK_CHARS}]+", re.IGNORECASE)
 _SEPARATOR = re.compile(r"[,，、;；:：]|[.!?。！？](?=\s)")
 _TRAILING = " \t,，、;；:：-—"
 
@@ -42,8 +44,8 @@ class LoopGuard:
             return ""
         self.text += piece
         found = list(_UNIT.finditer(self.text))
-        # A word that reaches the end of the text may still grow ("18" -> "1887"): not complete yet.
-        last_open = bool(found) and found[-1].end() == len(self.text) and len(found[-1].group()) > 1
+        # A word or link that reaches the end of the text may still grow ("1" -> "1887"): not complete yet.
+        last_open = bool(found) and found[-1].end() == len(self.text) and not is_cjk(found[-1].group())
         complete = found[:-1] if last_open else found
         if (repeat := _repeat(complete)) is not None:
             self.looped = True
