@@ -20,6 +20,7 @@ class Servers:
         self.loading: set[str] = set()
         self.gone: set[str] = set()
         self.tokenized: list[str] = []
+        self.n_ctx = 4096
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle)
@@ -36,7 +37,7 @@ class Servers:
             body: dict[str, Any] = {
                 "total_slots": 1,
                 "model_alias": "m",
-                "default_generation_settings": {"n_ctx": 4096},
+                "default_generation_settings": {"n_ctx": self.n_ctx},
             }
             return httpx.Response(200, json=body)
         if request.url.path == "/tokenize":
@@ -84,6 +85,25 @@ def test_a_member_that_stops_answering_leaves_and_the_request_goes_to_the_other(
 
     assert asyncio.run(run()) == ["down", "ok"]
     assert servers.tokenized == ["b"]
+
+
+def test_every_member_restarted_with_a_new_context_serves_again() -> None:
+    servers = Servers()
+
+    async def run() -> tuple[list[str], int]:
+        pool = LlamaServerPool(["http://a:1", "http://b:1"], transport=servers.transport(), probe_s=3600)
+        try:
+            await pool.check()
+            servers.loading.update({"a", "b"})  # both restart...
+            await pool.health()
+            servers.loading.clear()
+            servers.n_ctx = 8192  # ...with a larger context
+            await pool.health()
+            return [m.state for m in pool.members], (await pool.props()).n_ctx
+        finally:
+            await pool.aclose()
+
+    assert asyncio.run(run()) == (["ok", "ok"], 8192)
 
 
 def test_every_member_down_is_llm_unavailable_naming_each() -> None:

@@ -105,7 +105,6 @@ class LlamaServerPool:
         self.base_url = ",".join(m.url for m in self.members)
         self.probe_s = probe_s
         self.affinity = AffinityStats()
-        self._reference: ServerProps | None = None
         self._prober: asyncio.Task[None] | None = None
         self._probed = False
 
@@ -160,8 +159,10 @@ class LlamaServerPool:
         except (LLMUnavailable, httpx.HTTPError) as exc:
             self._leave(member, "down", str(exc))
             return
-        self._reference = self._reference or props
-        difference = _difference_of(self._reference, props)
+        # The pool's model is what its ready members serve: once none is (all restarted, with a new
+        # context say), the first to answer sets it again, as a single server's client would take it.
+        reference = next((m.props for m in self.members if m.state == "ok" and m is not member and m.props), props)
+        difference = _difference_of(reference, props)
         if difference:
             member.state, member.reason = "refused", f"not the pool's model ({difference})"
             return
