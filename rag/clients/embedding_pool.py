@@ -4,6 +4,11 @@ fewest requests outstanding (ingestion's concurrent batches spread over the pool
 A member that fails a request (unreachable, 503, a timeout) leaves the pool for `rest_s` and the batch
 goes to the next; after its rest it is tried again by the next batch, and stays if it answers. Writing
 this is a few dozen lines: an HTTP load balancer in front would hide which member is down from /health.
+
+Every member must serve the same model, as in the llama-server pool: vectors of two models of one
+dimension (MiniLM and E5, both 384) would go into one collection unnoticed. A member's /health names its
+model before its first batch (and again after it failed); one serving another model than the pool's
+ready members is kept out, and /health says why.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ class EmbedMember:
     failures: int = 0
     resting_until: float = 0.0
     reason: str = ""
+    model: str | None = None  # what its /health said it serves (None: not asked since it last failed)
+    refused: bool = False  # it serves another model than the pool's
 
     @property
     def url(self) -> str:
@@ -82,6 +89,9 @@ class EmbeddingPool:
             state = await member.client.health()
             if state["state"] == "ok":
                 member.resting_until = 0.0
+                self._identify(member, state)
+                if member.refused:
+                    state = {"state": "refused", "reason": member.reason}
             servers.append({**state, "url": member.url, "outstanding": member.outstanding, "served": member.served})
         healthy = [s for s in servers if s["state"] == "ok"]
         if healthy:
@@ -98,7 +108,7 @@ class EmbeddingPool:
         return [
             {
                 "url": m.url,
-                "state": "resting" if m.resting() else "ok",
+                "state": "refused" if m.refused else "resting" if m.resting() else "ok",
                 "active": m.outstanding,
                 "served": m.served,
                 "failures": m.failures,
@@ -107,18 +117,41 @@ class EmbeddingPool:
         ]
 
     def pick(self, tried: set[int]) -> EmbedMember:
-        """The member with the fewest requests outstanding, resting ones last."""
+        """The member with the fewest requests outstanding, resting ones last (refused ones after them)."""
         left = [m for i, m in enumerate(self.members) if i not in tried]
         if not left:
             reasons = "; ".join(f"{m.url}: {m.reason}" for m in self.members)
             raise EmbedderUnavailable(f"no embedding server of the pool answers ({reasons})")
-        return min(left, key=lambda m: (m.resting(), m.outstanding, m.served))
+        return min(left, key=lambda m: (m.refused, m.resting(), m.outstanding, m.served))
+
+    def _identify(self, member: EmbedMember, health: dict[str, Any]) -> None:
+        """Note the model `member` serves (from its /health); refuse it when the pool's other ready
+        members serve another (when none is ready, it sets the pool's model)."""
+        member.model = str(health.get("model") or "")
+        ours = next((m.model for m in self.members if m.model is not None and not m.refused and m is not member), None)
+        member.refused = bool(ours and member.model and member.model != ours)
+        if member.refused:
+            member.reason = f"not the pool's model ({member.model} vs {ours})"
+
+    async def _admitted(self, member: EmbedMember) -> bool:
+        """Whether `member` may take a batch: it answers /health with the pool's model."""
+        if member.model is None:
+            health = await member.client.health()
+            if health["state"] != "ok":
+                member.failures += 1
+                member.reason = str(health.get("reason", health["state"]))
+                member.resting_until = time.monotonic() + self.rest_s
+                return False
+            self._identify(member, health)
+        return not member.refused
 
     async def _send(self, call: Callable[[EmbeddingClient], Awaitable[T]]) -> T:
         tried: set[int] = set()
         while True:
             member = self.pick(tried)
             tried.add(self.members.index(member))
+            if not await self._admitted(member):
+                continue
             member.outstanding += 1
             try:
                 result = await call(member.client)
@@ -126,6 +159,7 @@ class EmbeddingPool:
                 member.failures += 1
                 member.reason = exc.message
                 member.resting_until = time.monotonic() + self.rest_s
+                member.model = None  # it may come back serving another model
                 continue
             finally:
                 member.outstanding -= 1
