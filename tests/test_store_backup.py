@@ -23,6 +23,7 @@ from ingest.originals import Originals
 from ingest.pipeline import SourceFile, document_id
 from rag.cli import cli
 from rag.core.config import Settings, get_settings
+from rag.core.errors import BackupInvalid
 from rag.store import backup as backup_module
 from rag.store.catalog import DocumentCatalog
 from rag.store.chunks import ChunkStore
@@ -362,3 +363,48 @@ def test_a_manifest_naming_the_schema_of_another_file_is_refused(backup) -> None
     _, dest = backup
     _edit_manifest(dest, lambda m: m["schema"].update({"../x.sqlite": 1}))
     _refused(dest, "which is no file of the store")
+
+
+def _made_backup(dest: Path, taken_at: str, contents: dict[str, bytes]) -> dict:
+    """A backup at `dest` of the record files with `contents`, and its manifest."""
+    dest.mkdir(parents=True)
+    for name, data in contents.items():
+        (dest / name).write_bytes(data)
+    files = {name: {"bytes": len(data), "sha256": backup_module.sha256(dest / name)} for name, data in contents.items()}
+    manifest = {"format": backup_module.FORMAT, "taken_at": taken_at, "files": files}
+    (dest / "manifest.json").write_text(json.dumps(manifest))
+    return manifest
+
+
+def test_a_restore_of_another_backup_taken_in_the_same_second_is_not_taken_for_the_killed_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    second = "2026-12-02T06:30:00Z"
+    a = _made_backup(tmp_path / "a", second, {"catalog.sqlite": b"catalog A", "lexical.sqlite": b"lexical A"})
+    b = _made_backup(tmp_path / "b", second, {"catalog.sqlite": b"catalog B", "lexical.sqlite": b"lexical B"})
+    data_dir = tmp_path / "data"
+    real_copy = shutil.copyfile
+
+    def killed_after_the_catalog(source, target):
+        if Path(source).name == "lexical.sqlite":
+            raise KeyboardInterrupt  # stands for a kill between the two copies
+        return real_copy(source, target)
+
+    monkeypatch.setattr(shutil, "copyfile", killed_after_the_catalog)
+    with pytest.raises(KeyboardInterrupt):
+        backup_module.restore_files(tmp_path / "a", data_dir, a)
+    monkeypatch.setattr(shutil, "copyfile", real_copy)
+
+    with pytest.raises(BackupInvalid, match="already holds a store"):
+        backup_module.restore_files(tmp_path / "b", data_dir, b)
+    backup_module.restore_files(tmp_path / "b", data_dir, b, force=True)
+    assert (data_dir / "catalog.sqlite").read_bytes() == b"catalog B"
+    assert (data_dir / "lexical.sqlite").read_bytes() == b"lexical B"
+    # The killed restore of A itself still goes on where it stopped.
+    fresh = tmp_path / "fresh"
+    monkeypatch.setattr(shutil, "copyfile", killed_after_the_catalog)
+    with pytest.raises(KeyboardInterrupt):
+        backup_module.restore_files(tmp_path / "a", fresh, a)
+    monkeypatch.setattr(shutil, "copyfile", real_copy)
+    backup_module.restore_files(tmp_path / "a", fresh, a)
+    assert (fresh / "lexical.sqlite").read_bytes() == b"lexical A"

@@ -318,7 +318,8 @@ def restore_files(src: Path, data_dir: Path, manifest: dict[str, Any], *, force:
     `replaced-<time>/` there) or this is the same restore run again. Returns what was replaced."""
     mark = data_dir / RESTORE_MARK
     data_dir.mkdir(parents=True, exist_ok=True)
-    ours = mark.exists() and json.loads(mark.read_text()).get("taken_at") == manifest["taken_at"]
+    backup_id = _backup_id(manifest)
+    ours = mark.exists() and json.loads(mark.read_text()).get("backup") == backup_id
     present = [] if ours else store_contents(data_dir)
     if present and not force:
         raise BackupInvalid(
@@ -334,7 +335,7 @@ def restore_files(src: Path, data_dir: Path, manifest: dict[str, Any], *, force:
             for extra in (f"{name}-wal", f"{name}-shm"):
                 if (data_dir / extra).exists():
                     (data_dir / extra).rename(aside / extra)
-    mark.write_text(json.dumps({"taken_at": manifest["taken_at"], "source": str(src)}) + "\n")
+    mark.write_text(json.dumps({"backup": backup_id, "taken_at": manifest["taken_at"], "source": str(src)}) + "\n")
     for name in sorted(manifest["files"]):
         target = data_dir / name
         if ours and target.exists():
@@ -344,6 +345,12 @@ def restore_files(src: Path, data_dir: Path, manifest: dict[str, Any], *, force:
         shutil.copyfile(src / name, part)
         part.rename(target)
     return present
+
+
+def _backup_id(manifest: dict[str, Any]) -> str:
+    """What tells one backup from another in `restore.json`: the checksums of its files (`taken_at` has
+    one-second steps: a killed restore of one backup must not be resumed by a restore of another)."""
+    return hashlib.sha256(json.dumps(manifest["files"], sort_keys=True).encode()).hexdigest()
 
 
 def finish_restore(data_dir: Path) -> None:
