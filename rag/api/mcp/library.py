@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from rag.answering.events import Event
 from rag.api.access import Access
+from rag.api.asking import chat_query, collect
 from rag.api.mcp.payloads import (
     AskResult,
     CollectionEntry,
@@ -19,10 +20,10 @@ from rag.api.mcp.payloads import (
     SearchResult,
     document_uri,
 )
-from rag.api.routes.chat import chat_query, collect
 from rag.api.services import Services
 from rag.core.embeddings_api import check_text
 from rag.core.errors import NotFound
+from rag.store.document_text import stitched
 
 # Called with (tokens generated so far, the text just generated) while an answer is written.
 Progress = Callable[[float, str | None], Awaitable[None]]
@@ -155,24 +156,3 @@ def ask_result(body: dict[str, Any], collection: str) -> AskResult:
         unsupported_sentences=int(done.get("unsupported_sentences") or 0),
         no_sources=done.get("no_sources"),
     )
-
-
-def stitched(chunks: list[tuple[str, dict[str, Any]]]) -> str:
-    """A document's text from its chunks: exact slices of the extracted text (metadata `start`/`end`)
-    that overlap, so each is taken from where the previous one ended. Chunks without offsets are joined."""
-    parts: list[str] = []
-    covered = -1
-    for text, meta in sorted(chunks, key=lambda c: (int(c[1].get("start", 0)), int(c[1].get("chunk_index", 0)))):
-        start, end = meta.get("start"), meta.get("end")
-        if start is None or end is None:
-            parts.append(("\n\n" if parts else "") + text)
-            continue
-        start, end = int(start), int(end)
-        if end <= covered:
-            continue
-        if start >= covered:
-            parts.append(("\n\n" if parts and start > covered else "") + text)
-        else:
-            parts.append(text[covered - start :])
-        covered = end
-    return "".join(parts)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Literal, TypeVar
 
 from fastapi import APIRouter, Request
@@ -20,14 +20,11 @@ from sse_starlette import EventSourceResponse
 from sse_starlette.sse import SendTimeoutError
 from starlette.background import BackgroundTask
 
-from rag.answering.answerer import Answer, ChatQuery, NoSourcesAnswer
-from rag.answering.events import AnswerDocument, Event
-from rag.answering.prompt import Message
-from rag.api.access import Access
+from rag.answering.answerer import Answer, NoSourcesAnswer
+from rag.answering.events import AnswerDocument
+from rag.api.asking import chat_query
 from rag.api.deps import AccessDep, AnswererDep, SettingsDep
 from rag.api.errors import error_body
-from rag.api.limits import check_messages
-from rag.core.config import Settings
 from rag.core.disconnect import unless_disconnected
 from rag.core.errors import RagError
 
@@ -56,45 +53,6 @@ class ChatRequest(BaseModel):
     stream: bool = True
     doc_ids: list[str] | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
-
-
-def chat_query(
-    messages: list[Message],
-    settings: Settings,
-    access: Access,
-    *,
-    collection: str | None,
-    top_k: int | None,
-    max_tokens: int | None,
-    doc_ids: list[str] | None,
-    temperature: float | None,
-) -> ChatQuery:
-    """A ChatQuery with the settings' defaults filled in, in a collection `access` opens (shared with the
-    OpenAI-compatible route and the MCP tools)."""
-    check_messages(messages, settings)
-    return ChatQuery(
-        messages=messages,
-        collection=access.collection(collection, settings),
-        top_k=top_k or settings.top_k,
-        max_tokens=max_tokens,  # None: the prompt style's default (Answerer.with_defaults)
-        doc_ids=doc_ids or None,
-        temperature=temperature,
-    )
-
-
-async def collect(
-    answer: Answer | NoSourcesAnswer, on_event: Callable[[Event], Awaitable[None]] | None = None
-) -> AnswerDocument:
-    """The whole answer as one document; `on_event` sees each event as it comes (the MCP `ask` tool
-    reports progress from it)."""
-
-    async def events() -> AsyncIterator[Event]:
-        async for event in answer.events():
-            if on_event is not None:
-                await on_event(event)
-            yield event
-
-    return await AnswerDocument.collect(events())
 
 
 async def _sse(answer: Answer | NoSourcesAnswer) -> AsyncIterator[dict[str, str]]:

@@ -28,9 +28,10 @@ from typing_extensions import TypedDict
 from rag.answering.answerer import Answer, NoSourcesAnswer
 from rag.answering.events import Budget, Citations, Collected, Done, NoSourcesDone, SourceEntry
 from rag.answering.prompt import Message
+from rag.api.asking import chat_query
 from rag.api.deps import AccessDep, AnswererDep, SettingsDep
 from rag.api.errors import error_body
-from rag.api.routes.chat import chat_query, event_stream, whole
+from rag.api.routes.chat import event_stream, whole
 from rag.api.routes.models import check_chat_model
 from rag.core.errors import InvalidRequest, RagError
 

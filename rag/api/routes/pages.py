@@ -21,6 +21,7 @@ from rag.api.deps import AccessDep, CatalogDep, LexicalDep, SettingsDep
 from rag.core.config import Settings
 from rag.core.errors import InvalidRequest, NotFound
 from rag.store.catalog import DocumentRecord
+from rag.store.document_text import characters
 
 router = APIRouter()
 
@@ -139,18 +140,10 @@ async def _chunk(lexical: Any, collection: str, doc_id: str, index: int) -> tupl
 def _context(chunks: list[tuple[str, dict[str, Any]]], target: dict[str, Any]) -> tuple[str, str]:
     """The section's text before and after the target, rebuilt from chunks that overlap or touch.
 
-    Each chunk is the slice [start, end) of the document's text after its repeated table header
-    (`lead` characters), so overlapping chunks agree where they overlap; a gap (whitespace the chunker
+    The chunks give the document's characters (`rag.store.document_text`); a gap (whitespace the chunker
     stripped between two chunks) is one space.
     """
-    spans: dict[int, str] = {}
-    for text, meta in chunks:
-        start, end = meta.get("start"), meta.get("end")
-        if not isinstance(start, int) or not isinstance(end, int):
-            continue
-        body = text[int(meta.get("lead") or 0) :]
-        for offset, char in enumerate(body[: end - start]):
-            spans.setdefault(start + offset, char)
+    spans = characters(chunks)
     t_start, t_end = target.get("start"), target.get("end")
     if not isinstance(t_start, int) or not isinstance(t_end, int):
         return "", ""
