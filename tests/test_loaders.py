@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from pathlib import Path
@@ -444,17 +445,57 @@ def test_worker_is_lean_and_limited() -> None:
 
 
 def test_workers_serve_concurrent_callers(settings: Settings) -> None:
+    """Two documents are in the two workers at once (each scanned page waits in OCR for the other's), and
+    never three."""
+    import threading
     from concurrent.futures import ThreadPoolExecutor
 
+    from ingest.loaders.ocr import OcrLine
+
+    both_in = threading.Barrier(2, timeout=60)  # broken, and the parse fails, if the pool serves one at a time
+    in_ocr, most = 0, 0
+    lock = threading.Lock()
+
+    def ocr_of(n: int):
+        def ocr(image: object) -> tuple[str, list[OcrLine]]:
+            nonlocal in_ocr, most
+            with lock:
+                in_ocr += 1
+                most = max(most, in_ocr)
+            both_in.wait()
+            with lock:
+                in_ocr -= 1
+            return "lines", [OcrLine(f"document {n}", 0.1, 0.1, 0.5, 0.12, 0.99)]
+
+        return ocr
+
+    others = set(_parser_workers())  # the other pools' of this test run
     pool = ParserPool(memory_mb=512, max_workers=2)
-    pdfs = [hostile.text_pdf([f"document {i}"]) for i in range(6)]
+    scan = hostile.mixed_scan_pdf([None])
     try:
         with ThreadPoolExecutor(4) as executor:
-            docs = list(executor.map(lambda d: load_document(d, "x.pdf", settings, pool=pool), pdfs))
+            docs = list(
+                executor.map(lambda n: pool.parse(DocKind.PDF, scan, f"{n}.pdf", timeout_s=60, ocr=ocr_of(n)), range(6))
+            )
         assert [d.text for d in docs] == [f"document {i}" for i in range(6)]
-        assert pool._count <= 2
+        assert most == 2
+        assert len(set(_parser_workers()) - others) == 2, "four callers, two worker processes"
     finally:
         pool.close()
+
+
+def _parser_workers() -> list[int]:
+    """The live parser worker processes this process started (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == os.getpid() and b"worker_main" in command:
+            found.append(int(entry.name))
+    return found
 
 
 def test_damaged_zip_is_named() -> None:
