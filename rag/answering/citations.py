@@ -26,6 +26,7 @@ from typing import Any, Literal, Protocol
 
 from rag.answering.budget import sentence_ends
 from rag.answering.events import CitationEntry, Citations, SentenceEntry
+from rag.core.cjk import has_cjk
 
 # [S1], [S1, S3], [S1][S2], also the full-width brackets and comma a model may use in Chinese text.
 _GROUP = re.compile(r"[\[【［]\s*(S\d+(?:\s*[,，;；]\s*S\d+)*)\s*[\]】］]", re.IGNORECASE)
@@ -236,7 +237,7 @@ def words_of(text: str) -> list[str]:
     spaces), a number among it one word."""
     out: list[str] = []
     for word in _WORD.findall(numerals(unicodedata.normalize("NFKC", text).casefold())):
-        if any(_is_cjk(ch) for ch in word):
+        if has_cjk(word):
             out += _CJK_PIECE.findall(word)
         else:
             out.append(word)
@@ -264,7 +265,3 @@ def content_words(text: str) -> list[str]:
 
 def _flat(text: str) -> str:
     return " ".join(words_of(text))
-
-
-def _is_cjk(ch: str) -> bool:
-    return "\u2e80" <= ch <= "\u9fff" or "\uac00" <= ch <= "\ud7af" or "\uf900" <= ch <= "\ufaff"

@@ -9,10 +9,12 @@ import unicodedata
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from rag.core.cjk import CJK_CHARS, has_cjk
+
 KS = (1, 5, 10)
 DEPTH = 10  # results looked at per question: recall@10 and MRR@10
 
-_CJK = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af]")
+_CJK_OR_OTHER = re.compile(f"[{CJK_CHARS}]|[^{CJK_CHARS}]+")  # one CJK character, or a run of others
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _CITATION = re.compile(r"[\[【［]\s*S\d+(?:\s*[,，;；]\s*S\d+)*\s*[\]】］]", re.IGNORECASE)
 _CJK_PUNCT = set("，。！？；：、“”‘’（）《》【】〈〉「」『』…—～·")
@@ -32,8 +34,8 @@ def answer_tokens(text: str) -> list[str]:
     """Words of the normalized text; CJK characters count one by one."""
     tokens: list[str] = []
     for word in normalize_answer(text).split():
-        if _CJK.search(word):
-            tokens.extend(re.findall(rf"{_CJK.pattern}|[^{_CJK.pattern[1:-1]}]+", word))
+        if has_cjk(word):
+            tokens.extend(_CJK_OR_OTHER.findall(word))
         else:
             tokens.append(word)
     return tokens

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import Stemmer
 
-_CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af"
-_TOKEN = re.compile(rf"[{_CJK}]+|[^\W_{_CJK}]+", re.UNICODE)
-_IS_CJK = re.compile(rf"[{_CJK}]")
+from rag.core.cjk import CJK_CHARS, is_cjk
+
+_TOKEN = re.compile(rf"[{CJK_CHARS}]+|[^\W_{CJK_CHARS}]+", re.UNICODE)
 
 # Lucene's English stop words, question words and the one-letter leftovers of contractions ("don't").
 # BM25 weighs them near zero anyway; dropping them keeps OR queries off the longest posting lists.
@@ -35,7 +35,7 @@ def _stemmer() -> Stemmer.Stemmer:
 def cjk_fraction(text: str) -> float:
     """The share of CJK characters among the letters and digits of `text`."""
     letters = sum(len(m.group()) for m in _TOKEN.finditer(text))
-    return len(_IS_CJK.findall(text)) / letters if letters else 0.0
+    return sum(1 for ch in text if is_cjk(ch)) / letters if letters else 0.0
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class Tokenizer:
         words: list[str] = []
         for match in _TOKEN.finditer(text.lower()):
             run = match.group()
-            if _IS_CJK.match(run):
+            if is_cjk(run[0]):
                 tokens.extend([run] if len(run) == 1 else [run[i : i + 2] for i in range(len(run) - 1)])
             elif not (self.stopwords and run in STOPWORDS_EN):
                 (words if self.stem and run.isascii() else tokens).append(run)
