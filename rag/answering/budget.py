@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from cachetools import LRUCache
 
 from rag.answering.events import Budget, BudgetChunk, Dropped
 from rag.answering.prompt import ChatStyle, Message, PromptStyle, defuse
@@ -197,17 +198,12 @@ class _Memo:
 
     def __init__(self, counter: TokenCounter, size: int = 8192) -> None:
         self._counter = counter
-        self._size = size
-        self._counts: OrderedDict[str, int] = OrderedDict()
+        self._counts: LRUCache[str, int] = LRUCache(maxsize=size)
 
     async def count(self, text: str) -> int:
-        if text in self._counts:
-            self._counts.move_to_end(text)
-            return self._counts[text]
-        n = len(await self._counter.tokenize(text))
-        self._counts[text] = n
-        if len(self._counts) > self._size:
-            self._counts.popitem(last=False)
+        if (n := self._counts.get(text)) is not None:
+            return n
+        n = self._counts[text] = len(await self._counter.tokenize(text))
         return n
 
     async def count_all(self, texts: Sequence[str]) -> list[int]:

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from cachetools import LRUCache
 
 from rag.answering.prompt import Message
 from rag.answering.query import Hit
@@ -63,21 +64,13 @@ class SentSources:
     """The sources of recent prompts, by conversation (least recently used forgotten first)."""
 
     def __init__(self, size: int = MAX_CONVERSATIONS) -> None:
-        self._size = size
-        self._sent: OrderedDict[str, list[Sent]] = OrderedDict()
+        self._sent: LRUCache[str, list[Sent]] = LRUCache(maxsize=size)
 
     def remember(self, key: str, sent: Sequence[Sent]) -> None:
         self._sent[key] = list(sent)
-        self._sent.move_to_end(key)
-        if len(self._sent) > self._size:
-            self._sent.popitem(last=False)
 
     def previous(self, key: str) -> list[Sent]:
-        sent = self._sent.get(key)
-        if sent is None:
-            return []
-        self._sent.move_to_end(key)
-        return list(sent)
+        return list(self._sent.get(key, ()))
 
     def order(self, key: str | None, hits: Sequence[Hit]) -> Ordered:
         """`hits` (rank order) with the previous prompt's sources first, in its order and cut as it was."""

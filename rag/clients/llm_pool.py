@@ -18,13 +18,13 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import httpx
+from cachetools import LRUCache
 
 from rag.clients.llm import LlamaServerClient, LLMHealth, Message, ServerProps, StreamDelta, StreamEnd
 from rag.core.errors import LLMUnavailable, PoolMismatch
@@ -85,7 +85,7 @@ class AffinityStats:
     moved: int = 0  # that server was busy or out of the pool: the least loaded took it
     cached_tokens: int = 0
     prompt_tokens: int = 0
-    by_conversation: OrderedDict[str, Member] = field(default_factory=OrderedDict)
+    by_conversation: LRUCache[str, Member] = field(default_factory=lambda: LRUCache(maxsize=AFFINITY_ENTRIES))
 
 
 class LlamaServerPool:
@@ -194,13 +194,8 @@ class LlamaServerPool:
         return max(ready, key=lambda m: (m.free, -m.served))
 
     def _remember(self, affinity: str | None, member: Member) -> None:
-        if affinity is None:
-            return
-        table = self.affinity.by_conversation
-        table[affinity] = member
-        table.move_to_end(affinity)
-        while len(table) > AFFINITY_ENTRIES:
-            table.popitem(last=False)
+        if affinity is not None:
+            self.affinity.by_conversation[affinity] = member
 
     # The client interface.
 

@@ -10,10 +10,10 @@ key that opened it: another key naming its id (to end it, or to call tools in it
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
+from cachetools import LRUCache
 from mcp.server.mcpserver import MCPServer
 from starlette.datastructures import Headers
 from starlette.types import Message, Receive, Scope, Send
@@ -47,7 +47,7 @@ class McpEndpoint:
         self.server.streamable_http_app(
             streamable_http_path=PATH, max_request_body_size=settings.max_request_bytes, host=settings.api_host
         )
-        self.owners: OrderedDict[str, str] = OrderedDict()  # session id -> the key id that opened it
+        self.owners: LRUCache[str, str] = LRUCache(maxsize=MAX_SESSIONS)  # session id -> the key id that opened it
 
     @asynccontextmanager
     async def run(self) -> AsyncIterator[None]:
@@ -72,8 +72,6 @@ class McpEndpoint:
                 opened = Headers(raw=message.get("headers", [])).get(SESSION_HEADER)
                 if opened is not None and opened not in self.owners:
                     self.owners[opened] = owner
-                    while len(self.owners) > MAX_SESSIONS:
-                        self.owners.popitem(last=False)
             await send(message)
 
         await self.server.session_manager.handle_request(scope, receive, noting_send)
