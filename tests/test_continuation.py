@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rag.answering.continuation import Sent, SentSources, conversation_key, user_turns
+from rag.answering.continuation import Sent, SentSources, questions_so_far_key, user_turns
 from rag.answering.retrieval import RetrievedChunk
 
 
@@ -47,7 +47,7 @@ def test_the_key_is_the_user_turns_in_their_collection_and_filter() -> None:
         [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"}]
     )
     assert turns == ["q1", "q2"]
-    key = conversation_key("default", None, turns)
-    assert key == conversation_key("default", None, ["q1", "q2"])
-    assert key != conversation_key("other", None, turns)
-    assert key != conversation_key("default", ["doc"], turns)
+    key = questions_so_far_key("default", None, turns)
+    assert key == questions_so_far_key("default", None, ["q1", "q2"])
+    assert key != questions_so_far_key("other", None, turns)
+    assert key != questions_so_far_key("default", ["doc"], turns)

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from rag.clients.llm_pool import LlamaServerPool, conversation_key
+from rag.clients.llm_pool import LlamaServerPool, first_question_key
 from rag.core.errors import LLMUnavailable
 
 
@@ -125,4 +125,6 @@ def test_every_member_down_is_llm_unavailable_naming_each() -> None:
 def test_a_conversation_is_known_by_its_first_question() -> None:
     first = [{"role": "user", "content": "When was it built?"}]
     later = [*first, {"role": "assistant", "content": "In 1889."}, {"role": "user", "content": "How tall?"}]
-    assert conversation_key(first) == conversation_key(later) != conversation_key([{"role": "user", "content": "?"}])
+    assert (
+        first_question_key(first) == first_question_key(later) != first_question_key([{"role": "user", "content": "?"}])
+    )

@@ -37,7 +37,7 @@ from rag.answering.prompt import (
 from rag.answering.query import ChatQuery, Clock, Hit, source_entry
 from rag.answering.repetition import LoopGuard
 from rag.clients.llm import ServerProps, StreamDelta, StreamEnd
-from rag.clients.llm_pool import LLMBackend, conversation_key
+from rag.clients.llm_pool import LLMBackend, first_question_key
 from rag.core.config import Settings
 from rag.core.errors import ContextOverflow, RagError
 
@@ -91,7 +91,7 @@ class Answer:
         self.history = history
         self.question = question
         # A pool of llama-servers sends each turn of a conversation where the previous one left its prompt.
-        self.affinity = conversation_key([*history, {"role": "user", "content": question}])
+        self.affinity = first_question_key([*history, {"role": "user", "content": question}])
         self.candidates = candidates
         self.hits = hits
         self.packed = packed

@@ -27,7 +27,7 @@ from dataclasses import replace
 
 from rag.answering.answer import Answer, NoSourcesAnswer, discard
 from rag.answering.budget import Candidate, PackedPrompt, PromptBudget
-from rag.answering.continuation import Sent, SentSources, conversation_key, user_turns
+from rag.answering.continuation import Sent, SentSources, questions_so_far_key, user_turns
 from rag.answering.events import (
     Dropped,
     NoSourcesReason,
@@ -165,7 +165,7 @@ class Answerer:
         props = await ahead
         query = self.with_defaults(asked)  # the style may be known only now, from llama-server's model path
         turns = user_turns(query.messages)
-        before = conversation_key(query.collection, query.doc_ids, turns[:-1]) if history else None
+        before = questions_so_far_key(query.collection, query.doc_ids, turns[:-1]) if history else None
         ordered = self.sent.order(before, good)  # a follow-up's sources start as its previous prompt's did
         by_id = {f"S{i}": hit for i, hit in enumerate(ordered.hits, 1)}
         candidates = [
@@ -173,7 +173,7 @@ class Answerer:
         ]
         packed = await self.pack(query, history, question, candidates, props.n_ctx)
         self.sent.remember(
-            conversation_key(query.collection, query.doc_ids, turns),
+            questions_so_far_key(query.collection, query.doc_ids, turns),
             [Sent(c.candidate.chunk_id, _cut_chars(c.text, by_id[c.source_id].text)) for c in packed.chunks],
         )
         packed.dropped += below

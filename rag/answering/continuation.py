@@ -40,9 +40,11 @@ class Sent:
     cut_chars: int | None = None
 
 
-def conversation_key(collection: str, doc_ids: Sequence[str] | None, user_turns: Sequence[str]) -> str:
-    """The conversation up to and including its last user turn, as a key (the answers are left out:
-    a client may send an answer back reformatted, and the order depends on the questions alone)."""
+def questions_so_far_key(collection: str, doc_ids: Sequence[str] | None, user_turns: Sequence[str]) -> str:
+    """Every question of a conversation so far, in its collection and filters, as a key: what its next
+    turn looks its previous prompt's sources up by (the answers are left out: a client may send an answer
+    back reformatted, and the order depends on the questions alone). Not the pool's
+    `first_question_key`, which names the conversation across all its turns."""
     payload = json.dumps([collection, sorted(doc_ids) if doc_ids else None, list(user_turns)], ensure_ascii=False)
     return hashlib.sha256(payload.encode()).hexdigest()
 

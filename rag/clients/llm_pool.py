@@ -35,8 +35,9 @@ AFFINITY_ENTRIES = 4096  # conversations remembered (LRU): a few hundred bytes e
 T = TypeVar("T")
 
 
-def conversation_key(messages: list[Message]) -> str | None:
-    """What names a conversation across its turns: its first question (None for a chat without one)."""
+def first_question_key(messages: list[Message]) -> str | None:
+    """What names a conversation across all its turns, for server affinity: its first question (None for
+    a chat without one)."""
     first = next((m.get("content", "") for m in messages if m.get("role") == "user"), None)
     return None if first is None else hashlib.sha256(first.strip().encode("utf-8", "replace")).hexdigest()[:32]
 
