@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
+from typing import Any
 
 import httpx
 import numpy as np
+import pytest
 
 from rag.clients.embedding_pool import EmbeddingPool
 from rag.core.embeddings_api import EmbeddingsUsage, embeddings_response
@@ -37,10 +39,12 @@ class Embedders:
         return httpx.Response(200, json=embeddings_response(vectors, "base64", model, usage).model_dump())
 
 
-def test_a_member_serving_another_model_of_the_same_dimension_gets_no_batch() -> None:
-    servers = Embedders({"a": MINILM, "b": E5})
+@pytest.mark.parametrize("other", ["a", "b"])
+def test_a_member_serving_another_model_of_the_same_dimension_gets_no_batch(other: str) -> None:
+    ours = "b" if other == "a" else "a"
+    servers = Embedders({ours: MINILM, other: E5})
 
-    async def run() -> dict[str, object]:
+    async def run() -> dict[str, Any]:
         pool = EmbeddingPool(["http://a:1", "http://b:1"], model=MINILM, transport=servers.transport())
         try:
             await asyncio.gather(*(pool.embed([f"text {i}", f"other {i}"]) for i in range(8)))
@@ -49,9 +53,8 @@ def test_a_member_serving_another_model_of_the_same_dimension_gets_no_batch() ->
             await pool.aclose()
 
     health = asyncio.run(run())
-    assert servers.batches == {"a": 8}, "one collection, one model"
+    assert servers.batches == {ours: 8}, "one collection, one model"
     assert health["state"] == "ok"
-    servers_health = health["servers"]
-    assert isinstance(servers_health, list)
-    assert [s["state"] for s in servers_health] == ["ok", "refused"]
-    assert MINILM in servers_health[1]["reason"] and E5 in servers_health[1]["reason"]
+    states = {s["url"]: s for s in health["servers"]}
+    assert states[f"http://{ours}:1"]["state"] == "ok" and states[f"http://{other}:1"]["state"] == "refused"
+    assert f"{E5} vs {MINILM}" in states[f"http://{other}:1"]["reason"]

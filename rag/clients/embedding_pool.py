@@ -8,11 +8,13 @@ this is a few dozen lines: an HTTP load balancer in front would hide which membe
 Every member must serve the same model, as in the llama-server pool: vectors of two models of one
 dimension (MiniLM and E5, both 384) would go into one collection unnoticed. A member's /health names its
 model before its first batch (and again after it failed); one serving another model than the pool's
-ready members is kept out, and /health says why.
+(the configured RAG_EMBED_MODEL when a member serves it, else the one its members serve) is kept out, and
+/health says why.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -125,35 +127,49 @@ class EmbeddingPool:
         return min(left, key=lambda m: (m.refused, m.resting(), m.outstanding, m.served))
 
     def _identify(self, member: EmbedMember, health: dict[str, Any]) -> None:
-        """Note the model `member` serves (from its /health); refuse it when the pool's other ready
-        members serve another (when none is ready, it sets the pool's model)."""
+        """Note the model `member` serves (from its /health), and refuse the members that serve another
+        than the pool's: the configured one when a member serves it, else the one its members serve."""
         member.model = str(health.get("model") or "")
-        ours = next((m.model for m in self.members if m.model is not None and not m.refused and m is not member), None)
-        member.refused = bool(ours and member.model and member.model != ours)
-        if member.refused:
-            member.reason = f"not the pool's model ({member.model} vs {ours})"
+        served = [m.model for m in self.members if m.model]
+        if not served:
+            return
+        kept = [m.model for m in self.members if m.model and not m.refused]
+        ours = self.model if self.model in served else (kept or served)[0]
+        for m in self.members:
+            m.refused = bool(m.model) and m.model != ours
+            if m.refused:
+                m.reason = f"not the pool's model ({m.model} vs {ours})"
 
     async def _admitted(self, member: EmbedMember) -> bool:
-        """Whether `member` may take a batch: it answers /health with the pool's model."""
+        """Whether `member` may take a batch: it answers /health with the pool's model (one serving
+        another than the configured model waits until the others have said what they serve)."""
         if member.model is None:
-            health = await member.client.health()
-            if health["state"] != "ok":
-                member.failures += 1
-                member.reason = str(health.get("reason", health["state"]))
-                member.resting_until = time.monotonic() + self.rest_s
+            if not await self._ask(member):
                 return False
-            self._identify(member, health)
+            if member.model not in ("", self.model):
+                await asyncio.gather(*(self._ask(m) for m in self.members if m.model is None))
         return not member.refused
+
+    async def _ask(self, member: EmbedMember) -> bool:
+        """Ask `member` its model; a member that does not answer rests, as after a failed batch."""
+        health = await member.client.health()
+        if health["state"] != "ok":
+            member.failures += 1
+            member.reason = str(health.get("reason", health["state"]))
+            member.resting_until = time.monotonic() + self.rest_s
+            return False
+        self._identify(member, health)
+        return True
 
     async def _send(self, call: Callable[[EmbeddingClient], Awaitable[T]]) -> T:
         tried: set[int] = set()
         while True:
             member = self.pick(tried)
             tried.add(self.members.index(member))
-            if not await self._admitted(member):
-                continue
-            member.outstanding += 1
+            member.outstanding += 1  # from the start: the batches that pick meanwhile go to the others
             try:
+                if not await self._admitted(member):
+                    continue
                 result = await call(member.client)
             except EmbedderUnavailable as exc:
                 member.failures += 1
