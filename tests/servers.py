@@ -77,7 +77,8 @@ def llama_server_binary() -> str:
     if os.environ.get("RAG_LLM_SERVER_BIN"):
         return os.environ["RAG_LLM_SERVER_BIN"]
     script = Path(__file__).resolve().parent.parent / "scripts" / "build-llama-server.sh"
-    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=True)
+    env = {**os.environ, "PYTHON": sys.executable}  # the build test-runs the binary through this `rag`
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=True, env=env)
     return done.stdout.strip().splitlines()[-1]
 
 
