@@ -291,23 +291,33 @@ all_built() {  # DIR: every target is there and runs --version
 
 # ---- the first form that runs ------------------------------------------------------------------------------
 if [ "$cuda" = ON ]; then forms=cuda; else forms=$(cpu_forms); fi
+# One build at a time per cache (two set-ups, or tests beside a set-up, would clobber one build folder).
+build_lock() {
+  [ -n "${locked:-}" ] && return
+  mkdir -p "$cache"
+  exec 9>"$cache/build.lock"
+  if command -v flock >/dev/null && ! flock -n 9; then
+    echo "llama-server: another build of llama-server is running here; waiting for it" >&2
+    flock 9
+  fi
+  locked=1
+}
 for form in $forms; do
   name=$(form_dir "$form")
   dest="$cache/llama-server/$name"
   bin="$dest/bin/llama-server"
-  if all_built "$dest"; then
-    if serves_remembered "$bin"; then
-      echo "llama-server: cached build at $bin ($form)" >&2
-      echo "$bin"
-      exit 0
+  said="cached build at $bin ($form)"
+  if ! all_built "$dest"; then
+    build_lock
+    if ! all_built "$dest"; then  # the build we waited for may have been this one
+      fetch_source
+      if [ "$form" = amxfix ] && ! patched_source; then continue; fi
+      build_form "$form" "$name"
+      said="built $bin ($form)"
     fi
-    echo "llama-server: the cached $form build does not run here" >&2
-    continue
   fi
-  fetch_source
-  if [ "$form" = amxfix ] && ! patched_source; then continue; fi
-  build_form "$form" "$name"
   if serves_remembered "$bin"; then
+    echo "llama-server: $said" >&2
     echo "$bin"
     exit 0
   fi
