@@ -17,12 +17,13 @@ ARG CMAKE_CUDA_ARCHITECTURES=70
 ARG LLAMA_CACHE=/cache
 # python3.11 for the build script's tomllib; only the llama-server target is built.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends cmake ninja-build g++ python3.11 curl ca-certificates \
+ && apt-get install -y --no-install-recommends cmake ninja-build g++ patch python3.11 curl ca-certificates \
  && ln -sf /usr/bin/python3.11 /usr/local/bin/python3 \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY models.lock /src/models.lock
 COPY scripts/build-llama-server.sh /src/scripts/build-llama-server.sh
+COPY scripts/llama.cpp-patches /src/scripts/llama.cpp-patches
 RUN --mount=type=cache,target=/cache,id=rag-stack-llama-server \
     GGML_CUDA="$GGML_CUDA" CMAKE_CUDA_ARCHITECTURES="$CMAKE_CUDA_ARCHITECTURES" RAG_CACHE_DIR="$LLAMA_CACHE" \
       JOBS="$(nproc)" bash scripts/build-llama-server.sh > /tmp/binary-path \

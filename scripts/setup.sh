@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Idempotent set-up: the venv (torch pinned first), the project, the llama-server build, the bundled models.
+# Idempotent set-up: the venv (torch pinned first), the project, the bundled models, the llama-server build.
 #   scripts/setup.sh          what `make up` needs
 #   scripts/setup.sh --test   plus what the tests need (Debian's Chromium for the browser tests)
 set -euo pipefail
@@ -34,10 +34,7 @@ if [ ! -f "$stamp" ]; then
     echo "setup: torch 2.13.0+cpu from PyTorch's CPU index ($torch_index)"
     pip_install --quiet --index-url "$torch_index" "torch==2.13.0+cpu"
   else
-    # Information, not a failure: the line "python environment ready (torch ... CPU)" below confirms the build.
-    echo "setup: torch 2.13.0 from pip's configured sources" \
-         "(${PIP_FIND_LINKS:+find-links $PIP_FIND_LINKS, }index ${PIP_INDEX_URL:-PyPI}), as PyTorch's CPU index" \
-         "($torch_index) is out of reach from here; fine when those sources hold the CPU build"
+    # Out of reach: pip's configured sources, fine when they hold the CPU build (checked below).
     pip_install --quiet "torch==2.13.0"
   fi
   pip_install --quiet -e ".[test]"
@@ -49,12 +46,16 @@ if [ ! -f "$stamp" ]; then
 fi
 torch_version=$("$venv/bin/python" -c 'import torch; print(torch.__version__, "CUDA" if torch.version.cuda else "CPU")')
 echo "setup: python environment ready (torch $torch_version)"
-
-bin=$(bash scripts/build-llama-server.sh)
-echo "setup: llama-server $bin"
+case $torch_version in *CUDA*)
+  echo "setup: note: torch is the CUDA build (GBs); TORCH_INDEX_URL names a CPU index for a fresh venv" ;;
+esac
 
 "$venv/bin/rag" models prepare >/dev/null
 echo "setup: bundled models ready"
+
+# After the models: the build test-runs llama-server on the bundled generator.
+bin=$(PYTHON="$venv/bin/python" bash scripts/build-llama-server.sh)
+echo "setup: llama-server $bin"
 
 apt_install() {
   local sudo_cmd=""

@@ -77,7 +77,10 @@ def llama_server_binary() -> str:
     if os.environ.get("RAG_LLM_SERVER_BIN"):
         return os.environ["RAG_LLM_SERVER_BIN"]
     script = Path(__file__).resolve().parent.parent / "scripts" / "build-llama-server.sh"
-    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=True)
+    # The build test-runs the binary on the bundled generator, found through this `rag` in the suite's models.
+    cache = Path(os.environ.get("RAG_CACHE_DIR") or Path.home() / ".cache" / "rag-stack")
+    env = {"RAG_MODELS_DIR": str(cache / "models"), **os.environ, "PYTHON": sys.executable}
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=True, env=env)
     return done.stdout.strip().splitlines()[-1]
 
 

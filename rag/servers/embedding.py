@@ -181,8 +181,10 @@ class SentenceEmbedder:
         import torch
         from sentence_transformers import SentenceTransformer
         from tokenizers import Tokenizer
+        from transformers.utils import logging as transformers_logging
 
         self.threads = threads or os.cpu_count() or 1
+        transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # "Loading weights" bars
         self.model = SentenceTransformer(model_path, device=device, local_files_only=True)
         self.device = device
         on_cuda = device.startswith("cuda")
