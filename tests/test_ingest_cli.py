@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from ingest.backends import KnownDocument
 from ingest.cli import cli, collect_files, main, stale_documents
-from rag.core.config import Settings
+from rag.core.config import Settings, get_settings
 from rag.store.chunks import StoreLock
 from tests import hostile
 from tests.ingest_helpers import census, expected_chunks
@@ -194,6 +194,7 @@ def test_a_held_store_is_one_clear_line(
         assert err.count("\n") == 1 and err.startswith("error: the store at") and "held by the rag API" in err
         assert "ingest --server URL" in err
         monkeypatch.setenv("RAG_DEBUG", "1")
+        get_settings.cache_clear()
         monkeypatch.setattr(sys, "argv", ["ingest", str(tmp_path / "a.txt")])
         with pytest.raises(Exception, match="held by the rag API"):
             main()
