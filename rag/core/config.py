@@ -113,6 +113,8 @@ class Settings(BaseSettings):
     # and the other sites' origins whose pages may write (comma-separated, as "http://host:port").
     allowed_hosts: str = ""
     allowed_origins: str = ""
+    # The web page's language until its user picks one (`rag up --lang`); unset: the browser's.
+    language: Literal["en", "zh-CN"] | None = None
 
     # llama-server: one URL, or a pool of several (comma-separated), all serving the same model.
     llm_url: str = "http://127.0.0.1:8081"
