@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 MODEL_SETTINGS = (
+    "RAG_CACHE_DIR",
     "RAG_MODELS_DIR",
     "RAG_LLM_MODEL",
     "RAG_LLM_MODEL_PATH",

@@ -155,6 +155,21 @@ def test_help_has_examples() -> None:
     assert result.exit_code == 0 and "Examples:" in result.output and "--sync" in result.output
 
 
+def test_help_names_every_kind_of_file_read_images_too() -> None:
+    shown = " ".join(invoke("--help").output.split())
+    for kind in ("Text", "Markdown", "HTML", "PDF", "DOCX", "PNG", "JPEG", "TIFF", "WebP", "BMP", "OCR"):
+        assert kind in shown, kind
+
+
+def test_the_pages_upload_hint_names_images_in_every_locale() -> None:
+    import json
+
+    locales = Path(__file__).resolve().parent.parent / "rag" / "api" / "static" / "locales"
+    for path in sorted(locales.glob("*.json")):
+        hint = json.loads(path.read_text(encoding="utf-8"))["library.types"]
+        assert "PNG" in hint and "JPEG" in hint and "OCR" in hint, path.name
+
+
 def test_env_var_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "a.txt").write_text("x")
     monkeypatch.setenv("RAG_INGEST_SERVER", "not-a-url")
