@@ -177,9 +177,9 @@ def _backend(
     tokenizer cuts the chunks), and an embedding server of its own is started for the run if none answers."""
     if url:
         return ApiBackend(url, settings)
-    from rag.deploy.e5_rebuild import ensure_embedder
+    from rag.deploy.e5_rebuild import prepare_embedder
 
-    ensure_embedder(settings, report.line)
+    prepare_embedder(settings, report.line)
     return LocalBackend(settings, read_only=read_only, own_embedder=report.line)
 
 

@@ -93,10 +93,10 @@ def serve_api() -> None:
     import uvicorn
 
     from rag.api.app import create_app
-    from rag.deploy.e5_rebuild import ensure_embedder
+    from rag.deploy.e5_rebuild import prepare_embedder
 
     settings = load_settings()
-    ensure_embedder(settings, _say)  # uploads are chunked with its tokenizer
+    prepare_embedder(settings, _say)  # uploads are chunked with its tokenizer
     if len(settings.llm_urls) > 1:  # a pool of differing servers: one line here, before uvicorn starts
         import asyncio
 

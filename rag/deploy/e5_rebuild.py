@@ -246,12 +246,17 @@ def engine_cosines(folder: Path, weights: Path, texts: list[str], kind: str = "p
     return np.asarray((engine * rebuilt).sum(axis=1))
 
 
-def ensure_embedder(settings: Settings, say: Callable[[str], None] | None = None) -> None:
+def prepare_embedder(settings: Settings, say: Callable[[str], None] | None = None) -> None:
     """Before the embedding model is read on this machine (served, or its tokenizer for chunking):
-    RAG_EMBED_MODEL names one we have, and multilingual-e5-small is rebuilt if it is not yet."""
-    check_embedder_named(settings)
+    multilingual-e5-small, when RAG_EMBED_MODEL names it without a path, is rebuilt if it is not yet."""
     if settings.embed_model == MULTILINGUAL_E5 and not settings.embed_model_path:
         ensure_e5_model(settings, say)
+
+
+def ensure_embedder(settings: Settings, say: Callable[[str], None] | None = None) -> None:
+    """Before an embedding server is started here: RAG_EMBED_MODEL names one we have, prepared."""
+    check_embedder_named(settings)
+    prepare_embedder(settings, say)
 
 
 def ensure_e5_model(settings: Settings, say: Callable[[str], None] | None = None) -> Path:

@@ -120,9 +120,9 @@ async def _evaluate(evalset: EvalSet, settings: Settings, options: EvalOptions) 
     """The run, with the embedding model prepared on this machine first (its tokenizer cuts the chunks)
     and an embedding server of its own started when none answers at RAG_EMBED_URL, as `ingest` does."""
     from ingest.embedder import embedder_for
-    from rag.deploy.e5_rebuild import ensure_embedder
+    from rag.deploy.e5_rebuild import prepare_embedder
 
-    ensure_embedder(settings, _say)
+    prepare_embedder(settings, _say)
     async with embedder_for(settings, _say, "rag eval") as served:
         parts = _open_parts(served)
         try:
