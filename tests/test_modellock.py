@@ -135,7 +135,8 @@ def test_pull_rejects_a_corrupted_file_and_deletes_it(file_server: _Server, tmp_
     assert list(tmp_path.iterdir()) == []
 
 
-def test_models_pull_cli_says_what_went_wrong(file_server: _Server, isolated_env: Path, monkeypatch):
+def test_models_pull_cli_says_what_went_wrong(file_server: _Server, isolated_env: Path, tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("RAG_CACHE_DIR", str(tmp_path / "cache"))  # nothing of it reaches the machine's models
     file_server.payload = b"not the model"
     result = CliRunner().invoke(cli, ["models", "pull", "gemma-3-270m-q4_k_m", "--url", _url(file_server)])
     assert result.exit_code != 0
