@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 MODEL_SETTINGS = (
+    "RAG_CACHE_DIR",
     "RAG_MODELS_DIR",
     "RAG_LLM_MODEL",
     "RAG_LLM_MODEL_PATH",
@@ -38,11 +39,9 @@ def server_env(data_dir: Path, leave_out: Iterable[str] = (), **extra: str) -> d
 def start_generator(workdir: Path) -> Any:
     """llama-server with the user's RAG_LLM_MODEL_PATH, profile and model name, or the bundled generator."""
     from rag.core.config import Settings
-    from rag.deploy.modellock import cache_dir, ensure_bundled_generator
+    from rag.deploy.modellock import ensure_bundled_generator
     from tests.servers import start_llama_server
 
     settings = Settings(data_dir=workdir)
-    model = settings.llm_model_path or ensure_bundled_generator(
-        settings.model_copy(update={"models_dir": settings.models_dir or cache_dir() / "models"})
-    )
+    model = settings.llm_model_path or ensure_bundled_generator(settings)
     return start_llama_server(model, workdir, profile=settings.llm_profile, alias=settings.llm_model)

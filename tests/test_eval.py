@@ -7,6 +7,8 @@ import asyncio
 import json
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,9 +33,9 @@ from rag.eval.harness import (
     unmeasured,
 )
 from rag.store.chunks import StoreLock
-from tests.conftest import SUITE_EMBEDDER
+from tests.conftest import SUITE_EMBEDDER, _clean_env
 from tests.data import CMRC, SQUAD
-from tests.servers import Server
+from tests.servers import Server, free_port
 
 LIMIT = "30"
 
@@ -325,3 +327,36 @@ def test_a_store_held_by_the_api_is_refused_clearly(eval_env: dict[str, str | No
     assert result.exit_code == 1
     message = str(result.exception)
     assert "held by the rag API" in message and "Stop the API" in message and "RAG_DATA_DIR" in message
+
+
+@pytest.mark.integration
+def test_a_fresh_data_dir_evaluates_with_no_other_step(tmp_path: Path, default_models_dir: Path) -> None:
+    """The default embedder, no embedding server running, a data dir never used: the models come from the
+    machine's cache and the run starts an embedding server of its own."""
+    env = _clean_env(tmp_path / "fresh")
+    env.update(RAG_EMBED_MODEL="multilingual-e5-small", RAG_EMBED_URL=f"http://127.0.0.1:{free_port()}")
+    done = subprocess.run(
+        [sys.executable, "-m", "rag.cli", "eval", str(SQUAD), "--limit", "5", "--modes", "hybrid", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads(done.stdout)
+    assert data["ingest"]["failed"] == 0 and data["ingest"]["indexed"] == data["dataset"]["contexts"]
+    assert "starting one for this run" in done.stderr
+    assert not (tmp_path / "fresh" / "models").exists()
+
+
+@pytest.mark.integration
+def test_a_run_whose_every_file_fails_says_why(eval_env: dict[str, str | None], tmp_path: Path) -> None:
+    no_tokenizer = tmp_path / "empty-model"
+    no_tokenizer.mkdir()
+    env = {**eval_env, "RAG_DATA_DIR": str(tmp_path / "data"), "RAG_EMBED_MODEL_PATH": str(no_tokenizer)}
+    result = _invoke(env, "--modes", "hybrid")
+    assert result.exit_code == 1
+    message = str(result.exception)
+    assert "none of the" in message and "files of the set was indexed" in message
+    assert f"has no tokenizer at {no_tokenizer}" in message
+    assert "no collection" not in message

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from ingest.backends import KnownDocument
 from ingest.cli import cli, collect_files, main, stale_documents
-from rag.core.config import Settings
+from rag.core.config import Settings, get_settings
 from rag.store.chunks import StoreLock
 from tests import hostile
 from tests.ingest_helpers import census, expected_chunks
@@ -155,6 +155,21 @@ def test_help_has_examples() -> None:
     assert result.exit_code == 0 and "Examples:" in result.output and "--sync" in result.output
 
 
+def test_help_names_every_kind_of_file_read_images_too() -> None:
+    shown = " ".join(invoke("--help").output.split())
+    for kind in ("Text", "Markdown", "HTML", "PDF", "DOCX", "PNG", "JPEG", "TIFF", "WebP", "BMP", "OCR"):
+        assert kind in shown, kind
+
+
+def test_the_pages_upload_hint_names_images_in_every_locale() -> None:
+    import json
+
+    locales = Path(__file__).resolve().parent.parent / "rag" / "api" / "static" / "locales"
+    for path in sorted(locales.glob("*.json")):
+        hint = json.loads(path.read_text(encoding="utf-8"))["library.types"]
+        assert "PNG" in hint and "JPEG" in hint and "OCR" in hint, path.name
+
+
 def test_env_var_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "a.txt").write_text("x")
     monkeypatch.setenv("RAG_INGEST_SERVER", "not-a-url")
@@ -194,6 +209,7 @@ def test_a_held_store_is_one_clear_line(
         assert err.count("\n") == 1 and err.startswith("error: the store at") and "held by the rag API" in err
         assert "ingest --server URL" in err
         monkeypatch.setenv("RAG_DEBUG", "1")
+        get_settings.cache_clear()
         monkeypatch.setattr(sys, "argv", ["ingest", str(tmp_path / "a.txt")])
         with pytest.raises(Exception, match="held by the rag API"):
             main()

@@ -20,7 +20,7 @@ ALLOWED = {
     "rag.answering": {"rag.core", "rag.clients", "rag.store"},
     "ingest": {"rag.core", "rag.clients", "rag.store"},
     "rag.api": {"rag.core", "rag.clients", "rag.store", "rag.answering", "ingest"},
-    "rag.eval": {"rag.core", "rag.clients", "rag.store", "rag.answering", "ingest", "rag.api"},
+    "rag.eval": {"rag.core", "rag.clients", "rag.store", "rag.deploy", "rag.answering", "ingest", "rag.api"},
 }
 TOP = {"rag.cli", "ingest.cli"}
 

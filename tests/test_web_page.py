@@ -812,6 +812,23 @@ def static_page(context: Any) -> Any:
     return page
 
 
+def test_the_servers_language_wins_over_the_browsers_until_the_user_chooses(static_page):
+    chosen = static_page.evaluate(
+        """async () => {
+        const { preferredLanguage } = await import("/static/i18n.js");
+        localStorage.clear();
+        const browser = preferredLanguage();  // the context's en-US
+        document.documentElement.dataset.defaultLanguage = "zh-CN";  // as `rag up --lang zh-CN` serves it
+        const server = preferredLanguage();
+        localStorage.setItem("rag.language", "en");  // the user's own choice, with the switch
+        const user = preferredLanguage();
+        localStorage.clear();
+        return [browser, server, user];
+    }"""
+    )
+    assert chosen == ["en", "zh-CN", "en"]
+
+
 def test_sse_parser_handles_split_crlf_comments_and_multiline_data(static_page):
     chunks = [
         "event: a\r",

@@ -245,7 +245,9 @@ class Answer:
         text = "" if self.no_answer else "".join(self.text_parts)  # our own line cites and claims nothing
         chunks = {c.source_id: c.text for c in self.packed.chunks}
         fixed_text = (CompletionStyle if self.packed.style == "completion" else ChatStyle).fixed_text
-        citations, check, attribution = citations_event(text, chunks, self.hits, fixed_text=fixed_text)
+        citations, check, attribution = citations_event(
+            text, chunks, self.hits, question=self.searched.text, fixed_text=fixed_text
+        )
         timings = end.timings or {}
         done = Done(
             usage=end.usage,

@@ -11,7 +11,9 @@ Two kinds of citation, reported apart (the `citations` event):
 
 Support is lexical: the share of the sentence's words (CJK text: characters) found in the chunk, numbers
 compared as numbers (十八 and 18, 8,800 and 8800);
-ties go to the chunk holding the sentence verbatim, then to the better ranked. An extractive answer is copied
+ties go to the chunk holding the sentence verbatim, then to the better ranked. A bare answer (one
+character, or one number: "1", "0") occurs in almost any chunk, so it is supported only where it stands
+within NEAR words of one of the question's terms, and never when it is itself a word of the question. An extractive answer is copied
 from its chunk, so word overlap finds it exactly and costs microseconds; an embedding comparison
 would need the embedder on the answer path and rates paraphrases of the wrong chunk too highly.
 """
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -41,6 +43,11 @@ ECHO_CHARS = 24  # a sentence this long (normalized) found verbatim in our fixed
 STOPWORDS = frozenset(
     "a an and are as at be by for from has have in is it its of on or that the this to was were which with".split()
 )
+# Words of a question that name no term of its answer's surroundings (Chinese: per character).
+QUESTION_WORDS = frozenset(
+    "what which who whom whose when where why how many much does do did can could name 什 么 哪 几 多 少 谁 吗 呢 怎 样 何 的 是 了 在 有".split()
+)
+NEAR = 8  # words between a bare answer and a term of the question, at most, for it to count as supported
 
 
 class CitedChunk(Protocol):
@@ -144,10 +151,47 @@ def split_sentences(text: str) -> list[Sentence]:
     return sentences
 
 
-def attribute(text: str, chunks: Mapping[str, str]) -> Attribution:
-    """For every answer sentence, the chunk(s) of the prompt that support it best (ranked in `chunks` order)."""
-    words = {sid: set(words_of(chunk)) for sid, chunk in chunks.items()}
-    flats = {sid: _flat(chunk) for sid, chunk in chunks.items()}
+@dataclass
+class _Source:
+    """A chunk's words, in order (for nearness) and as a set (for support)."""
+
+    words: list[str]
+    found: frozenset[str]
+    flat: str
+
+    @classmethod
+    def of(cls, text: str) -> _Source:
+        words = words_of(text)
+        return cls(words, frozenset(words), " ".join(words))
+
+    def support(self, sentence: str, terms: Collection[str]) -> float:
+        """The share of the sentence's content words found here; 0 for a bare answer that stands
+        nowhere near a term of the question, or that repeats one ("1" to a question about ASN.1)."""
+        wanted = content_words(strip_ids(sentence))
+        if is_bare(wanted) and (wanted[0] in terms or not self.near(wanted[0], terms)):
+            return 0.0
+        return sum(w in self.found for w in wanted) / len(wanted) if wanted else 0.0
+
+    def near(self, word: str, terms: Collection[str]) -> bool:
+        """Whether `word` stands within NEAR words of one of `terms`."""
+        at = [i for i, w in enumerate(self.words) if w in terms]
+        return any(abs(i - j) <= NEAR for i, w in enumerate(self.words) if w == word for j in at)
+
+
+def is_bare(words: Sequence[str]) -> bool:
+    """One character or one number: found in almost any text, it says nothing of where it came from."""
+    return len(words) == 1 and (len(words[0]) == 1 or words[0].isdigit())
+
+
+def question_terms(question: str) -> frozenset[str]:
+    return frozenset(words_of(question)) - STOPWORDS - QUESTION_WORDS
+
+
+def attribute(text: str, chunks: Mapping[str, str], question: str = "") -> Attribution:
+    """For every answer sentence, the chunk(s) of the prompt that support it best (ranked in `chunks` order);
+    a bare answer's only where it stands near a term of the `question`."""
+    sources = {sid: _Source.of(chunk) for sid, chunk in chunks.items()}
+    terms = question_terms(question)
     sentences = split_sentences(text)
     for sentence in sentences:
         wanted = content_words(strip_ids(sentence.text))
@@ -155,8 +199,8 @@ def attribute(text: str, chunks: Mapping[str, str]) -> Attribution:
             continue
         flat = _flat(strip_ids(sentence.text))
         scored = []
-        for rank, sid in enumerate(chunks):
-            scored.append((support_in(sentence.text, words[sid]), flat in flats[sid], -rank, sid))
+        for rank, (sid, source) in enumerate(sources.items()):
+            scored.append((source.support(sentence.text, terms), flat in source.flat, -rank, sid))
         scored.sort(reverse=True)
         best = scored[0] if scored else None
         if best is None or best[0] < SUPPORTED:
@@ -169,15 +213,20 @@ def attribute(text: str, chunks: Mapping[str, str]) -> Attribution:
 
 
 def citation_entries(
-    check: CitationCheck, attribution: Attribution, hits: Mapping[str, CitedChunk], chunks: Mapping[str, str]
+    check: CitationCheck,
+    attribution: Attribution,
+    hits: Mapping[str, CitedChunk],
+    chunks: Mapping[str, str],
+    question: str = "",
 ) -> list[CitationEntry]:
     """The `citations` list: the model's valid ids (support: of its citing sentences by that chunk),
     then the attributed sources, each with its chunk."""
     entries = []
+    terms = question_terms(question)
     for source_id in check.valid:
-        chunk_words = set(words_of(chunks.get(source_id, "")))
+        source = _Source.of(chunks.get(source_id, ""))
         support = max(
-            (support_in(s.text, chunk_words) for s in attribution.sentences if source_id in cited_ids(s.text)),
+            (source.support(s.text, terms) for s in attribution.sentences if source_id in cited_ids(s.text)),
             default=None,
         )
         entries.append(_entry(source_id, hits[source_id], "model", None if support is None else round(support, 3)))
@@ -192,25 +241,24 @@ def citation_entries(
 
 
 def citations_event(
-    text: str, chunks: Mapping[str, str], hits: Mapping[str, CitedChunk], *, fixed_text: str = ""
+    text: str,
+    chunks: Mapping[str, str],
+    hits: Mapping[str, CitedChunk],
+    *,
+    question: str = "",
+    fixed_text: str = "",
 ) -> tuple[Citations, CitationCheck, Attribution]:
-    """The `citations` event of an answer `text` from the prompt's `chunks` (source id -> text), with the
-    check and the attribution it was made from."""
+    """The `citations` event of an answer `text` to `question` from the prompt's `chunks` (source id ->
+    text), with the check and the attribution it was made from."""
     check = check_citations(text, chunks, fixed_text=fixed_text)
-    attribution = attribute(text, chunks)
+    attribution = attribute(text, chunks, question)
     event = Citations(
-        citations=citation_entries(check, attribution, hits, chunks),
+        citations=citation_entries(check, attribution, hits, chunks, question),
         invalid=check.invalid,
         echoed=check.echoed,
         sentences=attribution.sentence_entries(),
     )
     return event, check, attribution
-
-
-def support_in(sentence: str, chunk_words: Collection[str]) -> float:
-    """The share of a sentence's content words that a chunk holds."""
-    wanted = content_words(strip_ids(sentence))
-    return sum(w in chunk_words for w in wanted) / len(wanted) if wanted else 0.0
 
 
 def _entry(

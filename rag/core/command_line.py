@@ -7,7 +7,6 @@ entry points and the command modules beneath them (`rag eval`) share this, so no
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
@@ -39,12 +38,22 @@ def run_cli(command: click.Command) -> None:
     except (RagError, BaseExceptionGroup) as exc:
         # A task group (anyio, asyncio.TaskGroup) wraps what its tasks raised: the RagError inside is the reason.
         reason = exc if isinstance(exc, RagError) else _rag_error_in(exc)
-        if reason is None or os.environ.get("RAG_DEBUG") == "1":
+        if reason is None or _debug():
             raise
         click.echo(f"error: {reason.message}", err=True)
         sys.exit(1)
     if isinstance(code, int) and code:
         sys.exit(code)
+
+
+def _debug() -> bool:
+    """RAG_DEBUG, as the settings read it (settings that do not load show no traceback)."""
+    from pydantic import ValidationError
+
+    try:
+        return get_settings().debug
+    except ValidationError:
+        return False
 
 
 def _rag_error_in(group: BaseExceptionGroup) -> RagError | None:

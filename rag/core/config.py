@@ -40,6 +40,10 @@ def _default_data_dir() -> Path:
     return Path(base) / "rag-stack"
 
 
+def _default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "rag-stack"
+
+
 def _check_url(value: str) -> str:
     parsed = urlparse(value)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
@@ -97,6 +101,8 @@ class Settings(BaseSettings):
 
     # Where things live.
     data_dir: Path = Field(default_factory=_default_data_dir)
+    # Once per machine, shared by every data dir: the llama-server build and the assembled models.
+    cache_dir: Path = Field(default_factory=_default_cache_dir)
     models_dir: Path | None = None
 
     # The API.
@@ -107,6 +113,8 @@ class Settings(BaseSettings):
     # and the other sites' origins whose pages may write (comma-separated, as "http://host:port").
     allowed_hosts: str = ""
     allowed_origins: str = ""
+    # The web page's language until its user picks one (`rag up --lang`); unset: the browser's.
+    language: Literal["en", "zh-CN"] | None = None
 
     # llama-server: one URL, or a pool of several (comma-separated), all serving the same model.
     llm_url: str = "http://127.0.0.1:8081"
@@ -269,7 +277,8 @@ class Settings(BaseSettings):
 
     @property
     def models_path(self) -> Path:
-        return self.models_dir or self.data_dir / "models"
+        """RAG_MODELS_DIR, else the cache's `models` folder (a data dir's own `models` folder is not read)."""
+        return self.models_dir or self.cache_dir / "models"
 
     @property
     def embed_model_dir(self) -> Path:

@@ -38,7 +38,8 @@ def in_checkout() -> bool:
     return top is not None and Path(top).resolve() == ROOT
 
 
-def _version() -> str:
+def package_version() -> str:
+    """The installed rag-stack's version ("unknown" when it runs from a folder that was never installed)."""
     try:
         return metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:
@@ -53,7 +54,7 @@ def code_identity() -> dict[str, Any]:
             "commit": _git("rev-parse", "HEAD") or "unknown",
             "uncommitted_changes": None if status is None else status != "",
         }
-    return {"commit": None, "version": _version(), "uncommitted_changes": None}
+    return {"commit": None, "version": package_version(), "uncommitted_changes": None}
 
 
 def _cpu_model() -> str:

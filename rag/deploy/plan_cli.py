@@ -30,8 +30,12 @@ def load_model(spec: str) -> tuple[ModelSpec, int]:
         return model, extra
     path = Path(spec)
     if not path.is_file():
-        known = ", ".join(f"{n}:QUANT" for n in DESCRIBED)
-        raise click.BadParameter(f"{spec} is neither a file nor a described model ({known})", param_hint="MODEL")
+        raise click.BadParameter(
+            f"{spec} is neither a file nor a described model; the described models are "
+            f"{', '.join(DESCRIBED)} (as NAME:QUANT, QUANT one of {', '.join(FTYPE_BASE)}); "
+            "for any other model give the path of its GGUF",
+            param_hint="MODEL",
+        )
     try:
         return read_gguf(path), 0
     except (GGUFFormatError, ValueError, OSError) as exc:  # the file is there, but holds nothing to plan
@@ -172,9 +176,10 @@ def render(p: Plan) -> str:
     lines += [f"  note          {note}" for note in p.notes]
     if p.speed:
         s = p.speed
+        expect = "speed unmeasured" if s.low is None or s.high is None else f"expect {s.low:.1f}-{s.high:.1f} tok/s"
         lines.append(
             f"  decode        ceiling {s.ceiling:.1f} tok/s ({s.bytes_per_token / 1e9:.2f} GB a token); "
-            f"expect {s.low:.1f}-{s.high:.1f} tok/s ({s.source})"
+            f"{expect} ({s.source})"
         )
     if p.verdict != "does not fit":
         lines.append("  llama-server  " + " ".join(p.server_args("MODEL.gguf", "0.0.0.0", 8080)[1:]))

@@ -48,7 +48,7 @@ from rag.deploy._memory import (
     weight_bytes,
 )
 from rag.deploy._specs import ModelSpec, TensorSpec
-from rag.deploy.gpus import GPU
+from rag.deploy.gpus import ANCHOR_BYTES_PER_TOKEN, GPU
 from rag.deploy.slots import users
 
 __all__ = [
@@ -91,8 +91,8 @@ def default_margin(gpu: GPU) -> int:
 class Speed:
     bytes_per_token: int
     ceiling: float
-    low: float
-    high: float
+    low: float | None  # None: no measurement applies to this shape
+    high: float | None
     source: str
 
 
@@ -195,8 +195,14 @@ def decode_speed(memory: Memory, arch: Architecture, flags: Flags, gpu: GPU) -> 
     """Decode ceiling at a full context: every GPU weight, the whole KV cache and the state, once a token."""
     per_token = memory.weights_gpu + memory.kv + 2 * memory.recurrent // max(1, flags.parallel)
     ceiling = gpu.bandwidth_gbs * 1e9 / per_token
-    low, high = gpu.efficiency
-    return Speed(per_token, ceiling, ceiling * low, ceiling * high, gpu.efficiency_source)
+    band = gpu.band_for(per_token)
+    if band is None:
+        source = (
+            f"no measurement of this shape: the measured bands are of a dense 27B reading "
+            f"{ANCHOR_BYTES_PER_TOKEN / 1e9:.1f} GB a token; a model this small is bound by kernel launches, not bandwidth"
+        )
+        return Speed(per_token, ceiling, None, None, source)
+    return Speed(per_token, ceiling, ceiling * band[0], ceiling * band[1], gpu.efficiency_source)
 
 
 def _check(model: ModelSpec, arch: Architecture, flags: Flags, gpu: GPU, margin: int) -> tuple[Memory, bool]:

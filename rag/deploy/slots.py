@@ -48,13 +48,14 @@ def _free(model: ModelSpec, arch: Architecture, flags: Flags, gpu: GPU) -> int:
     return gpu.memory_bytes - estimate(model, flags, gpu, arch).total_gpu
 
 
-def per_user_decode(model: ModelSpec, arch: Architecture, flags: Flags, gpu: GPU) -> tuple[float, float]:
-    """Each user's decode band with every slot busy (the bandwidth model; see the module's note)."""
+def per_user_decode(model: ModelSpec, arch: Architecture, flags: Flags, gpu: GPU) -> tuple[float, float] | None:
+    """Each user's decode band with every slot busy (the bandwidth model; see the module's note); None
+    where no measured band applies to the model's shape."""
     memory = estimate(model, flags, gpu, arch)
     step = memory.weights_gpu + memory.kv + 2 * memory.recurrent  # one step for all slots
     ceiling = gpu.bandwidth_gbs * 1e9 / step
-    low, high = gpu.efficiency
-    return ceiling * low, ceiling * high
+    band = gpu.band_for(step)
+    return None if band is None else (ceiling * band[0], ceiling * band[1])
 
 
 def users(

@@ -109,6 +109,13 @@ def _share(flags: Sequence[bool]) -> float | None:
 
 
 ANSWER_CHARS_KEPT = 200  # of each answer, in the per-question scores
+RIGHT_F1 = 0.5  # an answer this close to a gold one (token F1) counts as right in `supported_precision`
+
+
+def supported_precision(records: Sequence[dict[str, Any]]) -> float | None:
+    """Of the answers shown as supported (a chunk attributed to a sentence of theirs), the share that
+    are right: what a reader trusting "Supported by" gets."""
+    return _share([r["f1"] >= RIGHT_F1 for r in records if r["attributed_ok"]])
 
 
 def answer_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -127,6 +134,8 @@ def answer_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "attributed": sum(len(r["attributed_ok"]) for r in records),
         "attributed_holds_answer": _share([a for r in records for a in r["attributed_said"]]),
         "supported_source": sum(any(r["supported"]) or any(r["attributed_ok"]) for r in records) / n,
+        "supported_answers": sum(bool(r["attributed_ok"]) for r in records),
+        "supported_precision": supported_precision(records),
         "unsupported_sentences": (
             sum(r["unsupported"] for r in records) / total_sentences
             if (total_sentences := sum(r["sentences"] for r in records))
@@ -146,6 +155,7 @@ def answer_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 "em": r["em"],
                 "f1": round(r["f1"], 4),
                 "at_token_limit": bool(r.get("at_token_limit")),
+                "supported": bool(r["attributed_ok"]),
                 "answer": r["answer"][:ANSWER_CHARS_KEPT],
             }
             for r in records

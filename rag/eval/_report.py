@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rag.core.provenance import summary
-from rag.eval._metrics import DEPTH
+from rag.eval._metrics import DEPTH, RIGHT_F1
 
 
 def write_report(result: dict[str, Any], directory: Path) -> Path:
@@ -156,6 +156,9 @@ def report_markdown(result: dict[str, Any]) -> str:
             f"| {_pct(answers.get('attribution_precision'))} ({answers.get('attributed')} attributed) | "
             f"{_pct(answers.get('attributed_holds_answer'))} | {_pct(answers.get('supported_source'))} | "
             f"{_pct(answers.get('unsupported_sentences'))} | {_pct(answers.get('at_token_limit'))} |",
+            "",
+            f"Shown as supported: {answers.get('supported_answers')} answers, of which the right ones (F1 ≥ "
+            f"{RIGHT_F1}): {_pct(answers.get('supported_precision'))}.",
             "",
             f"Empty answers: {_pct(answers.get('empty_first_attempt'))} at the first attempt, "
             f'{_pct(answers.get("no_answer"))} after the retry (answered "the model gave no answer").',

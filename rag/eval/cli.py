@@ -22,6 +22,7 @@ from rag.core.command_line import load_settings
 from rag.core.config import Settings
 from rag.core.errors import StoreLocked
 from rag.core.provenance import summary
+from rag.eval._metrics import RIGHT_F1
 from rag.eval.harness import (
     MODES,
     EvalOptions,
@@ -116,12 +117,23 @@ def _open_parts(settings: Settings) -> Any:
 
 
 async def _evaluate(evalset: EvalSet, settings: Settings, options: EvalOptions) -> dict[str, Any]:
-    parts = _open_parts(settings)
-    try:
-        with RichProgress() as progress:
-            return await Evaluation(parts, settings, options, progress).run(evalset)
-    finally:
-        await parts.aclose()
+    """The run, with the embedding model prepared on this machine first (its tokenizer cuts the chunks)
+    and an embedding server of its own started when none answers at RAG_EMBED_URL, as `ingest` does."""
+    from ingest.embedder import embedder_for
+    from rag.deploy.e5_rebuild import prepare_embedder
+
+    prepare_embedder(settings, _say)
+    async with embedder_for(settings, _say, "rag eval") as served:
+        parts = _open_parts(served)
+        try:
+            with RichProgress() as progress:
+                return await Evaluation(parts, served, options, progress).run(evalset)
+        finally:
+            await parts.aclose()
+
+
+def _say(line: str) -> None:
+    click.echo(line, err=True)
 
 
 def render_table(result: dict[str, Any]) -> None:
@@ -170,6 +182,11 @@ def render_table(result: dict[str, Any]) -> None:
         console.print(
             f"empty answers: {answers['empty_first_attempt']:.3f} at the first attempt, "
             f"{answers['no_answer']:.3f} after the retry"
+        )
+        sp = answers["supported_precision"]
+        console.print(
+            f"shown as supported: {answers['supported_answers']} answers, right (F1 >= {RIGHT_F1}) "
+            f"{'n/a' if sp is None else f'{sp:.3f}'} of them"
         )
 
 

@@ -52,7 +52,7 @@ from rag.answering.events import AnswerDocument, Done
 from rag.answering.retrieval import MODES
 from rag.core.config import Settings
 from rag.core.embeddings_api import InputType
-from rag.core.errors import InvalidRequest
+from rag.core.errors import InvalidRequest, RagError
 from rag.core.provenance import provenance
 from rag.eval._gate import LOWER_IS_BETTER, Regression, compare, flat_scores, read_baseline, sample_differs, unmeasured
 from rag.eval._metrics import (
@@ -231,6 +231,7 @@ class Evaluation:
         retriever = Retriever(vectors, self.parts.store, self.parts.lexical, self.parts.catalog, self.settings)
         try:
             ingest, doc_of = await self._ingest(evalset)
+            _refuse_all_failed(ingest)
             runs = [_QuestionRun(q, doc_of[q.context]) for q in evalset.questions if q.context in doc_of]
             retrieval = await self._retrieve(runs, retriever, vectors)
             answers = await self._answer(runs[: self.options.answer_limit], retriever) if self.options.answers else None
@@ -434,6 +435,16 @@ class Evaluation:
             self.parts.lexical.delete_collection(self.collection)
 
         await asyncio.to_thread(drop)
+
+
+FAILURES_SHOWN = 3  # of a run whose every file failed, the first reasons in its error
+
+
+def _refuse_all_failed(ingest: dict[str, Any]) -> None:
+    """A run with nothing indexed measures nothing: it stops with why its files failed."""
+    if ingest["files"] and ingest["failed"] == ingest["files"]:
+        reasons = "; ".join(ingest["failures"][:FAILURES_SHOWN])
+        raise RagError(f"none of the {ingest['files']} files of the set was indexed; the first failures: {reasons}")
 
 
 async def _one_answer(answer: Answer | NoSourcesAnswer, run: _QuestionRun, started: float) -> dict[str, Any]:

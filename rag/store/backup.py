@@ -32,13 +32,13 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
 from rag.core.errors import BackupInvalid
+from rag.core.provenance import package_version
 from rag.store.schema import LATEST, user_version
 
 FORMAT = 1
@@ -56,13 +56,6 @@ def sha256(path: Path) -> str:
         while block := f.read(_CHUNK):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _version() -> str:
-    try:
-        return metadata.version("rag-stack")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 @contextmanager
@@ -196,7 +189,7 @@ def backup_store(
         "format": FORMAT,
         "taken_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(taken_at)),
         "source": str(data_dir),
-        "rag_stack": _version(),
+        "rag_stack": package_version(),
         "sqlite": sqlite3.sqlite_version,
         "schema": {name: user_version(partial / name) for name in RECORD_FILES},
         "with_indexes": with_indexes,

@@ -26,7 +26,7 @@ from typing import Any
 
 from rag.core.errors import StoreUnavailable
 from rag.store.catalog import DocumentCatalog, DocumentCounts
-from rag.store.chunks import HNSW, persistent_client
+from rag.store.chunks import HNSW, ChunkStore, persistent_client
 from rag.store.lexical import LexicalIndex
 from rag.store.probe import ChromaProbe, chroma_ids, export_vectors, probe_chroma
 
@@ -112,8 +112,14 @@ class StoreCheck:
         }
 
 
-def check_store(data_dir: Path, chroma_path: Path, probe: ChromaProbe | None = None) -> StoreCheck:
-    """Count every collection in the catalog, the record, Chroma and the BM25 index."""
+def check_store(
+    data_dir: Path,
+    chroma_path: Path,
+    probe: ChromaProbe | None = None,
+    chroma_held: dict[str, set[str]] | None = None,
+) -> StoreCheck:
+    """Count every collection in the catalog, the record, Chroma and the BM25 index (Chroma read in
+    child processes unless the caller, who has it open, gives its counts and ids)."""
     probe = probe or probe_chroma(chroma_path)
     catalog = DocumentCatalog(data_dir / "catalog.sqlite")
     lexical = LexicalIndex(data_dir / "lexical.sqlite")
@@ -121,12 +127,22 @@ def check_store(data_dir: Path, chroma_path: Path, probe: ChromaProbe | None = N
         names = sorted(
             {n for n, _ in catalog.collections()} | set(lexical.collections()) | set(probe.counts) | set(probe.damaged)
         )
-        held = chroma_ids(chroma_path, sorted(probe.counts), data_dir / ".check-ids.jsonl") or {}
+        if chroma_held is None:
+            chroma_held = chroma_ids(chroma_path, sorted(probe.counts), data_dir / ".check-ids.jsonl")
+        held = chroma_held or {}
         checks = [_check_collection(name, catalog, lexical, probe, held.get(name)) for name in names]
         return StoreCheck(checks, lexical.total(), lexical.search_count(), probe)
     finally:
         lexical.close()
         catalog.close()
+
+
+def check_open_store(data_dir: Path, store: ChunkStore) -> StoreCheck:
+    """The same check on the store a running API holds, through its own Chroma client (read-only;
+    uploads running meanwhile may show as a passing difference)."""
+    healthy = [n for n in store.names() if n not in store.damaged] if store.unreadable is None else []
+    probe = ChromaProbe({n: store.count(n) for n in healthy}, dict(store.damaged), store.unreadable)
+    return check_store(data_dir, Path(), probe, {n: store.ids(n) for n in healthy})
 
 
 def _check_collection(

@@ -31,6 +31,7 @@ from rag.api.mcp.library import Library
 from rag.api.mcp.payloads import AskResult, CollectionList, DocumentList, SearchResult
 from rag.core.config import Settings
 from rag.core.errors import InvalidRequest, NotFound, RagError
+from rag.core.provenance import package_version
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -105,7 +106,13 @@ def build_server(library: Library, settings: Settings) -> MCPServer:
         return await answered(library.collections(access), access)
 
     tools = {fn.__name__: Tool.from_function(fn) for fn in (search, ask, list_documents, list_collections)}
-    server = MCPServer(NAME, instructions=INSTRUCTIONS, tools=list(tools.values()), middleware=[ArgumentCheck(tools)])
+    server = MCPServer(
+        NAME,
+        version=package_version(),
+        instructions=INSTRUCTIONS,
+        tools=list(tools.values()),
+        middleware=[ArgumentCheck(tools)],
+    )
 
     @server.resource(
         "rag://{collection}/documents/{doc_id}",

@@ -10,6 +10,7 @@ it: an answer being generated gives its llama-server slot back.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 from contextlib import AsyncExitStack
 
@@ -26,8 +27,15 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+# The SDK logs at INFO on stderr, which a desktop client shows as the server's log: httpx's line per
+# request to the API (several per tool call) would bury what we say there.
+QUIET_LOGGERS = ("httpx", "httpx2", "httpcore")
+
+
 async def serve_stdio(settings: Settings, server: str | None = None) -> None:
     """Serve MCP on stdin/stdout until the client closes stdin."""
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.DEBUG if settings.debug else logging.WARNING)
     async with AsyncExitStack() as stack:
         url = await choose_api(settings, server, say, who="rag mcp")
         library: Library

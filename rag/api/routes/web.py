@@ -9,8 +9,9 @@ from importlib.resources import files
 from pathlib import Path
 
 from fastapi import APIRouter
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, HTMLResponse, Response
 
+from rag.api.deps import SettingsDep
 from rag.core.errors import NotFound
 
 STATIC_DIR = Path(str(files("rag.api") / "static"))
@@ -60,8 +61,13 @@ def static_file(name: str, folder: Path = STATIC_DIR) -> FileResponse:
 
 
 @router.get("/")
-def index() -> FileResponse:
-    return static_file("index.html")
+def index(settings: SettingsDep) -> Response:
+    """The page; with RAG_LANGUAGE set, it carries that language for a user who has chosen none."""
+    if not settings.language:
+        return static_file("index.html")
+    html = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
+    html = html.replace("<html ", f'<html data-default-language="{settings.language}" ', 1)
+    return HTMLResponse(html, headers=HEADERS)
 
 
 @router.get("/static/{name}")

@@ -1,5 +1,6 @@
 // The page's strings, from one locale file per language (static/locales/<lang>.json), chosen by the
-// browser's languages or by the switch in the top bar (remembered in localStorage).
+// switch in the top bar (remembered in localStorage), else by the server's RAG_LANGUAGE, else by the
+// browser's languages.
 //
 // A message is one whole sentence or label with {name} placeholders, filled by t(): translated pieces
 // are never glued together, since word order differs between languages. A message that depends on a
@@ -17,10 +18,13 @@ export function language() {
   return lang;
 }
 
-// The saved choice, else the first of the browser's languages that the page speaks, else English.
+// The saved choice, else the server's default (RAG_LANGUAGE, `rag up --lang`, set on <html> by the
+// server), else the first of the browser's languages that the page speaks, else English.
 export function preferredLanguage() {
   const saved = localStorage.getItem(STORAGE);
   if (saved && saved in LANGUAGES) return saved;
+  const server = document.documentElement.dataset.defaultLanguage;
+  if (server && server in LANGUAGES) return server;
   for (const wanted of navigator.languages || [navigator.language || "en"]) {
     if (/^zh\b/i.test(wanted)) return "zh-CN";
     if (/^en\b/i.test(wanted)) return "en";
