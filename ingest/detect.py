@@ -78,6 +78,12 @@ _HTML_TAGS = re.compile(
 _MD_SIGNS = re.compile(
     r"^(?:#{1,6}[ \t]+\S|```|~~~|[ \t]*[-*+][ \t]+\S.*\n[ \t]*[-*+][ \t]+\S|\S.*\n(?:=+|-+)[ \t]*$)", re.M
 )
+# A man page's troff source: it opens with requests or comments, and its title macro (`.TH` for man,
+# `.Dd` for mdoc) comes before any text; a page that is only `.so other.1` links to another.
+_TROFF_START = re.compile(r"\A(?:[ \t]*\n)*[.'][^\n]*\n")
+_TROFF_TITLE = re.compile(r"^[.']\s*(?:TH|Dd)[ \t]+\S", re.M)
+_TROFF_LINK = re.compile(r"\A(?:[.']\\\".*\n|[ \t]*\n)*[.']\s*so[ \t]+(\S+)\s*\Z")
+_TITLE_WITHIN_LINES = 400
 _MD_EXTS = {".md", ".markdown", ".mdown", ".mkd", ".mdx"}
 _HTML_EXTS = {".html", ".htm", ".xhtml", ".shtml"}
 _CHARSET_DECL = re.compile(
@@ -354,10 +360,12 @@ def _decode(data: bytes, encoding: str) -> tuple[str, str]:
 
 
 def sniff_text_kind(text: str, name: str = "") -> DocKind:
-    """Markdown, HTML or plain text, from content signals first and the extension only as a tie-break."""
+    """Markdown, HTML, a man page or plain text, from content signals first and the extension only as a tie-break."""
     ext = PurePath(name).suffix.lower()
     if _HTML_DOC.match(text):
         return DocKind.HTML
+    if is_man_source(text):
+        return DocKind.MAN
     has_tags = _HTML_TAGS.search(text) is not None
     if ext in _HTML_EXTS and has_tags:
         return DocKind.HTML
@@ -368,3 +376,20 @@ def sniff_text_kind(text: str, name: str = "") -> DocKind:
     if _MD_SIGNS.search(text):
         return DocKind.MARKDOWN
     return DocKind.TEXT
+
+
+def is_man_source(text: str) -> bool:
+    """A man page's troff source (man or mdoc macros), or a man page that links to another by `.so`."""
+    if man_link(text) is not None:
+        return True
+    if not _TROFF_START.match(text):
+        return False
+    # The title within the first few hundred lines: pod2man and rst2man write macro definitions first.
+    head = text[: 1 << 15].split("\n", _TITLE_WITHIN_LINES)[:_TITLE_WITHIN_LINES]
+    return _TROFF_TITLE.search("\n".join(head)) is not None
+
+
+def man_link(text: str) -> str | None:
+    """The page a man page that is nothing but `.so man1/other.1` points to, else None."""
+    match = _TROFF_LINK.match(text)
+    return match.group(1) if match else None

@@ -1,5 +1,6 @@
-"""The files under the folders given to `ingest`: which are found (by --glob, --recursive), and which
-documents of the catalog lie under them but no longer have a file (what --sync and --watch delete)."""
+"""The files under the folders given to `ingest`: which are found (by --glob, --recursive) and the names
+they are shown by, and which documents of the catalog lie under them but no longer have a file (what
+--sync and --watch delete)."""
 
 from __future__ import annotations
 
@@ -12,18 +13,38 @@ from .backends import KnownDocument
 from .pipeline import SourceFile
 
 
-def collect_files(paths: Sequence[Path], pattern: str | None, recursive: bool) -> list[SourceFile]:
-    """The files named or found in folders (by --glob, --recursive), each once, in a stable order."""
-    found: dict[Path, None] = {}
+def collect_files(
+    paths: Sequence[Path], pattern: str | None, recursive: bool, roots: Sequence[Path] | None = None
+) -> list[SourceFile]:
+    """The files named or found in folders (by --glob, --recursive), each once, in a stable order.
+
+    Each is named by its path relative to the folder it was found under (`roots`, by default the
+    folders among `paths`): four `README.gz` of four packages are `apt/README.gz`, `curl/README.gz`...
+    A file given by itself is named by its file name."""
+    found: dict[Path, str] = {}
+    folders = [root for root in (paths if roots is None else roots) if root.is_dir()]
     for path in paths:
         if path.is_dir():
             for file in _walk(path, recursive):
                 if pattern is None or file.match(pattern):
-                    found[file.resolve()] = None
+                    found.setdefault(file.resolve(), display_name(file, folders))
         else:
-            found[path.resolve()] = None
+            found.setdefault(path.resolve(), display_name(path, folders) if roots is not None else path.name)
     # Names in NFC, as the API keeps them: the same name typed on macOS (NFD) and Linux is one source.
-    return [SourceFile(p, unicodedata.normalize("NFC", str(p)), unicodedata.normalize("NFC", p.name)) for p in found]
+    return [SourceFile(p, _nfc(str(p)), _nfc(name)) for p, name in found.items()]
+
+
+def display_name(file: Path, folders: Sequence[Path]) -> str:
+    """`file`'s path relative to the first of `folders` that holds it ("apt/README.gz"), else its name."""
+    for folder in folders:
+        for inner, outer in ((file, folder), (file.resolve(), folder.resolve())):
+            if inner.is_relative_to(outer) and inner != outer:
+                return inner.relative_to(outer).as_posix()
+    return file.name
+
+
+def _nfc(text: str) -> str:
+    return unicodedata.normalize("NFC", text)
 
 
 def _walk(folder: Path, recursive: bool) -> list[Path]:

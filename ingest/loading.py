@@ -5,8 +5,8 @@ The entry point for the pipeline, the upload endpoint and the CLI:
     doc = load_document(data, name, settings)
 
 It detects the type from the bytes (`ingest.detect`), then parses. Plain text and Markdown are parsed in
-this process (linear-time work on already-decoded text). PDF, DOCX, images and HTML (whose parser runs
-third-party code and the page's stylesheet rules) are parsed in a bounded worker process
+this process (linear-time work on already-decoded text). PDF, DOCX, images, HTML (whose parser runs
+third-party code and the page's stylesheet rules) and man pages (rendered by groff) are parsed in a bounded worker process
 (`ingest.sandbox`): `settings.parse_timeout_s` of wall-clock time
 and `settings.parse_memory_mb` of address space, so a hostile file costs a worker, never the service.
 Images and scanned PDF pages are read by OCR in workers of their own (`ingest.ocr_pool`), a page at a
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 # Parsed in the bounded worker (PDF and images too, with the OCR reader): the API process never runs a
 # parser over them, so one page cannot stall every request while it holds the GIL.
-SANDBOXED_KINDS = frozenset({DocKind.DOCX, DocKind.HTML})
+SANDBOXED_KINDS = frozenset({DocKind.DOCX, DocKind.HTML, DocKind.MAN})
 
 
 def load_document(data: bytes, name: str, settings: Settings, pool: ParserPool | None = None) -> LoadedDocument:
@@ -74,6 +74,8 @@ def _load(data: bytes, name: str, type_name: str, settings: Settings, pool: Pars
             timeout_s=settings.parse_timeout_s,
             max_inflated=inflate_limit(settings),
             max_pages=settings.max_document_pages,
+            # groff, which the worker starts for a man page, must stop before the worker's own deadline.
+            render_timeout_s=settings.parse_timeout_s / 2,
         )
     return parse(kind, data, name, text=detection.text, encoding=detection.encoding)
 

@@ -23,6 +23,7 @@ class DocKind(str, Enum):
     PDF = "pdf"
     DOCX = "docx"
     IMAGE = "image"
+    MAN = "man"  # a man page's troff source
 
 
 @dataclass(frozen=True, slots=True)

@@ -98,7 +98,7 @@ class FolderWatch:
         present = [p for p in paths if p.exists()]
         gone = [p for p in paths if not p.exists()]
         files = collect_files(
-            [p for p in present if p.is_dir() or self._wanted(None, str(p))], self.pattern, self.recursive
+            [p for p in present if p.is_dir() or self._wanted(None, str(p))], self.pattern, self.recursive, self.roots
         )
         files = await self._complete(files)
         if files:

@@ -64,6 +64,16 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "$@" >/dev/null
 }
 
+# Man pages are rendered by groff (Debian's groff-base, which man-db needs, so most systems have it).
+if ! command -v groff >/dev/null; then
+  if command -v apt-get >/dev/null && { [ "$(id -u)" = 0 ] || sudo -n true 2>/dev/null; }; then
+    echo "setup: installing Debian's groff-base to read man pages"
+    apt_install groff-base
+  else
+    echo "setup: groff is not installed: man pages are refused until it is (Debian/Ubuntu: apt install groff-base)"
+  fi
+fi
+
 if [ "${1:-}" = "--test" ]; then
   if [ ! -x /usr/bin/chromium ]; then
     echo "setup: installing Debian's chromium for the browser tests"

@@ -122,3 +122,15 @@ def scan_of_pdf(data: bytes, dpi: int = 200, seed: int = 0) -> bytes:
     finally:
         pdf.close()
     return image_pdf(pages, dpi=dpi)
+
+
+def furnished(page: Image.Image, header: str, footer: str, dpi: int = 200, point_size: float = 9.0) -> Image.Image:
+    """`page` (from `render_page`) with a running header in its top margin and a footer (a page number)
+    centred in its bottom margin, as a printed report has them."""
+    page = page.copy()
+    draw = ImageDraw.Draw(page)
+    pixels = round(point_size * dpi / 72)
+    face = font(header + footer, pixels)
+    draw.text((dpi, round(dpi * 0.4)), header, font=face, fill=0)
+    draw.text(((page.width - face.getlength(footer)) / 2, page.height - round(dpi * 0.5)), footer, font=face, fill=0)
+    return page

@@ -307,6 +307,7 @@ HOSTILE_NAMES = {
     "300 characters": (b"n" * 300 + b".txt", "n" * 300 + ".txt"),
     "bidi override": ("invoice\u202etxt.exe".encode(), "invoice\\u202etxt.exe"),
     "invalid UTF-8": (b"caf\xe9.txt", "caf\\xe9.txt"),
+    "relative path, as a folder upload sends it": (b"apt/README.Debian", "apt/README.Debian"),
 }
 
 

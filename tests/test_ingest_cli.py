@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from ingest.backends import KnownDocument
 from ingest.cli import cli, collect_files, main, stale_documents
 from rag.core.config import Settings, get_settings
+from rag.store.catalog import DocumentCatalog
 from rag.store.chunks import StoreLock
 from tests import hostile
 from tests.ingest_helpers import census, expected_chunks
@@ -46,11 +47,25 @@ def test_collect_files_walks_globs_and_skips_hidden(tmp_path: Path) -> None:
     files = make_corpus(tmp_path / "docs")
     root = tmp_path / "docs"
     assert [f.name for f in collect_files([root], None, False)] == ["a.txt", "b.md"]
-    assert [f.name for f in collect_files([root], None, True)] == ["a.txt", "b.md", "paper.pdf"]
-    assert [f.name for f in collect_files([root], "*.pdf", True)] == ["paper.pdf"]
+    assert [f.name for f in collect_files([root], None, True)] == ["a.txt", "b.md", "sub/paper.pdf"]
+    assert [f.name for f in collect_files([root], "*.pdf", True)] == ["sub/paper.pdf"]
     both = collect_files([files["a"], root], None, False)  # each file once
     assert [f.name for f in both] == ["a.txt", "b.md"]
     assert all(Path(f.source).is_absolute() for f in both)
+
+
+def test_files_are_named_by_their_path_under_the_folder_given(tmp_path: Path) -> None:
+    root = tmp_path / "doc"
+    for package in ("apt", "curl", "dpkg"):
+        (root / package).mkdir(parents=True)
+        (root / package / "README.gz").write_bytes(b"")
+    found = collect_files([root], None, True)
+    assert [f.name for f in found] == ["apt/README.gz", "curl/README.gz", "dpkg/README.gz"]
+    assert len({f.source for f in found}) == 3
+    # A file given by itself is named by its file name; a watcher's changed file by its place under the root.
+    assert [f.name for f in collect_files([root / "apt" / "README.gz"], None, False)] == ["README.gz"]
+    changed = collect_files([root / "curl" / "README.gz", root / "dpkg"], None, True, roots=[root])
+    assert [f.name for f in changed] == ["curl/README.gz", "dpkg/README.gz"]
 
 
 def test_stale_documents_only_under_the_given_paths(tmp_path: Path) -> None:
@@ -113,6 +128,30 @@ def test_ingest_folder_then_rerun_then_sync(local_env: dict[str, str], tmp_path:
     seen = census(isolated_env, "default")
     assert seen.consistent()
     assert seen.indexed() == expected_chunks([files["a"], files["pdf"]], settings)
+
+
+@pytest.mark.integration
+def test_documents_indexed_under_their_file_names_take_their_folder_paths_on_the_next_run(
+    local_env: dict[str, str], tmp_path: Path, isolated_env: Path
+) -> None:
+    root = tmp_path / "doc"
+    for package in ("apt", "curl"):
+        (root / package).mkdir(parents=True)
+        (root / package / "README").write_text(f"The {package} package reads its settings from /etc/{package}.\n")
+    # A store of before: each file named by its file name alone (here: each file given by itself).
+    assert invoke(str(root / "apt" / "README"), str(root / "curl" / "README")).exit_code == 0
+    assert sorted(names(isolated_env)) == ["README", "README"]
+    rerun = invoke(str(root), "-r", "--json")
+    assert json.loads(rerun.stdout)["files"]["unchanged"] == 2
+    assert sorted(names(isolated_env)) == ["apt/README", "curl/README"]
+
+
+def names(data_dir: Path) -> list[str]:
+    catalog = DocumentCatalog(data_dir / "catalog.sqlite")
+    try:
+        return [r.name for r in catalog.list("default", 0, 100)]
+    finally:
+        catalog.close()
 
 
 @pytest.mark.integration
@@ -311,6 +350,7 @@ def test_subprocess_sends_to_the_running_api(
     assert sorted(d["source_key"] for d in listing["documents"]) == sorted(
         str(files[k].resolve()) for k in ("a", "b", "pdf")
     )
+    assert sorted(d["source"] for d in listing["documents"]) == ["a.txt", "b.md", "sub/paper.pdf"]
     expected = expected_chunks([files["a"], files["b"], files["pdf"]], Settings(data_dir=isolated_env))
     assert {d["id"]: d["chunks"] for d in listing["documents"]} == expected
 

@@ -285,3 +285,80 @@ def test_an_ocr_page_over_its_time_costs_its_worker_not_the_pool() -> None:
         assert status == "lines" and [x.text for x in lines] == ["The kettle is on the table."]
     finally:
         pool.close()
+
+
+def report_page(number: int, body: list[OcrLine]) -> list[OcrLine]:
+    """A page as OCR reads a printed report: a running header, the body, the page number centred below."""
+    return [line("Annual Report 2024 - Northwind Traders", 0.1, 0.03, 0.6), *body, line(str(number), 0.49, 0.95, 0.51)]
+
+
+def test_page_numbers_and_running_headers_are_not_text() -> None:
+    bodies = [
+        [line("Revenue grew by 12 percent in the year.", 0.1, 0.1, 0.8), line("Costs fell.", 0.1, 0.13, 0.3)],
+        [line("The board met four times.", 0.1, 0.1, 0.7)],
+        [line("Dividends of 3 cents were paid.", 0.1, 0.1, 0.7)],
+    ]
+    ocr = StandInOcr([], pages=[report_page(n, body) for n, body in enumerate(bodies, 1)])
+    doc = parse(DocKind.PDF, hostile.mixed_scan_pdf([None, None, None]), "report.pdf", ocr=ocr)
+    assert [(s.page, s.text) for s in doc.sections] == [
+        (1, "Revenue grew by 12 percent in the year. Costs fell."),
+        (2, "The board met four times."),
+        (3, "Dividends of 3 cents were paid."),
+    ]
+    chunks = chunk_document(doc, "d", Chunker(lambda text: len(text.split()), chunk_tokens=50, chunk_overlap=0))
+    assert not any(c.text.strip().isdigit() or "Annual Report" in c.text for c in chunks)
+
+
+@pytest.mark.parametrize("number", ["1", "- 2 -", "Page 3", "Page 4 of 9", "第 5 页", "iv"])
+def test_a_lone_page_number_in_the_margin_is_not_text(number: str) -> None:
+    lines = [line("The kettle is on the table.", 0.1, 0.1, 0.7), line(number, 0.45, 0.95, 0.55)]
+    doc = parse(DocKind.IMAGE, hostile.tiff_of_pages(1), "note.tiff", ocr=StandInOcr(lines))
+    assert doc.text == "The kettle is on the table."
+
+
+def test_lines_near_the_edges_that_belong_to_the_body_stay() -> None:
+    """A table's header row at the top of each page, a short last line, a number inside the body stay."""
+    header = cells(0.09, ("Port", 0.1, 0.3), ("Service", 0.5, 0.8))
+    pages = [
+        [*header, *cells(0.115, ("22", 0.1, 0.2), ("ssh", 0.5, 0.6)), line("7", 0.1, 0.15, 0.12)],
+        [
+            *header,
+            *cells(0.115, ("993", 0.1, 0.2), ("imaps", 0.5, 0.6)),
+            line("Ends here", 0.1, 0.9, 0.3),
+            line("Total: 2", 0.1, 0.925, 0.3),
+        ],
+    ]
+    doc = parse(DocKind.PDF, hostile.mixed_scan_pdf([None, None]), "ports.pdf", ocr=StandInOcr([], pages=pages))
+    for kept in ("| Port | Service |", "| 22 | ssh |", "| 993 | imaps |", "7", "Ends here", "Total: 2"):
+        assert kept in doc.text
+
+
+def test_a_rendered_scan_keeps_its_page_numbers_and_running_header_out_of_the_text() -> None:
+    paragraphs = [
+        ["Northwind's revenue grew by twelve percent, led by its tea business."],
+        ["The board approved a dividend of three cents a share."],
+        ["Two new warehouses opened in the spring, one in Leeds and one in Lyon."],
+    ]
+    header = "Northwind Traders - Annual Report 2024"
+    pages = [
+        scans.scanned(scans.furnished(scans.render_page(text), header, str(n)), seed=n)
+        for n, text in enumerate(paragraphs, 1)
+    ]
+    pool = OcrPool(memory_mb=2048, workers=1, page_timeout_s=120)
+    reader = pool.reader("report.pdf")
+
+    def ocr(image: object) -> list[OcrLine]:
+        status, value = reader(image)
+        if status == "skip":
+            raise PageSkipped(value)
+        return value
+
+    try:
+        doc = parse(DocKind.PDF, scans.image_pdf(pages), "report.pdf", ocr=ocr)
+    finally:
+        pool.close()
+    assert [s.page for s in doc.sections] == [1, 2, 3]
+    assert "twelve percent" in doc.text and "Leeds" in doc.text
+    assert "Annual Report" not in doc.text, doc.text
+    assert not any(s.text.strip().isdigit() for s in doc.sections)
+    assert not any(line.strip().isdigit() for line in doc.text.splitlines())

@@ -34,10 +34,12 @@ def parse(
     max_ocr_pages: int = DEFAULT_MAX_OCR_PAGES,
     ocr_dpi: int = 200,
     min_confidence: float = 0.8,
+    render_timeout_s: float = 30.0,
 ) -> LoadedDocument:
     """Parses `data` as `kind` in this process, without time or memory bounds (but those of `ocr`).
 
-    Without `ocr`, images are refused and scanned PDF pages give no text."""
+    Without `ocr`, images are refused and scanned PDF pages give no text. A man page is rendered by
+    groff, in a child process of its own bounds (`render_timeout_s`)."""
     if kind is DocKind.PDF:
         from .pdf import load_pdf
 
@@ -54,6 +56,10 @@ def parse(
         from .html import load_html
 
         return load_html(data, name, text=text, encoding=encoding)
+    if kind is DocKind.MAN:
+        from .man import load_man
+
+        return load_man(data, name, text=text, encoding=encoding, timeout_s=render_timeout_s)
     if text is None:
         from ..detect import decode_text
 

@@ -20,7 +20,8 @@ from rag.core.errors import DocumentRejected
 
 from ..models import DocKind, LoadedDocument
 from ._builder import DocumentBuilder
-from .ocr import MAX_SIDE, OcrFn, add_ocr_page
+from .furniture import without_furniture
+from .ocr import MAX_SIDE, OcrFn, add_read_page, read_page
 from .tables import TableCarry
 
 MAX_PIXELS = 64_000_000  # a page scanned at 600 dpi on A3 is 70 MP...; at 300 dpi on A4, 8.7 MP
@@ -40,9 +41,10 @@ def load_image(
         builder = DocumentBuilder()
         notes: list[str] = []
         tables = TableCarry()  # a table over the pages of a TIFF keeps its header
-        for index in range(pages):
+        read = without_furniture({n: read_page(_page_pixels(image, n - 1, name), ocr) for n in range(1, pages + 1)})
+        for number, lines in read.items():
             tables.turn_page()
-            notes += add_ocr_page(builder, index + 1, _page_pixels(image, index, name), ocr, min_confidence, tables)
+            notes += add_read_page(builder, number, lines, min_confidence, tables)
     finally:
         image.close()
     try:

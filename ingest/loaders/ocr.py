@@ -306,11 +306,29 @@ def add_ocr_page(
 ) -> list[str]:
     """Reads page `number` through `ocr` into `builder`, its tables as tables (`carry`: what the previous
     page's table left, see `tables.TableCarry`); the warnings it leaves (a skipped page, doubtful lines)."""
-    builder.page(number)
+    return add_read_page(builder, number, read_page(image, ocr), min_confidence, carry)
+
+
+def read_page(image: Any, ocr: OcrFn) -> list[OcrLine] | PageSkipped:
+    """The lines `ocr` reads on a page, or why it did not (a document's pages are read before they are
+    laid out, so that what repeats on every page is known: see `ingest.loaders.furniture`)."""
     try:
-        lines = ocr(image)
+        return ocr(image)
     except PageSkipped as exc:
-        return [f"page {number} was left out: {exc}"]
+        return exc
+
+
+def add_read_page(
+    builder: DocumentBuilder,
+    number: int,
+    lines: list[OcrLine] | PageSkipped,
+    min_confidence: float,
+    carry: TableCarry | None = None,
+) -> list[str]:
+    """`add_ocr_page` of a page read already (`read_page`)."""
+    builder.page(number)
+    if isinstance(lines, PageSkipped):
+        return [f"page {number} was left out: {lines}"]
     if lines:
         height = _line_height(lines)
         carry = carry if carry is not None else TableCarry()

@@ -21,7 +21,8 @@ from rag.core.errors import DocumentRejected
 
 from ..models import DocKind, LoadedDocument
 from ._builder import DocumentBuilder, clean
-from .ocr import MAX_SIDE, OcrFn, add_ocr_page
+from .furniture import without_furniture
+from .ocr import MAX_SIDE, OcrFn, add_read_page, read_page
 from .pdf_layout import TableState, add_text_page
 
 _BLANK_LINES = re.compile(r"\n[ \t]*\n(?:[ \t]*\n)+")
@@ -93,6 +94,8 @@ def _extract(pdf: pdfium.PdfDocument, name: str, max_pages: int, plan: _OcrPlan,
             "per document (RAG_MAX_OCR_PAGES)",
             limit=plan.max_pages,
         )
+    # Every scanned page is read before any is laid out: a running header is known by its repeats.
+    read = without_furniture({i: read_page(_render(pdf, i, plan.dpi), plan.ocr) for i in sorted(scanned) if plan.ocr})
     builder = DocumentBuilder()
     notes: list[str] = []
     for index in range(n_pages):
@@ -100,9 +103,8 @@ def _extract(pdf: pdfium.PdfDocument, name: str, max_pages: int, plan: _OcrPlan,
         tables.carry.turn_page()
         for level, title in outline.get(index, ()):
             builder.heading(title, level, raw="", sep="")
-        if index in scanned and plan.ocr is not None:
-            image = _render(pdf, index, plan.dpi)
-            notes += add_ocr_page(builder, index + 1, image, plan.ocr, plan.min_confidence, tables.carry)
+        if index in read:
+            notes += add_read_page(builder, index + 1, read[index], plan.min_confidence, tables.carry)
         else:  # the text layer, with its tables as tables and its lines' boxes
             add_text_page(builder, pdf, index, tables)
     doc_title = pdf.get_metadata_value("Title").strip() or None
