@@ -141,11 +141,10 @@ async def list_documents(
     def read() -> dict[str, Any]:
         records = catalog.documents(name, offset, limit, cast(State, state))
         names = catalog.names_of(name, [r.doc_id for r in records])
-        return {
-            "documents": [r.to_api(names.get(r.doc_id)) for r in records],
-            "total": catalog.count_in(name, cast(State, state)),
-            "failed": catalog.count_in(name, "failed"),
-        }
+        total, failed = catalog.count_in(name, cast(State, state)), catalog.count_in(name, "failed")
+        if not total and not failed:
+            access.check_exists(name, settings, (n for n, _ in catalog.collections()))
+        return {"documents": [r.to_api(names.get(r.doc_id)) for r in records], "total": total, "failed": failed}
 
     return {**await asyncio.to_thread(read), "offset": offset, "limit": limit}
 
