@@ -86,9 +86,12 @@ class JobRegistry:
         self._tasks.add(task)
         task.add_done_callback(self._done)
 
-    async def cancel_all(self) -> None:
-        """Stop the background jobs (at shutdown): each rolls back its unfinished documents."""
+    async def cancel_all(self, grace_s: float = 0.0) -> None:
+        """Stop the background jobs (at shutdown), once they had `grace_s` to finish, as a request has:
+        each one stopped rolls back its unfinished documents."""
         tasks = list(self._tasks)
+        if tasks and grace_s > 0:
+            await asyncio.wait(tasks, timeout=grace_s)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

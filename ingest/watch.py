@@ -4,10 +4,13 @@ start     one sync pass (index what is new or changed, delete what is gone: the 
           state, so a restart catches up with whatever changed while nothing watched)
 events    watchfiles groups a burst of changes into one set (DEBOUNCE_MS): 10,000 saves become one
           pass over the distinct paths, and one batched ingest of the files among them
-a pass    files whose size or mtime still moves across SETTLE_S are being written: kept for the next
-          pass, so a half-written file is never indexed; unreadable files are reported once (until
-          they change); then new and changed files are indexed, and last the names of files that are
-          gone are deleted. In that order a rename costs no embedding: the new name is the same
+a pass    a file is complete once its size and mtime have held still for SETTLE_S (a file last
+          changed longer ago is taken at once; a younger one is looked at again when it is that old):
+          one still moving is kept for the next pass, so a file written slowly is indexed once, whole;
+          a file whose real path lies outside the watched folders (a symbolic link out of them) is
+          refused, said once; unreadable files are reported once (until they change); then new and
+          changed files are indexed, and last the names of files that are gone, or are folders now,
+          are deleted. In that order a rename costs no embedding: the new name is the same
           content (`unchanged`, the name added), and deleting the old name keeps the content.
 """
 
@@ -29,7 +32,9 @@ from .pipeline import Progress, SourceFile
 
 DEBOUNCE_MS = 500  # the longest a burst of changes is gathered before a pass
 STEP_MS = 100  # a pass starts once no change came for this long
-SETTLE_S = 0.5  # a file whose size and mtime hold still this long is complete
+# A file whose size and mtime hold still this long is complete: longer than the pauses of a writer that
+# appends once a second (at 0.5 s such a file of 11 s was indexed six times, half-versions searchable).
+SETTLE_S = 2.0
 
 
 @dataclass
@@ -45,6 +50,7 @@ class FolderWatch:
     passes: int = 0  # ingest calls made after the first sync (a burst is one)
     _pending: set[Path] = field(default_factory=set)
     _refused: dict[Path, tuple[int, int]] = field(default_factory=dict)  # unreadable, as (size, mtime) then
+    _outside: set[Path] = field(default_factory=set)  # links out of the watched folders, said once
     _scratch: watchfiles.DefaultFilter = field(default_factory=watchfiles.DefaultFilter)
 
     def __post_init__(self) -> None:
@@ -96,7 +102,7 @@ class FolderWatch:
         """One pass over the paths that changed since the last."""
         paths, self._pending = self._pending, set()
         present = [p for p in paths if p.exists()]
-        gone = [p for p in paths if not p.exists()]
+        gone = [p for p in paths if not p.is_file()]  # deleted, or a folder now: its file's name goes
         files = collect_files(
             [p for p in present if p.is_dir() or self._wanted(None, str(p))], self.pattern, self.recursive, self.roots
         )
@@ -108,20 +114,33 @@ class FolderWatch:
             await self._forget(gone)
 
     async def _complete(self, files: list[SourceFile]) -> list[SourceFile]:
-        """The files that are complete and readable; the others wait for their next change or pass."""
+        """The files inside the watched folders that are complete and readable; the others wait for their
+        next change or pass."""
+        files = [f for f in files if self._inside(f.path)]
         before = {f.path: _stamp(f.path) for f in files}
-        if any(before.values()):
-            await asyncio.sleep(self.settle_s)
+        ages_s = [(time.time_ns() - s[1]) / 1e9 for s in before.values() if s is not None]
+        if ages_s:  # until the youngest file is settle_s old: older ones held still that long already
+            await asyncio.sleep(max(0.0, self.settle_s - min(ages_s)))
         ready = []
         for file in files:
             stamp = _stamp(file.path)
             if stamp is None:
                 continue  # gone meanwhile: its deletion event comes
-            if stamp != before[file.path]:
+            if stamp != before[file.path] or time.time_ns() - stamp[1] < self.settle_s * 1e9:
                 self._pending.add(file.path)  # still being written
             elif self._readable(file.path, stamp):
                 ready.append(file)
         return ready
+
+    def _inside(self, path: Path) -> bool:
+        """`path` (resolved: the real file) lies in a watched folder; a link out of them is refused."""
+        if any(path.is_relative_to(root) for root in self.roots):
+            self._outside.discard(path)
+            return True
+        if path not in self._outside:
+            self.say(f"{'refused':<13} {path}: outside the watched folders (reached by a symbolic link)")
+            self._outside.add(path)
+        return False
 
     def _readable(self, path: Path, stamp: tuple[int, int]) -> bool:
         try:
@@ -140,7 +159,7 @@ class FolderWatch:
         known = await self.backend.documents(self.collection)
         for doc in known:
             source = Path(doc.source)
-            if not source.is_absolute() or source.exists():
+            if not source.is_absolute() or source.is_file():
                 continue
             if any(source == g or source.is_relative_to(g) for g in gone):
                 await self._delete(doc.id, doc.source)

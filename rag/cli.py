@@ -360,10 +360,11 @@ def store_backup(dest: Path, with_indexes: bool) -> None:
     A killed backup leaves the previous one."""
     from ingest.originals import Originals
     from rag.core.errors import StoreLocked
-    from rag.store.backup import backup_store
+    from rag.store.backup import backup_store, check_destination
     from rag.store.chunks import StoreLock
 
     settings = load_settings()
+    check_destination(settings.data_dir, dest.absolute())  # before the lock file: a refusal changes nothing
     lock = StoreLock(settings.data_dir)
     try:
         lock.acquire("rag store backup")

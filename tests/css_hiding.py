@@ -32,6 +32,12 @@ HIDING: list[tuple[str, str, str]] = [
     ("rule in @media screen", "@media screen { .m { opacity: 0 } }", '<p class="m">{}</p>'),
     ("attribute rule with comment", "/* x */ [data-x] { color: transparent !important }", '<p data-x="1">{}</p>'),
     ("hidden attribute", "", "<p hidden>{}</p>"),
+    ("font-size:2px", "", '<p style="font-size:2px">{}</p>'),
+    ("transform:translate(-9999px,0)", "", '<p style="transform:translate(-9999px,0)">{}</p>'),
+    ("nested & rule", ".card { color: black; & span { display: none } }", '<p class="card"><span>{}</span></p>'),
+    ("nested rule without &", ".box2 { em { visibility: hidden } }", '<p class="box2"><em>{}</em></p>'),
+    ("filter:blur(30px)", "", '<p style="filter: blur(30px)">{}</p>'),
+    ("zoom:0.01", "", '<p style="zoom:0.01">{}</p>'),
 ]
 
 # Look-alikes a reader sees: they must stay.
@@ -44,6 +50,11 @@ SHOWN: list[tuple[str, str, str]] = [
     ("scale(1)", "", '<p style="transform: scale(1)">{}</p>'),
     ("left:10px", "", '<p style="position:relative; left:10px">{}</p>'),
     ("font shorthand", "", '<p style="font: bold 14px/1.4 serif">{}</p>'),
+    ("font-size:10px", "", '<p style="font-size:10px">{}</p>'),
+    ("translate(10px,0)", "", '<p style="transform: translate(10px, 0)">{}</p>'),
+    ("nested rule that shows", ".card2 { & span { color: red } }", '<p class="card2"><span>{}</span></p>'),
+    ("filter:blur(1px)", "", '<p style="filter: blur(1px)">{}</p>'),
+    ("zoom:1.5", "", '<p style="zoom:1.5">{}</p>'),
 ]
 
 

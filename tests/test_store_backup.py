@@ -225,6 +225,61 @@ def test_a_killed_backup_leaves_the_previous_one(store, tmp_path: Path, monkeypa
     assert not (tmp_path / ".rag.partial").exists() and not (tmp_path / ".rag.previous").exists()
 
 
+def _tree(root: Path) -> dict[str, str]:
+    """Every file under `root` with its checksum: what a refused backup must leave as it was."""
+    return {str(p.relative_to(root)): backup_module.sha256(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _refuses_and_changes_nothing(dest: Path, reason: str, watched: Path) -> None:
+    before = _tree(watched)
+    result = CliRunner().invoke(cli, ["store", "backup", str(dest)])
+    assert result.exit_code == 1 and reason in getattr(result.exception, "message", ""), result.output
+    assert _tree(watched) == before
+
+
+@pytest.mark.parametrize("where", [".", "chroma", "backups/rag"])
+def test_a_backup_into_the_data_dir_is_refused_and_changes_nothing(store, tmp_path: Path, where: str) -> None:
+    settings, _ = store
+    _refuses_and_changes_nothing(settings.data_dir / where, "inside the data dir", tmp_path)
+    assert not (settings.data_dir / "backups").exists()
+
+
+def test_a_backup_into_a_folder_holding_the_data_dir_is_refused(store, tmp_path: Path) -> None:
+    _refuses_and_changes_nothing(tmp_path, "inside the data dir", tmp_path)
+
+
+def test_a_backup_into_a_folder_that_is_not_a_backup_is_refused_and_changes_nothing(store, tmp_path: Path) -> None:
+    dest = tmp_path / "v"
+    (dest / "sub").mkdir(parents=True)
+    (dest / "important.txt").write_text("precious\n")
+    _refuses_and_changes_nothing(dest, "is not a backup of rag-stack", tmp_path)
+    assert (dest / "important.txt").read_text() == "precious\n" and (dest / "sub").is_dir()
+
+
+def test_a_previous_backup_with_a_file_added_is_not_replaced(store, tmp_path: Path) -> None:
+    dest = tmp_path / "rag"
+    assert _rag("store", "backup", str(dest)).exit_code == 0
+    (dest / "notes.txt").write_text("mine\n")
+    _refuses_and_changes_nothing(dest, "is not a backup of rag-stack", tmp_path)
+
+
+def test_a_partial_folder_not_left_by_a_backup_is_kept(store, tmp_path: Path) -> None:
+    (tmp_path / ".rag.partial").mkdir()
+    (tmp_path / ".rag.partial" / "keep.txt").write_text("mine\n")
+    _refuses_and_changes_nothing(tmp_path / "rag", "was not left by a backup", tmp_path)
+
+
+def test_a_backup_goes_into_an_empty_folder_and_replaces_only_a_previous_backup(store, tmp_path: Path) -> None:
+    settings, _ = store
+    dest = tmp_path / "empty"
+    dest.mkdir()
+    assert _rag("store", "backup", str(dest)).exit_code == 0
+    first = json.loads((dest / "manifest.json").read_text())["taken_at"]
+    assert _rag("store", "backup", str(dest)).exit_code == 0  # our own backup: replaced
+    assert backup_module.read_manifest(dest, settings.embed_model)["taken_at"] >= first
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".empty")) == []
+
+
 @pytest.fixture
 def backup(store, tmp_path: Path) -> tuple[Settings, Path]:
     settings, _ = store

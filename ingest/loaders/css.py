@@ -5,12 +5,15 @@ tinycss2 parses (a CSS Syntax Level 3 tokenizer: linear in the input, comments, 
 handled, nothing fetched). The page's own selectors are matched by the HTML parser's selector engine
 (Lexbor), so `.box > p.note`, `#trap` or `[data-x]` hide exactly what a browser would; rules inside
 `@media screen` / `@supports` / `@layer` count, `@media print` does not, and `@import` is a statement that
-ends before the next rule. Only declarations that hide whatever else applies are read (no cascade):
+ends before the next rule; a nested rule (`.card { & span { ... } }`, `.card { em { ... } }`) counts
+with its parent's selector. Only declarations that hide whatever else applies are read (no cascade):
 
 - `display: none`, `visibility: hidden | collapse`, `content-visibility: hidden`;
-- a font too small to read (under 2 px / 2 pt / 0.2 em / 20%, `font: 0/0 a`);
-- `opacity` or `filter: opacity()` under 0.1; `color: transparent` or an alpha under 0.1;
-- `transform: scale()` (or scaleX/scaleY/scale3d) with a factor under 0.05;
+- a font too small to read (under 3 px / 2.25 pt / 0.19 em / 20%, `font: 0/0 a`);
+- `opacity` or `filter: opacity()` under 0.1, `filter: blur()` of 8 px and more; `color: transparent`
+  or an alpha under 0.1;
+- `transform: scale()` (or scaleX/scaleY/scale3d) with a factor under 0.05, `zoom` under 0.05;
+- `transform: translate()` (or translateX/translateY/translate3d) by -999 px and beyond;
 - a clip that leaves nothing: `clip: rect(0 0 0 0)`, `clip-path: inset(50%)` or more, `circle(0)`;
 - an offset of -999 px and beyond (in any absolute or font unit): `left`, `top`, `right`, `text-indent`,
   the left and top margins;
@@ -41,6 +44,8 @@ _PX = {
     "q": 0.945,
 }
 _SCALES = {"scale", "scalex", "scaley", "scale3d"}
+_TRANSLATES = {"translate", "translatex", "translatey", "translate3d"}
+BLUR_PX = 8.0  # a blur this wide leaves text of 16 px a smear
 _NESTED = {"media", "supports", "layer", "container", "document"}
 MAX_RULES = 2_000  # a page's hiding rules matched against its DOM (each match walks the tree)
 
@@ -72,21 +77,40 @@ def hiding_selectors(stylesheet: str) -> Iterator[str]:
 
 
 def _qualified(rules: Iterable[Any]) -> Iterator[tuple[str, list[Any]]]:
-    """(selector, content) of each style rule, descending into the at-rules that apply on a screen."""
-    stack = [iter(rules)]  # iterative: a stylesheet can nest @media blocks deeper than Python recurses
+    """(selector, content) of each style rule, descending into the at-rules that apply on a screen and
+    into the rules nested in a rule (their selector resolved against their parent's)."""
+    # Iterative: a stylesheet can nest blocks deeper than Python recurses. Each level: its rules, the parent selector.
+    stack: list[tuple[Iterator[Any], str | None]] = [(iter(rules), None)]
     while stack:
-        rule = next(stack[-1], None)
+        rule = next(stack[-1][0], None)
+        parent = stack[-1][1]
         if rule is None:
             stack.pop()
         elif rule.type == "qualified-rule" and rule.content is not None:
-            yield tinycss2.serialize(rule.prelude).strip(), rule.content
+            selector = _nested_selector(tinycss2.serialize(rule.prelude).strip(), parent)
+            yield selector, rule.content
+            nested = tinycss2.parse_blocks_contents(rule.content, skip_comments=True, skip_whitespace=True)
+            stack.append((iter([n for n in nested if n.type == "qualified-rule"]), selector))
         elif (
             rule.type == "at-rule"
             and rule.lower_at_keyword in _NESTED
             and rule.content is not None
             and _on_screen(rule)
         ):
-            stack.append(iter(tinycss2.parse_rule_list(rule.content, skip_comments=True, skip_whitespace=True)))
+            stack.append(
+                (iter(tinycss2.parse_rule_list(rule.content, skip_comments=True, skip_whitespace=True)), parent)
+            )
+
+
+def _nested_selector(selector: str, parent: str | None) -> str:
+    """A nested rule's selector as a top-level one: `&` is its parent, and one without `&` a descendant."""
+    if parent is None:
+        return selector
+    return ", ".join(
+        part.replace("&", outer.strip()) if "&" in part else f"{outer.strip()} {part.strip()}"
+        for outer in parent.split(",")
+        for part in selector.split(",")
+    )
 
 
 def _on_screen(rule: Any) -> bool:
@@ -119,6 +143,8 @@ def _hiding(values: dict[str, str]) -> bool:
         return True
     if _scaled_away(values.get("transform")) or _clipped(values.get("clip"), values.get("clip-path")):
         return True
+    if _moved_away(values.get("transform")) or _faint(values.get("zoom"), 0.05):
+        return True
     if any(_far_off(values[p]) for p in _OFFSETS & values.keys()):
         return True
     overflow = values.get("overflow", "") + " " + values.get("overflow-y", "") + values.get("overflow-x", "")
@@ -150,7 +176,7 @@ def _tiny_font(value: str) -> bool:
     if token.type == "percentage":
         return bool(token.value < 20)
     size = _length_px(value)
-    return size is not None and size < 2
+    return size is not None and size < 3
 
 
 def _number(token: Any) -> float | None:
@@ -161,10 +187,10 @@ def _number(token: Any) -> float | None:
     return None
 
 
-def _faint(value: str | None) -> bool:
+def _faint(value: str | None, under: float = 0.1) -> bool:
     tokens = _tokens(value) if value else []
     number = _number(tokens[0]) if len(tokens) == 1 else None
-    return number is not None and number < 0.1
+    return number is not None and number < under
 
 
 def _faint_filter(value: str | None) -> bool:
@@ -172,6 +198,10 @@ def _faint_filter(value: str | None) -> bool:
         if isinstance(token, ast.FunctionBlock) and token.lower_name == "opacity":
             args = [_number(a) for a in token.arguments if a.type not in ("whitespace", "literal")]
             if args and args[0] is not None and args[0] < 0.1:
+                return True
+        if isinstance(token, ast.FunctionBlock) and token.lower_name == "blur":
+            radius = _length_px(tinycss2.serialize(token.arguments))
+            if radius is not None and radius >= BLUR_PX:
                 return True
     return False
 
@@ -201,6 +231,14 @@ def _scaled_away(value: str | None) -> bool:
         if isinstance(token, ast.FunctionBlock) and token.lower_name in _SCALES:
             factors = [_number(a) for a in token.arguments if a.type in ("number", "percentage")]
             if any(f is not None and abs(f) < 0.05 for f in factors):
+                return True
+    return False
+
+
+def _moved_away(value: str | None) -> bool:
+    for token in _tokens(value) if value else []:
+        if isinstance(token, ast.FunctionBlock) and token.lower_name in _TRANSLATES:
+            if any(a.type == "dimension" and _far_off(tinycss2.serialize([a])) for a in token.arguments):
                 return True
     return False
 

@@ -182,6 +182,7 @@ class Retriever:
         self.catalog = catalog
         self.settings = settings
         self._verified: set[str] = set()  # collections whose recorded embedder the query embedder matches
+        self._widths: dict[str, int] = {}  # their vectors' dimensions: a query's vector must have as many
         # The check's own embedder: the metrics time `self.embedder` as a query's embed stage, which it is not.
         self._probe_embedder = embedder
         self._own_reranker = None if reranker is not None else RerankClient.from_settings(settings)
@@ -255,10 +256,20 @@ class Retriever:
         recorded = await asyncio.to_thread(self.lexical.embedder, collection)
         await check_embedder_of(collection, recorded, self.settings.embed_model, embed)
         self._verified.add(collection)
+        if recorded is not None:
+            self._widths[collection] = recorded.dimensions
 
     async def _dense(self, query: str, collection: str, depth: int, only: list[str] | None) -> list[Any]:
         await self._check_embedder(collection)
         vector = (await self.embedder.embed([query], kind="query"))[0]
+        width = self._widths.get(collection)
+        if width is not None and len(vector) != width:
+            raise UpstreamError(
+                f"embedding server returned a {len(vector)}-dimensional vector for the query; collection "
+                f"{collection!r} holds {width}-dimensional ones",
+                dimensions=len(vector),
+                expected=width,
+            )
         # Ids and distances only: texts and metadata are read for the final top k (_attach_texts).
         return await asyncio.to_thread(
             functools.partial(self.store.query, texts=False), collection, vector, depth, only

@@ -63,6 +63,21 @@ class Access:
             raise Forbidden("this API key is read-only: it may search and chat, not upload or delete")
         return chosen
 
+    def check_exists(self, name: str, settings: Settings, known: Iterable[str]) -> None:
+        """NotFound for a listing of a collection that is neither among `known` nor this key's default
+        (empty before its first document): a mistyped name is a 404, not an empty list."""
+        names = sorted(known)
+        if name == self.default(settings) or name in names:
+            return
+        if self.key is not None:
+            raise self.unknown(name)
+        raise NotFound(
+            f"no collection {name[:100]!r}; the collections are: {', '.join(names[:5]) or 'none yet'}",
+            collection=name[:100],
+            collections=names[:5],
+            total=len(names),
+        )
+
     def require_admin(self, what: str) -> None:
         if not self.admin:
             raise Forbidden(f"{what} needs RAG_API_KEY; a scoped key does not open it")

@@ -65,7 +65,7 @@ class Services:
         return self.answering
 
     async def aclose(self) -> None:
-        await self.jobs.cancel_all()
+        await self.jobs.cancel_all(self.settings.shutdown_grace_s)  # 202 uploads get the grace requests get
         if self.ingest:
             # Uploads the server cancelled at shutdown are still rolling back: keep the stores open for them.
             with contextlib.suppress(TimeoutError):

@@ -100,6 +100,8 @@ class EmbeddingClient:
         self.servers = 1
         self._retries = retries
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, transport=transport)
+        # The model's dimensions, as the server's /health says (else its first answer's): every answer is checked.
+        self.dimensions: int | None = None
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -109,7 +111,7 @@ class EmbeddingClient:
         or questions (`query`): a model with prompts per kind (E5) embeds each with its own."""
         if not texts:
             return np.zeros((0, 0), dtype=np.float32)
-        return _vectors(await self._post_embeddings(texts, kind), texts)
+        return await self._of_the_models_width(_vectors(await self._post_embeddings(texts, kind), texts))
 
     async def embed_one(self, text: str, kind: InputType = "passage") -> np.ndarray:
         vector: np.ndarray = (await self.embed([text], kind))[0]
@@ -131,9 +133,27 @@ class EmbeddingClient:
         usage = (body.get("usage") if isinstance(body, dict) else None) or {}
         prompt = int(usage.get("prompt_tokens") or 0)
         truncated = int(usage.get("truncated_inputs") or 0)
-        return _vectors(body, texts), EmbeddingsUsage(
+        return await self._of_the_models_width(_vectors(body, texts)), EmbeddingsUsage(
             prompt_tokens=prompt, total_tokens=prompt, truncated_inputs=truncated
         )
+
+    async def _of_the_models_width(self, vectors: np.ndarray) -> np.ndarray:
+        """`vectors`, once their width is the model's; UpstreamError (502) naming both widths if not."""
+        if self.dimensions is None:
+            try:
+                health = await self.health()
+            except (ValueError, AttributeError):  # a /health that is not a JSON object says nothing
+                health = {"state": "down"}
+            said = health.get("dimensions") if health["state"] == "ok" else None
+            self.dimensions = said if isinstance(said, int) and said > 0 else int(vectors.shape[1])
+        if vectors.shape[1] != self.dimensions:
+            raise UpstreamError(
+                f"embedding server returned {vectors.shape[1]}-dimensional vectors; "
+                f"{self.model} gives {self.dimensions}-dimensional ones",
+                dimensions=int(vectors.shape[1]),
+                expected=self.dimensions,
+            )
+        return vectors
 
     async def _post_embeddings(self, texts: list[str], kind: InputType) -> Any:
         """The server's JSON answer for `texts` (base64 vectors), retried as the class says; typed errors."""

@@ -102,7 +102,8 @@ class Bm25Index:
         if not hits:
             return []
         rowids = cast(list[int], searcher.fast_field_values("rowid", [address for _, address in hits]))  # an int field
-        return [(float(score), rowid) for (score, _), rowid in zip(hits, rowids)]
+        # Equal scores in one order: tantivy's follows segments, which its merges renumber.
+        return sorted(((float(score), rowid) for (score, _), rowid in zip(hits, rowids)), key=lambda h: (-h[0], h[1]))
 
     def idf(self, terms: Iterable[str], prior_docs: int = 1000) -> dict[str, float]:
         """BM25's inverse document frequency of each term over the whole index (all collections).

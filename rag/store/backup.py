@@ -18,7 +18,9 @@ are a cache and are left out. Restored, the originals are back where they were, 
 
 Safe to kill: a backup is written into `.<DEST>.partial` beside DEST and renamed at the end; a
 previous backup at DEST is moved to `.<DEST>.previous` first and removed once the new one is in place,
-and put back when a killed run left DEST missing. A restore writes `restore.json` into the data dir
+and put back when a killed run left DEST missing. A backup deletes only what it wrote: DEST must be
+missing, empty or one of our backups (a manifest and only the files it lists), and outside the data
+dir; anything else is refused before a file is touched. A restore writes `restore.json` into the data dir
 first; run again, it goes on where it stopped (the copy, then the repair's resumable rebuild).
 """
 
@@ -123,6 +125,50 @@ def _previous(dest: Path) -> Path:
     return dest.with_name(f".{dest.name}.previous")
 
 
+def _partial(dest: Path) -> Path:
+    return dest.with_name(f".{dest.name}.partial")
+
+
+def _ours(folder: Path) -> bool:
+    """`folder` is one of our backups, whole or not: a manifest of our format and no file it does not list."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        listed = set(manifest["files"]) | {MANIFEST} if manifest.get("format") == FORMAT else None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return False
+    return listed is not None and all(
+        str(p.relative_to(folder)) in listed for p in folder.rglob("*") if not p.is_dir() or p.is_symlink()
+    )
+
+
+def _removable(folder: Path) -> bool:
+    """Ours to delete: missing, an empty folder (no link), or one of our backups."""
+    if not folder.exists() and not folder.is_symlink():
+        return True
+    return folder.is_dir() and not folder.is_symlink() and (not any(folder.iterdir()) or _ours(folder))
+
+
+def check_destination(data_dir: Path, dest: Path) -> None:
+    """Refuse a destination inside the data dir (or holding it) and one with files that are not our backup's."""
+    store, target = data_dir.resolve(), dest.resolve()
+    if target == store or target.is_relative_to(store) or store.is_relative_to(target):
+        raise BackupInvalid(f"{dest} is inside the data dir {data_dir} (or holds it): back up to a folder outside it")
+    for folder in (dest, _previous(dest)):
+        if not _removable(folder):
+            raise BackupInvalid(
+                f"{folder} exists and is not a backup of rag-stack: a backup replaces only a previous one; "
+                "choose a missing or empty folder"
+            )
+    partial = _partial(dest)
+    if not (
+        _removable(partial) or (partial.is_dir() and not partial.is_symlink() and (partial / _PARTIAL_MARK).exists())
+    ):
+        raise BackupInvalid(f"{partial} exists and was not left by a backup: move it away first")
+
+
+_PARTIAL_MARK = ".rag-backup-partial"  # in a backup being written, until its manifest is
+
+
 OriginalOf = Callable[[str, str], Path | None]  # (collection, doc_id) -> the kept original's file, if any
 
 
@@ -164,12 +210,14 @@ def backup_store(
         if not (data_dir / name).exists():
             raise BackupInvalid(f"no store to back up: {data_dir / name} does not exist")
     dest = dest.absolute()
+    check_destination(data_dir, dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     if not dest.exists() and _previous(dest).exists():
         _previous(dest).rename(dest)  # a run killed between its two renames
-    partial = dest.with_name(f".{dest.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)  # a killed run's leftovers
+    partial = _partial(dest)
+    shutil.rmtree(partial, ignore_errors=True)  # a killed run's leftovers (checked: it holds our mark)
     partial.mkdir()
+    (partial / _PARTIAL_MARK).touch()
     started = time.time()
     with writers_held(data_dir):
         taken_at = time.time()
@@ -183,7 +231,7 @@ def backup_store(
     files = {
         str(p.relative_to(partial)): {"bytes": p.stat().st_size, "sha256": sha256(p)}
         for p in sorted(partial.rglob("*"))
-        if p.is_file()
+        if p.is_file() and p.name != _PARTIAL_MARK
     }
     manifest = {
         "format": FORMAT,
@@ -199,6 +247,7 @@ def backup_store(
         "files": files,
         "seconds": round(time.time() - started, 3),
     }
+    (partial / _PARTIAL_MARK).unlink()
     (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     _fsync_tree(partial)
     if dest.exists():

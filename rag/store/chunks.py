@@ -16,7 +16,11 @@ from rag.core.config import Settings
 from rag.core.errors import BackendUnavailable, NotFound, StoreDamaged, StoreLocked, StoreUnavailable
 from rag.store.record import Vectors
 
-HNSW = {"space": "cosine", "ef_construction": 200, "ef_search": 200}
+# sync_threshold 1: Chroma writes its HNSW files after every write. At its default (1000) the last
+# writes live only in its log and are inserted again, in parallel, at each start: another graph, so
+# another top 10 after a restart (16 of 20 queries kept theirs on 6,839 chunks).
+HNSW = {"space": "cosine", "ef_construction": 200, "ef_search": 200, "sync_threshold": 1}
+HNSW_MUTABLE = ("ef_search", "sync_threshold")  # what a collection made with other values is given on open
 REPAIR_HINT = "stop the API and run `rag store repair`"
 # Document ids in one Chroma `$in` filter: SQLite refuses a statement with more than 32,766 variables.
 FILTER_BATCH = 5000
@@ -138,6 +142,7 @@ class ChunkStore:
                     )
                 else:
                     self._collections[name] = self._client.get_collection(name, embedding_function=None)
+                _settle_hnsw(self._collections[name])
             except NotFoundError:
                 raise self._unknown(name) from None
             except Exception as exc:  # chromadb raises many kinds when its server is away
@@ -289,16 +294,25 @@ class ChunkStore:
             pass
 
 
+def _settle_hnsw(coll: Any) -> None:
+    """Give a collection made before (or elsewhere) the search and sync settings of HNSW."""
+    found = (getattr(coll, "configuration", None) or {}).get("hnsw") or {}
+    changed = {key: HNSW[key] for key in HNSW_MUTABLE if key in found and found[key] != HNSW[key]}
+    if changed:
+        coll.modify(configuration={"hnsw": changed})
+
+
 def _hits(coll: Any, embedding: list[float], k: int, where: dict[str, Any] | None, texts: bool) -> list[StoredChunk]:
     include = ["documents", "metadatas", "distances"] if texts else ["distances"]
     got = coll.query(query_embeddings=[embedding], n_results=k, where=where, include=include)
     ids, distances = got["ids"][0], got["distances"][0]
     documents = got["documents"][0] if texts else [None] * len(ids)
     metadatas = got["metadatas"][0] if texts else [None] * len(ids)
-    return [
+    hits = [
         StoredChunk(i, (doc or "") if texts else None, dict(meta or {}), 1.0 - float(dist))
         for i, doc, meta, dist in zip(ids, documents, metadatas, distances)
     ]
+    return sorted(hits, key=lambda h: (-h.score, h.id))  # equal vectors in one order, whatever the graph's
 
 
 @contextmanager

@@ -38,7 +38,7 @@ from rag.store._bm25 import FORMAT, Bm25Index
 from rag.store._tokenizer import STOPWORDS_EN, Tokenizer, cjk_fraction, lexical_tokens
 from rag.store.record import EmbedderIdentity
 from rag.store.schema import Step, migrate, run_script
-from rag.store.sqlite import BUSY_TIMEOUT_S, write_transaction
+from rag.store.sqlite import BUSY_TIMEOUT_S, begin_immediate, busy_is_unavailable, write_transaction
 
 __all__ = ["STOPWORDS_EN", "LexicalHit", "LexicalIndex", "Tokenizer", "cjk_fraction", "lexical_tokens"]
 
@@ -336,7 +336,7 @@ class LexicalIndex:
     @contextmanager
     def _sqlite(self) -> Iterator[sqlite3.Connection]:
         """One SQLite transaction that also marks the search index dirty until the writer commits."""
-        self._db.execute("BEGIN IMMEDIATE")
+        begin_immediate(self._db)
         try:
             yield self._db
             self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('dirty', '1')")
@@ -358,7 +358,8 @@ class LexicalIndex:
                 raise
             writer.commit()
             writer.wait_merging_threads()  # finish merges now: abandoned ones would leave many segments
-            self._db.execute("DELETE FROM meta WHERE key = 'dirty'")
+            with busy_is_unavailable():  # left dirty, the index is rebuilt on the next opening
+                self._db.execute("DELETE FROM meta WHERE key = 'dirty'")
             self._bm25.reload()
 
     def _repair_if_needed(self) -> None:

@@ -15,15 +15,29 @@ BUSY_TIMEOUT_S = 5.0
 
 
 @contextmanager
+def busy_is_unavailable() -> Iterator[None]:
+    """Another process's lock on the file, past the busy timeout, is a 503 with Retry-After, not a 500."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        if "locked" not in str(exc) and "busy" not in str(exc):
+            raise
+        raise StoreUnavailable(
+            f"the store's SQLite file is locked by another process ({exc}); try again shortly"
+        ) from exc
+
+
+def begin_immediate(db: sqlite3.Connection) -> None:
+    """Take the write lock up front (reads inside the transaction are current); StoreUnavailable when held."""
+    with busy_is_unavailable():
+        db.execute("BEGIN IMMEDIATE")
+
+
+@contextmanager
 def write_transaction(db: sqlite3.Connection, lock: threading.Lock | threading.RLock) -> Iterator[sqlite3.Connection]:
-    """One write transaction; IMMEDIATE takes the write lock up front so reads inside it are current."""
+    """One write transaction under the process's lock."""
     with lock:
-        try:
-            db.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            raise StoreUnavailable(
-                f"the store's SQLite file is locked by another process ({exc}); try again shortly"
-            ) from exc
+        begin_immediate(db)
         try:
             yield db
         except BaseException:

@@ -115,6 +115,9 @@ class LocalLibrary:
         records, total = await asyncio.to_thread(
             lambda: (catalog.documents(name, offset, limit), catalog.count_in(name))
         )
+        if not total:
+            known = await asyncio.to_thread(catalog.collections)
+            access.check_exists(name, services.settings, (n for n, _ in known))
         entries = [
             DocumentEntry(
                 id=r.doc_id,

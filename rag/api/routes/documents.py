@@ -14,8 +14,9 @@ from fastapi.responses import JSONResponse
 from ingest.jobs import Job
 from ingest.pipeline import FileResult, IngestPipeline, SourceFile
 from rag.api.deps import AccessDep, CatalogDep, JobsDep, PipelineDep, SettingsDep
+from rag.api.errors import error_response
 from rag.api.uploads import ReceivedForm, check_source, receive_multipart, upload_names
-from rag.core.errors import InvalidRequest, NotFound, RagError
+from rag.core.errors import BackendUnavailable, InvalidRequest, NotFound, RagError
 from rag.store.catalog import State
 
 router = APIRouter()
@@ -62,6 +63,18 @@ async def upload_documents(
             handed_over = True
             return JSONResponse({"job_id": job.id, "collection": job.collection, "results": []}, status_code=202)
         results = await _run_job(pipeline, job, files, directory=None)
+    except asyncio.CancelledError:
+        # The server stopping past its grace cancels the request: its client hears why, in JSON (the
+        # upload was rolled back), not the server's bare-text 500.
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        stopped = BackendUnavailable(
+            "the API is shutting down: this upload was rolled back; send it again once it is back", retry_after=10
+        )
+        if job.finished is None:
+            job.fail(stopped.to_dict())
+        return error_response(stopped)
     except BaseException as exc:
         if job.finished is None:
             job.fail(
@@ -141,11 +154,10 @@ async def list_documents(
     def read() -> dict[str, Any]:
         records = catalog.documents(name, offset, limit, cast(State, state))
         names = catalog.names_of(name, [r.doc_id for r in records])
-        return {
-            "documents": [r.to_api(names.get(r.doc_id)) for r in records],
-            "total": catalog.count_in(name, cast(State, state)),
-            "failed": catalog.count_in(name, "failed"),
-        }
+        total, failed = catalog.count_in(name, cast(State, state)), catalog.count_in(name, "failed")
+        if not total and not failed:
+            access.check_exists(name, settings, (n for n, _ in catalog.collections()))
+        return {"documents": [r.to_api(names.get(r.doc_id)) for r in records], "total": total, "failed": failed}
 
     return {**await asyncio.to_thread(read), "offset": offset, "limit": limit}
 
