@@ -13,7 +13,7 @@ Images and scanned PDF pages are read by OCR in workers of their own (`ingest.oc
 time under `settings.ocr_page_timeout_s` and `settings.ocr_memory_mb`.
 
 Errors, all from `rag.core.errors`: `UnsupportedFileType` (415) names the type the bytes showed;
-`DocumentRejected` (422) says why a readable file has nothing to index (empty, whitespace only,
+`DocumentRejected` (422) says why a readable file has nothing to index (empty, nothing visible in it,
 encrypted, scanned, a bomb, over the time or memory limit).
 """
 

@@ -25,17 +25,18 @@ from typing import TYPE_CHECKING, Any
 from rag.core import errors
 
 from .models import DocKind
-from .sandbox import ParserPool
+from .sandbox import BOOT_PREFIX, ParserPool, exit_with_parent
 
 if TYPE_CHECKING:
     from rag.core.config import Settings
 
 OCR_NICE = 19  # the lowest priority: chats, the embedder and other files go first
-_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from ingest.ocr_pool import ocr_worker_main; ocr_worker_main()"
+_BOOT = BOOT_PREFIX + "ocr_pool import ocr_worker_main; ocr_worker_main()"
 
 
 def ocr_worker_main() -> None:
     """OCR worker entry point (argv as the parser worker's): lower priority, one thread, limit, serve."""
+    exit_with_parent(int(sys.argv[4]))
     conn = Connection(int(sys.argv[2]))
     limit = int(sys.argv[3]) << 20
     os.nice(OCR_NICE)

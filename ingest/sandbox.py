@@ -11,6 +11,12 @@ a process start. A worker that overruns its time is killed; one that dies (PDFiu
 allocation fails under the limit) is replaced; either way the caller gets DocumentRejected and the
 next file gets a fresh worker.
 
+A worker dies with the process that started it, however that ends (SIGKILL included): a thread of its
+own watches its parent and exits the moment it is gone (PR_SET_PDEATHSIG would fire when the *thread*
+that started the worker ends, and the API starts them from its thread pool, whose threads come and
+go). A worker that could not see it (stopped, say) is stopped by the API's next start
+(`stop_orphaned_workers`).
+
 Why not multiprocessing's forkserver or spawn: both re-import the parent's `__main__` in every child,
 which re-runs a script without a `__main__` guard and drags the CLI's imports into each worker. A
 subprocess with its own socket has no such coupling and no shared global state.
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import resource
 import signal
 import socket
@@ -44,11 +51,15 @@ DEFAULT_WORKERS = 2
 _START_TIMEOUT_S = 60.0
 _ROOT = str(Path(__file__).resolve().parents[1])  # the directory holding the ingest and rag packages
 RENDER = "render-page"  # a request to render a page (`ingest.loaders.render`) rather than to parse
-_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from ingest.sandbox import worker_main; worker_main()"
+# A worker's command line is `python -c BOOT root fd memory_mb parent_pid`, BOOT starting with this.
+BOOT_PREFIX = "import sys; sys.path.insert(0, sys.argv[1]); from ingest."
+_BOOT = BOOT_PREFIX + "sandbox import worker_main; worker_main()"
+_PARENT_CHECK_S = 0.2
 
 
 def worker_main() -> None:
-    """Worker entry point (argv: root, socket fd, memory MB): limit ourselves, then serve requests."""
+    """Worker entry point (argv: root, socket fd, memory MB, parent pid): limit ourselves, then serve requests."""
+    exit_with_parent(int(sys.argv[4]))
     conn = Connection(int(sys.argv[2]))
     limit = int(sys.argv[3]) << 20
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -80,6 +91,46 @@ def worker_main() -> None:
         conn.send(reply)
         if reply[0] in ("memory", "failed"):
             return
+
+
+def exit_with_parent(parent: int) -> None:
+    """In a worker: end this process as soon as `parent` is no longer its parent (it died)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(_PARENT_CHECK_S)
+        os._exit(1)  # no clean-up to wait for: the parent that wanted the answer is gone
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+def stop_orphaned_workers(parent: int) -> list[int]:
+    """SIGKILL the parser and OCR workers that process `parent` started and left behind when it died
+    (a worker of a live `parent` is kept); their pids."""
+    stopped = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and _orphaned_worker(entry, parent):
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                continue
+            stopped.append(int(entry.name))
+    if stopped:
+        log.warning("stopped %d parser or OCR workers left by process %d: pids %s", len(stopped), parent, stopped)
+    return stopped
+
+
+def _orphaned_worker(proc: Path, parent: int) -> bool:
+    """Whether /proc/PID is a worker of ours (by its command line) started by `parent`, now a child of another."""
+    try:
+        argv = (proc / "cmdline").read_bytes().split(b"\0")[:-1]
+        stat = (proc / "stat").read_text()
+    except OSError:  # gone meanwhile, or not ours to read
+        return False
+    if len(argv) != 7 or argv[1] != b"-c" or not argv[2].startswith(BOOT_PREFIX.encode()) or argv[6] != b"%d" % parent:
+        return False
+    ppid = int(stat.rsplit(")", 1)[1].split()[1])  # after "pid (comm) state": the command may hold spaces
+    return ppid != parent
 
 
 def _ocr_through(conn: Connection) -> Callable[[Any], Any]:
@@ -247,7 +298,7 @@ class ParserPool:
         with theirs:
             fd = theirs.fileno()
             process = subprocess.Popen(
-                [sys.executable, "-c", self.boot, _ROOT, str(fd), str(self.memory_mb)],
+                [sys.executable, "-c", self.boot, _ROOT, str(fd), str(self.memory_mb), str(os.getpid())],
                 pass_fds=(fd,),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,

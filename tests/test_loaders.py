@@ -124,6 +124,32 @@ def test_empty_and_whitespace_only_are_rejected(data: bytes, name: str, load) ->
     assert info.value.status == 422
 
 
+# Text a reader sees nothing of, though it is not whitespace: refused like an empty file.
+INVISIBLE = {
+    "tag characters": "".join(chr(c) for c in range(0xE0020, 0xE0080)) * 3,
+    "Hangul fillers": "\u3164\uffa0\u115f\u1160\n" * 50,
+    "Braille blank": "\u2800" * 400,
+    "variation selectors": "\ufe00\ufe0f\U000e0100\U000e01ef\u180b" * 80,
+    "combining marks alone": "\u0301\u0308\u20dd\u0489 " * 100,
+    "ideographic space and half fill space": "\u3000\u303f\n" * 100,
+    "all of them with zero-width joiners": "\u200d\U000e0041\u3164\u2800\ufe0f\u0301\u3000\u303f\u2060" * 50,
+}
+
+
+@pytest.mark.parametrize("text", list(INVISIBLE.values()), ids=list(INVISIBLE))
+@pytest.mark.parametrize("suffix", [".txt", ".md", ".html"])
+def test_text_without_a_visible_character_is_rejected(text: str, suffix: str, load) -> None:
+    data = f"<html><body><p>{text}</p></body></html>" if suffix == ".html" else text
+    with pytest.raises(DocumentRejected, match="no text to index") as info:
+        load(data.encode(), f"invisible{suffix}")
+    assert info.value.status == 422
+
+
+def test_invisible_characters_beside_visible_text_are_kept(load) -> None:
+    doc = load("Caf\u0065\u0301 \u3164 menu \u2800 \U0001f600\ufe0f \u2764\n".encode(), "menu.txt")
+    assert "menu" in doc.text and "\u0301" in doc.text and len(doc.sections) == 1
+
+
 def test_whitespace_only_pdf_page_text_is_rejected(load) -> None:
     with pytest.raises(DocumentRejected, match="no extractable text"):
         load(hostile.text_pdf(["   "]), "blank.pdf")

@@ -6,6 +6,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import replace
 
+import regex
+
 from rag.core.errors import DocumentRejected
 
 from ..models import DocKind, LoadedDocument, Section, TextBox
@@ -14,9 +16,13 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f-\x9f\ufeff\ufffe]")
 # ANSI/VT escape sequences (terminal colours as in "\x1b[1mGNU\x1b[22m ROFF"): CSI with its parameters,
 # OSC up to its terminator, and the two-character escapes; also their 8-bit CSI form.
 _ANSI = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]")
-# Something a reader sees: not whitespace (NBSP and the em/en spaces are, to str.isspace) and not an
-# invisible format character (zero-width spaces and joiners, bidi marks, the BOM, the soft hyphen).
-_VISIBLE = re.compile(r"[^\s\u00ad\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff]")
+# Something a reader sees, by Unicode category: a letter, number, punctuation or symbol (L, N, P, S), so
+# not a space or separator (Z: NBSP, U+3000), a format or control character (C: zero-width spaces and
+# joiners, bidi marks, the BOM, the soft hyphen, the tags U+E0020-E007F) nor a mark alone (M: combining
+# accents, variation selectors); nor one of the letters and symbols that are blank by design: the Hangul
+# fillers, the Braille blank and the ideographic half fill space. (The `regex` module knows the
+# categories; `re` does not.)
+_VISIBLE = regex.compile(r"[^\p{Z}\p{C}\p{M}\s\u115f\u1160\u3164\uffa0\u2800\u303f]")
 # nroff's overstrike: bold "X\bX" and underline "_\bX" keep the last character.
 _OVERSTRIKE = re.compile(r".\x08(?=.)", re.DOTALL)
 

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 
+from ingest.sandbox import stop_orphaned_workers
 from rag.api.deps import get_access
 from rag.api.errors import install_error_handlers
 from rag.api.limits import ChatBodyLimit
@@ -24,6 +28,18 @@ from rag.api.services import Services, build_services
 from rag.clients.llm_pool import LlamaServerPool
 from rag.core.config import Settings, get_settings
 
+RUN_RECORD = Path("run") / "api.json"  # in the data dir: the pid of the API that last started on it
+
+
+def _stop_workers_of_the_last_run(data_dir: Path) -> None:
+    """Stop the parser and OCR workers that the previous API of this data dir left when it was killed
+    (one that could not see it die: they die with it otherwise), then record this API as the last."""
+    record = data_dir / RUN_RECORD
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        stop_orphaned_workers(int(json.loads(record.read_text())["pid"]))
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"pid": os.getpid()}))
+
 
 def create_app(settings: Settings | None = None, services: Services | None = None) -> FastAPI:
     """Build the app; the services open at start-up (or are given, for tests)."""
@@ -31,6 +47,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        _stop_workers_of_the_last_run(settings.data_dir)
         app.state.services = services or build_services(settings)
         instrument(app.state.services, app.state.metrics)
         # The chunker is built while the API waits for its first upload (a task: start-up does not wait).
