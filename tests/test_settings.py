@@ -94,3 +94,10 @@ def test_the_weights_and_floors_follow_the_embedder_unless_set(isolated_env, mon
         Settings(embed_model="another-model").hybrid_dense_weight
         == CALIBRATED["all-MiniLM-L6-v2"]["hybrid_dense_weight"]
     )
+
+
+def test_ragstack_variables_win_over_rag_ones_that_other_programs_share(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("RAG_TOP_K", "3")  # Open WebUI's own RAG_TOP_K, in a shared environment
+    assert Settings().top_k == 3
+    monkeypatch.setenv("RAGSTACK_TOP_K", "7")
+    assert Settings().top_k == 7
