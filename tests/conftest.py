@@ -22,7 +22,9 @@ MODELS = Path(os.environ.get("RAG_CACHE_DIR") or Path.home() / ".cache" / "rag-s
 
 def _clean_env(data_dir: Path) -> dict[str, str]:
     env = {
-        k: v for k, v in os.environ.items() if not k.startswith("RAG_") or k in ("RAG_LLM_SERVER_BIN", "RAG_CACHE_DIR")
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RAG_", "RAGSTACK_")) or k in ("RAG_LLM_SERVER_BIN", "RAG_CACHE_DIR")
     }
     env["RAG_EMBED_MODEL"] = SUITE_EMBEDDER
     env["RAG_DATA_DIR"] = str(data_dir)
@@ -35,7 +37,7 @@ def _clean_env(data_dir: Path) -> dict[str, str]:
 def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Every RAG_* setting is cleared and the data dir points into the test's tmp dir."""
     for key in list(os.environ):
-        if key.startswith("RAG_") and key not in ("RAG_LLM_SERVER_BIN", "RAG_CACHE_DIR"):
+        if key.startswith(("RAG_", "RAGSTACK_")) and key not in ("RAG_LLM_SERVER_BIN", "RAG_CACHE_DIR"):
             monkeypatch.delenv(key)
     data_dir = tmp_path / "data"
     monkeypatch.setenv("RAG_EMBED_MODEL", SUITE_EMBEDDER)

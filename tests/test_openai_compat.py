@@ -120,7 +120,8 @@ def test_plain_http_stream_ends_with_done(api: str):
 
 def test_the_sdk_lists_the_served_models(api: str, backend_settings: Settings):
     models = client(api).models.list().data
-    assert [m.id for m in models] == [backend_settings.llm_model, backend_settings.embed_model]
+    # the generator, a chat model per collection (`rag:NAME`), the embedding model
+    assert [m.id for m in models] == [backend_settings.llm_model, "rag:default", backend_settings.embed_model]
     assert all(m.object == "model" and m.created > 0 and m.owned_by for m in models)
     assert all("/" not in m.id for m in models), "ids are names, never file paths"
     assert client(api).models.retrieve(backend_settings.llm_model).id == backend_settings.llm_model

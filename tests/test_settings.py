@@ -106,3 +106,10 @@ def test_models_live_once_per_machine_in_the_cache_whatever_the_data_dir(tmp_pat
     (tmp_path / "one" / "models").mkdir(parents=True)  # a data dir's own folder from before is not read
     assert Settings(data_dir=tmp_path / "one").models_path == tmp_path / "cache" / "models"
     assert Settings(models_dir=tmp_path / "mine").models_path == tmp_path / "mine"
+
+
+def test_ragstack_variables_win_over_rag_ones_that_other_programs_share(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("RAG_TOP_K", "3")  # Open WebUI's own RAG_TOP_K, in a shared environment
+    assert Settings().top_k == 3
+    monkeypatch.setenv("RAGSTACK_TOP_K", "7")
+    assert Settings().top_k == 7

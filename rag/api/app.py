@@ -22,7 +22,19 @@ from rag.api.limits import ChatBodyLimit
 from rag.api.mcp.http import PATH as MCP_PATH
 from rag.api.mcp.http import McpEndpoint
 from rag.api.metrics import Metrics, MetricsMiddleware, instrument
-from rag.api.routes import chat, documents, embeddings, health, metrics, models, openai_compat, pages, store, web
+from rag.api.routes import (
+    chat,
+    documents,
+    embeddings,
+    health,
+    metrics,
+    models,
+    openai_compat,
+    pages,
+    store,
+    text_completions,
+    web,
+)
 from rag.api.sameorigin import SameOriginGuard
 from rag.api.services import Services, build_services
 from rag.clients.llm_pool import LlamaServerPool
@@ -83,6 +95,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.include_router(pages.router, prefix="/v1", dependencies=protected)
     app.include_router(chat.router, prefix="/v1", dependencies=protected)
     app.include_router(openai_compat.router, prefix="/v1", dependencies=protected)
+    app.include_router(text_completions.router, prefix="/v1", dependencies=protected)
     app.include_router(models.router, prefix="/v1", dependencies=protected)
     app.include_router(embeddings.router, prefix="/v1", dependencies=protected)
     app.include_router(store.router, prefix="/v1", dependencies=protected)

@@ -21,7 +21,7 @@ from rag.core.config import Settings
 from rag.core.embeddings_api import check_text
 from rag.core.errors import FileTooLarge, LimitExceeded
 
-BOUNDED_PATHS = frozenset({"/v1/chat", "/v1/chat/completions", "/v1/embeddings"})
+BOUNDED_PATHS = frozenset({"/v1/chat", "/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
 
 
 class ChatBodyLimit:

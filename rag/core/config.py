@@ -1,4 +1,10 @@
-"""The one typed settings object. Every knob is a `RAG_*` environment variable (or a `.env` line)."""
+"""The one typed settings object. Every knob is a `RAG_*` environment variable (or a `.env` line).
+
+`RAGSTACK_*` names the same knobs and wins over `RAG_*`: other programs read `RAG_*` variables too (Open
+WebUI's `RAG_TOP_K`, `RAG_EMBEDDING_MODEL`...), so where one environment or `.env` serves both, our
+settings can be given under a prefix nobody else reads. The order: arguments, `RAGSTACK_*` in the
+environment, `RAG_*` in the environment, `RAGSTACK_*` in `.env`, `RAG_*` in `.env`, the defaults.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +17,15 @@ from typing import Literal
 from urllib.parse import urlparse
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    DotEnvSettingsSource,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+OWN_PREFIX = "RAGSTACK_"  # wins over RAG_, which other programs read too
 
 # Chroma's own rule for collection names: 3-512 characters of [a-zA-Z0-9._-], starting and ending alphanumeric.
 COLLECTION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,510}[A-Za-z0-9]")
@@ -98,6 +112,19 @@ class Settings(BaseSettings):
     """Settings of the API, the launcher, the CLIs and the embedding server."""
 
     model_config = SettingsConfigDict(env_prefix="RAG_", env_file=".env", extra="ignore")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        ours = EnvSettingsSource(settings_cls, env_prefix=OWN_PREFIX)
+        ours_dotenv = DotEnvSettingsSource(settings_cls, env_file=".env", env_prefix=OWN_PREFIX)
+        return init_settings, ours, env_settings, ours_dotenv, dotenv_settings, file_secret_settings
 
     # Where things live.
     data_dir: Path = Field(default_factory=_default_data_dir)

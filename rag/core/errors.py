@@ -7,6 +7,7 @@
     │   ├── FileTooLarge (413)             an upload or a request body over its limit
     │   ├── TooManyInputs (413)            more embedding inputs than one request may carry
     │   ├── LimitExceeded (413)            a chat request over a RAG_MAX_* bound (messages, characters)
+    │   ├── ModelNotForChat (400)          a chat request naming the embedding model (OpenAI's error shape)
     │   └── DocumentRejected (422)         a readable file with nothing to index (empty, scanned, encrypted)
     ├── Unauthorized (401)
     ├── Forbidden (403)                    a write from another site's page, or a Host this API does not serve
@@ -27,7 +28,8 @@
         └── StoreUnavailable (503)
             └── StoreDamaged (503)         without Retry-After: a damaged collection waits for `rag store repair`
 
-The API maps them to JSON errors (and SSE `error` events mid-stream) in `rag/api/errors.py`.
+The API maps them to JSON errors (and SSE `error` events mid-stream) in `rag/api/errors.py`, in OpenAI's
+shape: `{"error": {"code", "message", "type", "param"}}`, `type` chosen by the status there.
 """
 
 from __future__ import annotations
@@ -73,6 +75,13 @@ class TooManyInputs(InvalidRequest):
 
 class LimitExceeded(InvalidRequest):
     status, code = 413, "limit_exceeded"
+
+
+class ModelNotForChat(InvalidRequest):
+    code = "model_not_for_chat"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "param": "model"}
 
 
 class DocumentRejected(InvalidRequest):

@@ -1,27 +1,35 @@
 """`GET /v1/models[/{id}]`: the served models in OpenAI's schema, which most clients list before a request.
 
 The list names what this API serves: the generator (`RAG_LLM_MODEL`, the name llama-server serves with
-`-a`) and the embedding model at the embedding server (`RAG_EMBED_MODEL`). Ids are names, never file
-paths. `created` is when this API started: the models have no creation time of their own here.
+`-a`), then one chat model per collection the key opens (`rag:NAME`: a chat with it searches that
+collection, the way to choose one from a client that cannot send extra fields), then the embedding model
+at the embedding server (`RAG_EMBED_MODEL`). `rag.role` says what each is for (`chat`, `embeddings`); a
+chat naming the embedding model is a 400 that says so. Ids are names, never file paths. `created` is when
+this API started: the models have no creation time of their own here.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated, Literal
 
 from fastapi import APIRouter
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
-from rag.api.deps import ServicesDep
+from rag.api.deps import AccessDep, CatalogDep, ServicesDep
 from rag.core.config import Settings
-from rag.core.errors import ModelNotFound
+from rag.core.errors import ModelNotForChat, ModelNotFound
 
 router = APIRouter()
+COLLECTION_MODEL_PREFIX = "rag:"
 
 
 class ServedBy(BaseModel):
     role: Literal["chat", "embeddings"]
     url: str
+    collection: Annotated[str | None, Field(exclude_if=lambda v: v is None)] = None
 
 
 class ModelEntry(BaseModel):
@@ -37,12 +45,21 @@ class ModelList(BaseModel):
     data: list[ModelEntry]
 
 
-def model_entries(settings: Settings, created: int) -> list[ModelEntry]:
-    """The generator first, then the embedding model."""
-    return [
-        ModelEntry(id=settings.llm_model, created=created, rag=ServedBy(role="chat", url=settings.llm_url)),
-        ModelEntry(id=settings.embed_model, created=created, rag=ServedBy(role="embeddings", url=settings.embed_url)),
+def model_entries(settings: Settings, created: int, collections: Sequence[str] = ()) -> list[ModelEntry]:
+    """The generator first, then a chat model per collection, then the embedding model."""
+    chat = [ModelEntry(id=settings.llm_model, created=created, rag=ServedBy(role="chat", url=settings.llm_url))]
+    chat += [
+        ModelEntry(
+            id=COLLECTION_MODEL_PREFIX + name,
+            created=created,
+            rag=ServedBy(role="chat", url=settings.llm_url, collection=name),
+        )
+        for name in collections
     ]
+    embed = ModelEntry(
+        id=settings.embed_model, created=created, rag=ServedBy(role="embeddings", url=settings.embed_url)
+    )
+    return [*chat, embed]
 
 
 def shown(name: str) -> str:
@@ -51,10 +68,26 @@ def shown(name: str) -> str:
     return repr(name[:100] + ("..." if len(name) > 100 else ""))
 
 
-def check_chat_model(settings: Settings, name: str | None) -> str:
-    """The generator's name for a chat request; any other name is a 404 as OpenAI answers it."""
+@dataclass(frozen=True)
+class ChatModel:
+    """What a chat request's `model` chose: the name answered with, and a collection (`rag:NAME`)."""
+
+    name: str
+    collection: str | None = None
+
+
+def check_chat_model(settings: Settings, name: str | None) -> ChatModel:
+    """The generator (or a collection's `rag:NAME`) for a chat request; the embedding model is a 400 that
+    says what it is for; any other name is a 404 as OpenAI answers it."""
     if name is None or name == settings.llm_model:
-        return settings.llm_model
+        return ChatModel(settings.llm_model)
+    if name.startswith(COLLECTION_MODEL_PREFIX) and len(name) > len(COLLECTION_MODEL_PREFIX):
+        return ChatModel(name, collection=name[len(COLLECTION_MODEL_PREFIX) :])
+    if name == settings.embed_model:
+        raise ModelNotForChat(
+            f"The model {shown(name)} is the embedding model (POST /v1/embeddings), not a chat model; chat with "
+            f"'{settings.llm_model}', or with 'rag:NAME' to search the collection NAME (GET /v1/models lists them)."
+        )
     raise ModelNotFound(
         f"The model {shown(name)} does not exist; this API serves '{settings.llm_model}' for chat "
         "(GET /v1/models lists the models)."
@@ -71,14 +104,20 @@ def check_embedding_model(settings: Settings, name: str | None) -> str:
     )
 
 
+async def _entries(services: ServicesDep, catalog: CatalogDep, access: AccessDep) -> list[ModelEntry]:
+    counts = await asyncio.to_thread(catalog.counts)
+    names = sorted(name for name, c in counts.items() if c.documents and access.allows(name))
+    return model_entries(services.settings, services.started, names)
+
+
 @router.get("/models")
-async def list_models(services: ServicesDep) -> ModelList:
-    return ModelList(data=model_entries(services.settings, services.started))
+async def list_models(services: ServicesDep, catalog: CatalogDep, access: AccessDep) -> ModelList:
+    return ModelList(data=await _entries(services, catalog, access))
 
 
 @router.get("/models/{model_id:path}")
-async def get_model(model_id: str, services: ServicesDep) -> ModelEntry:
-    for entry in model_entries(services.settings, services.started):
+async def get_model(model_id: str, services: ServicesDep, catalog: CatalogDep, access: AccessDep) -> ModelEntry:
+    for entry in await _entries(services, catalog, access):
         if entry.id == model_id:
             return entry
     raise ModelNotFound(f"The model {shown(model_id)} does not exist.")

@@ -1,14 +1,19 @@
 """`POST /v1/chat/completions`: the answering core behind the OpenAI chat API, for the official SDKs.
 
 Retrieval options travel as extra body fields (`collection`, `top_k`, `doc_ids`: the SDK's
-`extra_body`). The sources, the budget, the checked citations and our timings ride in an extra field
-`rag` of the response, or of the final chunk of a stream. Our system prompt is fixed (it grounds the
-answer and keeps the prompt cache warm): a client's system messages are left out and counted in
-`rag.ignored_system_messages`.
+`extra_body`), or the collection as the model (`rag:NAME`, for clients that cannot send extra fields).
+The sources the answer cites come as OpenAI's `url_citation` annotations (`message.annotations`, or
+`delta.annotations` of the final chunk), each a link that opens the cited chunk in our page's viewer
+(rag/api/citation_links.py); the sources, the budget, the checked citations and our timings ride in an
+extra field `rag` beside them. Our system prompt is fixed (it grounds the answer and keeps the prompt
+cache warm): a client's system messages are left out and counted in `rag.ignored_system_messages`.
 
-`model` must be the served generator's name (or left out); another name is a 404 in OpenAI's shape. With
-`stream_options.include_usage` the stream follows OpenAI: every chunk carries `usage: null` and one more
-chunk with no choices and the usage comes before `[DONE]`.
+`model` must be the served generator's name, `rag:NAME`, or left out; another name is a 404 in OpenAI's
+shape. Usage: with `stream_options.include_usage` the stream follows OpenAI (every chunk carries
+`usage: null` and one more chunk with no choices and the usage comes before `[DONE]`); when the client
+does not say, the final chunk carries it (clients that read usage from any chunk show it unasked);
+`include_usage: false` leaves it out. A chat client's own background tasks (a title, tags, follow-ups:
+rag/api/client_tasks.py) are answered at once without retrieval or the generation slot.
 """
 
 from __future__ import annotations
@@ -29,10 +34,12 @@ from rag.answering.answerer import Answer, NoSourcesAnswer
 from rag.answering.events import Budget, Citations, Collected, Done, NoSourcesDone, SourceEntry
 from rag.answering.prompt import Message
 from rag.api.asking import chat_query
+from rag.api.citation_links import Annotation, url_citations
+from rag.api.client_tasks import ClientTask, client_task
 from rag.api.deps import AccessDep, AnswererDep, SettingsDep
 from rag.api.errors import error_body
 from rag.api.routes.chat import event_stream, whole
-from rag.api.routes.models import check_chat_model
+from rag.api.routes.models import ChatModel, check_chat_model
 from rag.core.errors import InvalidRequest, RagError
 
 log = logging.getLogger(__name__)
@@ -47,7 +54,7 @@ class OpenAIMessage(BaseModel):
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
-    include_usage: bool = False
+    include_usage: bool | None = None
 
 
 class CompletionRequest(BaseModel):
@@ -83,12 +90,19 @@ class Usage(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str
+    annotations: list[Annotation] = Field(default_factory=list)
 
 
 class Choice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: Literal["stop", "length"]
+
+
+class TaskRag(BaseModel):
+    """Our part of a client task's completion: which task it was (nothing was retrieved or generated)."""
+
+    task: str
 
 
 class ChatCompletion(BaseModel):
@@ -100,12 +114,13 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[Choice]
     usage: Usage
-    rag: Rag
+    rag: Rag | TaskRag
 
 
 class Delta(TypedDict, total=False):
     role: Literal["assistant"]
     content: str
+    annotations: list[dict[str, Any]]
 
 
 class ChunkChoice(TypedDict):
@@ -146,44 +161,86 @@ def chat_messages(messages: list[OpenAIMessage]) -> tuple[list[Message], int]:
     return kept, ignored
 
 
+UsageMode = Literal["openai", "final", "none"]  # include_usage true / not said / false
+
+
+def rag_part(answer: Collected, ignored_system: int) -> Rag:
+    """`rag` of an ended answer."""
+    document = answer.document()
+    return Rag(
+        ignored_system_messages=ignored_system,
+        sources=document.sources,
+        budget=document.budget,
+        citations=document.citations,
+        done=document.done,
+    )
+
+
+def finish_reason(answer: Collected) -> Literal["stop", "length"]:
+    """OpenAI's finish reason: `length` at the token limit, `stop` for every other end."""
+    return "length" if answer.done is not None and answer.done.finish_reason == "length" else "stop"
+
+
+def usage_of(answer: Collected) -> Usage:
+    usage = answer.done.usage if answer.done else {}
+    prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
 class _Completion:
     """Builds the OpenAI-shaped objects of one completion from the answer's events."""
 
-    def __init__(self, model: str, ignored_system: int, *, include_usage: bool = False) -> None:
+    def __init__(
+        self,
+        model: str,
+        ignored_system: int,
+        *,
+        usage_mode: UsageMode = "final",
+        base_url: str = "",
+        collection: str | None = None,
+    ) -> None:
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
-        self.include_usage = include_usage
+        self.include_usage = usage_mode == "openai"
+        self.usage_mode = usage_mode
         self.created = int(time.time())
         self.model = model
         self.ignored_system = ignored_system
+        self.base_url = base_url
+        self.collection = collection
         self.answer = Collected()
 
-    def rag(self) -> Rag:
-        document = self.answer.document()
-        return Rag(
-            ignored_system_messages=self.ignored_system,
-            sources=document.sources,
-            budget=document.budget,
-            citations=document.citations,
-            done=document.done,
+    def annotations(self) -> list[Annotation]:
+        sources = self.answer.sources.sources if self.answer.sources else []
+        return url_citations(
+            self.answer.text,
+            sources,
+            self.answer.citations,
+            base_url=self.base_url,
+            collection=self.collection,
+            cut=self.finish_reason == "length",
         )
+
+    def rag(self) -> Rag:
+        return rag_part(self.answer, self.ignored_system)
 
     @property
     def finish_reason(self) -> Literal["stop", "length"]:
-        reason = self.answer.done.finish_reason if self.answer.done else None
-        return "length" if reason == "length" else "stop"
+        return finish_reason(self.answer)
 
     @property
     def usage(self) -> Usage:
-        usage = self.answer.done.usage if self.answer.done else {}
-        prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+        return usage_of(self.answer)
 
-    def chunk(
-        self, delta: Delta, finish_reason: Literal["stop", "length"] | None = None, *, rag: Rag | None = None
-    ) -> str:
-        body = self._chunk([{"index": 0, "delta": delta, "finish_reason": finish_reason}])
-        if rag is not None:
-            body["rag"] = rag.model_dump(mode="json")
+    def chunk(self, delta: Delta) -> str:
+        return json.dumps(self._chunk([{"index": 0, "delta": delta, "finish_reason": None}]), ensure_ascii=False)
+
+    def final_chunk(self) -> str:
+        """The chunk with the finish reason: the annotations, `rag`, and the usage unless told otherwise."""
+        delta: Delta = {"annotations": [a.model_dump() for a in self.annotations()]}
+        body = self._chunk([{"index": 0, "delta": delta, "finish_reason": self.finish_reason}])
+        body["rag"] = self.rag().model_dump(mode="json")
+        if self.usage_mode == "final":
+            body["usage"] = self.usage.model_dump()
         return json.dumps(body, ensure_ascii=False)
 
     def usage_chunk(self) -> str:
@@ -205,7 +262,7 @@ class _Completion:
         return body
 
     def response(self) -> ChatCompletion:
-        message = AssistantMessage(content=self.answer.text)
+        message = AssistantMessage(content=self.answer.text, annotations=self.annotations())
         return ChatCompletion(
             id=self.id,
             created=self.created,
@@ -223,19 +280,29 @@ async def _chunks(answer: Answer | NoSourcesAnswer, completion: _Completion) -> 
             text = completion.answer.absorb(event)
             if text:
                 yield {"data": completion.chunk({"content": text})}
-        yield {"data": completion.chunk({}, completion.finish_reason, rag=completion.rag())}
+        yield {"data": completion.final_chunk()}
         if completion.include_usage:
             yield {"data": completion.usage_chunk()}
         yield {"data": "[DONE]"}
-    except Exception as exc:  # the stream has begun: an error object is what OpenAI clients understand
-        if not isinstance(exc, RagError):
-            log.exception("chat completion stream failed", exc_info=exc)
-        yield {"data": json.dumps(error_body(exc), ensure_ascii=False)}
+    except Exception as exc:
+        yield stream_error(exc)
+
+
+def stream_error(exc: Exception) -> dict[str, str]:
+    """The last event of a stream that failed once begun: an error object is what OpenAI clients understand."""
+    if not isinstance(exc, RagError):
+        log.exception("completion stream failed", exc_info=exc)
+    return {"data": json.dumps(error_body(exc), ensure_ascii=False)}
+
+
+async def absorb_all(answer: Answer | NoSourcesAnswer, collected: Collected) -> None:
+    """Read a whole (non-streamed) answer into `collected`."""
+    async for event in answer.events():
+        collected.absorb(event)
 
 
 async def _whole(answer: Answer | NoSourcesAnswer, completion: _Completion) -> ChatCompletion:
-    async for event in answer.events():
-        completion.answer.absorb(event)
+    await absorb_all(answer, completion.answer)
     return completion.response()
 
 
@@ -248,25 +315,81 @@ STREAMED: dict[int | str, dict[str, Any]] = {
 }
 
 
+def usage_mode(stream: bool, options: StreamOptions | None) -> UsageMode:
+    """OpenAI's usage chunk when asked for; none when refused; else on the final chunk (or the response)."""
+    said = options.include_usage if options is not None else None
+    if stream and said:
+        return "openai"
+    return "none" if said is False else "final"
+
+
+def chosen_collection(model: ChatModel, collection: str | None) -> str | None:
+    """The collection of `rag:NAME` or of the `collection` field; both, naming two, is a 400."""
+    if model.collection and collection and model.collection != collection:
+        raise InvalidRequest(
+            f"the model {model.name!r} searches the collection {model.collection!r}, but `collection` says "
+            f"{collection[:100]!r}: name one"
+        )
+    return model.collection or collection
+
+
+def _task_completion(task: ClientTask, model: str) -> ChatCompletion:
+    return ChatCompletion(
+        id=f"chatcmpl-{uuid.uuid4().hex}",
+        created=int(time.time()),
+        model=model,
+        choices=[Choice(message=AssistantMessage(content=task.content), finish_reason="stop")],
+        usage=Usage(prompt_tokens=0, completion_tokens=0, total_tokens=0),
+        rag=TaskRag(task=task.kind),
+    )
+
+
+async def _task_chunks(completion: ChatCompletion) -> AsyncIterator[dict[str, str]]:
+    base = {"id": completion.id, "object": "chat.completion.chunk", "created": completion.created}
+    deltas: list[tuple[dict[str, Any], str | None]] = [
+        ({"role": "assistant", "content": ""}, None),
+        ({"content": completion.choices[0].message.content}, None),
+        ({}, "stop"),
+    ]
+    for delta, finish in deltas:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        body: dict[str, Any] = {**base, "model": completion.model, "choices": [choice]}
+        if finish:
+            body["rag"] = completion.rag.model_dump()
+        yield {"data": json.dumps(body, ensure_ascii=False)}
+    yield {"data": "[DONE]"}
+
+
 @router.post("/chat/completions", response_model=ChatCompletion, responses=STREAMED)
 async def chat_completions(
     body: CompletionRequest, request: Request, answerer: AnswererDep, settings: SettingsDep, access: AccessDep
 ) -> ChatCompletion | EventSourceResponse:
     model = check_chat_model(settings, body.model)
     messages, ignored = chat_messages(body.messages)
+    collection = chosen_collection(model, body.collection)
+    task = client_task(messages[-1]["content"]) if messages and messages[-1]["role"] == "user" else None
+    if task is not None:
+        access.collection(collection, settings)  # a task is answered only for a collection the key opens
+        done = _task_completion(task, model.name)
+        return EventSourceResponse(_task_chunks(done)) if body.stream else done
     query = chat_query(
         messages,
         settings,
         access,
-        collection=body.collection,
+        collection=collection,
         top_k=body.top_k,
         max_tokens=body.max_completion_tokens or body.max_tokens,
         doc_ids=body.doc_ids,
         temperature=body.temperature,
     )
     answer = await answerer.start(query)
-    include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
-    completion = _Completion(model, ignored, include_usage=include_usage)
+    completion = _Completion(
+        model.name,
+        ignored,
+        usage_mode=usage_mode(body.stream, body.stream_options),
+        base_url=str(request.base_url),
+        collection=query.collection,
+    )
     if body.stream:
         return event_stream(answer, _chunks(answer, completion))
     return await whole(request, answer, _whole(answer, completion))

@@ -32,6 +32,24 @@ export function initChat() {
   document.addEventListener("keydown", (event) => {
     if (event.key === "Escape" && !$("source-panel").hidden) closeSource();
   });
+  openLinkedSource();
+}
+
+// A citation link from another client (`/?doc=...&chunk=...`: OpenAI-style `url_citation` annotations)
+// opens that chunk in the source panel as a citation of this page would.
+function openLinkedSource() {
+  const params = new URLSearchParams(window.location.search);
+  const doc = params.get("doc");
+  const chunk = params.get("chunk");
+  if (!doc || !chunk || !/^\d+$/.test(chunk)) return;
+  openSource({
+    id: params.get("cite") || "",
+    doc_id: doc,
+    chunk_id: `${doc}:${chunk}`,
+    source: params.get("source") || doc,
+    collection: params.get("collection") || undefined,
+    text: "",
+  }, null);
 }
 
 export function streaming() {
@@ -160,6 +178,12 @@ function render(answer) {
   const list = $("messages");
   const following = list.scrollHeight - list.scrollTop - list.clientHeight < 48;
   answer.view.body.replaceChildren(renderMarkdown(answer.text, (id) => citationNode(answer, id)));
+  if (answer.done && answer.done.finish_reason === "length") {
+    // A cut answer ends in a visible ellipsis, its reason on hover (and in the status line below).
+    const cut = el("span", "cut-mark", " …");
+    cut.title = t("done.length");
+    answer.view.body.append(cut);
+  }
   if (following) list.scrollTop = list.scrollHeight; // keep up with the answer unless the reader scrolled away
 }
 
