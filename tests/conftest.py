@@ -6,6 +6,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -132,6 +133,24 @@ def embedding_server(session_dir: Path) -> Iterator[Server]:
     server = start_embedding_server(session_dir, _clean_env(session_dir / "embedder-data"))
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real PostgreSQL 18 with pgvector, shared by the session's tests (each takes its own database)."""
+    from tests.postgres import start_postgres
+
+    server = start_postgres(tmp_path_factory.mktemp("postgres") / "pgdata")
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def database_url(postgres_server: Any) -> str:
+    """RAG_DATABASE_URL of a new, empty database on the session's PostgreSQL."""
+    from tests.postgres import new_database
+
+    return new_database(postgres_server)
 
 
 @pytest.fixture

@@ -17,9 +17,9 @@ from rag.clients.embedding_pool import EmbeddingBackend, embedding_client
 from rag.clients.llm_pool import LLMBackend, llm_client
 from rag.core.config import Settings
 from rag.core.errors import BackendUnavailable, NotFound
-from rag.store.catalog import DocumentCatalog, OwnerLease
+from rag.store.backend import open_catalog, open_keys, open_lease, open_lexical
+from rag.store.catalog import DocumentCatalog
 from rag.store.chunks import REPAIR_HINT, ChunkStore, StoreLock
-from rag.store.keys import FILE as KEYS_FILE
 from rag.store.keys import KeyStore
 from rag.store.lexical import LexicalIndex
 from rag.store.probe import probe_chroma
@@ -47,14 +47,14 @@ class Services:
     def pipeline(self) -> IngestPipeline:
         """The ingestion pipeline over this process's store, embedder and catalog."""
         if self.ingest is None:
-            lease = OwnerLease(self.settings.data_dir / "owners")
+            lease = open_lease(self.settings)
             self.ingest = IngestPipeline(self.settings, self.embedder, self.store, self.lexical, self.catalog, lease)
         return self.ingest
 
     def key_store(self) -> KeyStore:
-        """The scoped API keys (`rag keys`) of this data dir."""
+        """The scoped API keys (`rag keys`) of this data dir or database."""
         if self.keys is None:
-            self.keys = KeyStore(self.settings.data_dir / KEYS_FILE)
+            self.keys = open_keys(self.settings)
         return self.keys
 
     def answerer(self) -> Answerer:
@@ -92,8 +92,8 @@ def build_services(settings: Settings, *, owner: str = "the rag API") -> Service
         lock.acquire(owner)
     try:
         store = open_store(settings)
-        lexical = LexicalIndex(settings.data_dir / "lexical.sqlite")
-        catalog = DocumentCatalog(settings.data_dir / "catalog.sqlite")
+        lexical = open_lexical(settings)
+        catalog = open_catalog(settings)
     except BaseException:
         if lock:
             lock.release()
