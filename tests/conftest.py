@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -136,13 +138,18 @@ def embedding_server(session_dir: Path) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="session")
-def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def postgres_server() -> Iterator[Any]:
     """A real PostgreSQL 18 with pgvector, shared by the session's tests (each takes its own database)."""
     from tests.postgres import start_postgres
 
-    server = start_postgres(tmp_path_factory.mktemp("postgres") / "pgdata")
+    # Not under pytest's tmp dir: PostgreSQL runs as its own user when the tests run as root, and pytest's
+    # folders are the test user's alone.
+    directory = Path(tempfile.mkdtemp(prefix="rag-postgres-"))
+    directory.chmod(0o755)
+    server = start_postgres(directory / "pgdata")
     yield server
     server.cleanup()
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 
+from ingest.job_queue import JobQueue, run_queued
 from ingest.jobs import JobRegistry
 from ingest.pipeline import IngestPipeline
 from rag.answering.answerer import Answerer
@@ -42,6 +43,8 @@ class Services:
     jobs: JobRegistry = field(default_factory=JobRegistry)
     answering: Answerer | None = None  # built on first use when not given
     keys: KeyStore | None = None  # opened on first use when not given
+    queue: JobQueue | None = None  # upload jobs in the database (RAG_DATABASE_URL), this replica's worker
+    worker: asyncio.Task[None] | None = None
     started: int = field(default_factory=lambda: int(time.time()))  # `created` of /v1/models
 
     def pipeline(self) -> IngestPipeline:
@@ -64,7 +67,19 @@ class Services:
             self.answering = Answerer(self.llm, retriever, self.settings)
         return self.answering
 
+    def start_worker(self) -> None:
+        """With RAG_DATABASE_URL: this replica takes queued uploads (its own and other replicas')."""
+        if self.settings.database_url and self.worker is None:
+            pipeline = self.pipeline()
+            self.queue = JobQueue(self.settings.database_url, pipeline.lease.token, self.settings.job_lease_s)
+            uploads = self.settings.data_dir / "uploads"
+            self.worker = asyncio.create_task(run_queued(self.queue, pipeline, uploads))
+
     async def aclose(self) -> None:
+        if self.worker is not None:
+            self.worker.cancel()  # its job is queued again for another replica (JobQueue.holding)
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.worker
         await self.jobs.cancel_all()
         if self.ingest:
             # Uploads the server cancelled at shutdown are still rolling back: keep the stores open for them.
@@ -78,6 +93,8 @@ class Services:
         self.catalog.close()
         if self.keys:
             self.keys.close()
+        if self.queue:
+            self.queue.close()
         if self.ingest:
             self.ingest.lease.release()
         if self.store_lock:
