@@ -45,20 +45,39 @@ def cli() -> None:
 
 
 @cli.command()
-def up() -> None:
+@click.option(
+    "--replicas",
+    type=click.IntRange(1, 32),
+    default=1,
+    help="API processes behind HAProxy on RAG_API_PORT, sharing PostgreSQL (RAG_DATABASE_URL, or an "
+    "embedded one) and a Chroma server.",
+)
+def up(replicas: int) -> None:
     """Start llama-server, the embedding server and the API; Ctrl-C stops them all."""
     from rag.deploy.launcher import Stack, Stopped, plan_parts, stop_on_signals
 
     stop_on_signals()  # from the first moment: a build or a start-up can be stopped too
     settings = load_settings()
+    stop_database = None
+    if replicas > 1 and not settings.database_url:
+        from rag.deploy.replicas import embedded_postgres
+
+        url, stop_database = embedded_postgres(settings.data_dir / "postgres")
+        settings = settings.model_copy(update={"database_url": url})
+        click.echo(f"postgresql    ready   {settings.data_dir / 'postgres'} (embedded PostgreSQL 18 with pgvector)")
     try:
-        stack = Stack(plan_parts(settings), echo=click.echo, pid_file=settings.data_dir / "run" / "rag-up.json")
+        stack = Stack(
+            plan_parts(settings, replicas), echo=click.echo, pid_file=settings.data_dir / "run" / "rag-up.json"
+        )
         stack.start()
         report_store_damage(settings)
         click.echo(f"open {settings.api_url}/  (this run's logs in {stack.parts[0].log_path.parent}; Ctrl-C stops)")
         stack.watch()
     except Stopped as exc:
         click.echo(f"stopped ({exc})")
+    finally:
+        if stop_database is not None:
+            stop_database()
 
 
 def report_store_damage(settings: Settings) -> None:

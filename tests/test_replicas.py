@@ -154,3 +154,31 @@ def _chroma_count(url: str) -> int:
     )
     done = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, check=True)
     return int(done.stdout.strip())
+
+
+def test_rag_up_plans_replicas_behind_the_balancer_on_the_api_port(tmp_path: Path) -> None:
+    from rag.core.config import Settings
+    from rag.deploy.launcher import plan_parts
+
+    settings = Settings(
+        data_dir=tmp_path,
+        llm_model_path=tmp_path / "m.gguf",
+        llm_server_bin=Path("/bin/true"),
+        api_port=8300,
+        database_url="postgresql://rag@db/rag",
+    )
+    parts = {p.name: p for p in plan_parts(settings, replicas=3)}
+    assert list(parts)[-5:] == ["chroma", "api-1", "api-2", "api-3", "balancer"]
+    assert [parts[f"api-{i}"].port for i in (1, 2, 3)] == [8301, 8302, 8303] and parts["chroma"].port == 8304
+    assert parts["api-2"].env == {
+        "RAG_DATABASE_URL": "postgresql://rag@db/rag",
+        "RAG_CHROMA_MODE": "server",
+        "RAG_CHROMA_URL": "http://127.0.0.1:8304",
+        "RAG_API_PORT": "8302",
+    }
+    balancer = parts["balancer"]
+    assert balancer.port == 8300 and balancer.health_url == "http://127.0.0.1:8300/health"
+    checked = subprocess.run([*balancer.command[:-2], "-c", "-f", balancer.command[-1]], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "server api-3 127.0.0.1:8303 check" in Path(balancer.command[-1]).read_text()
+    assert [p.name for p in plan_parts(settings)][-1] == "api"  # one API: no balancer, as before
