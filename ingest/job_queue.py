@@ -21,7 +21,7 @@ import logging
 import shutil
 import tempfile
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -181,10 +181,18 @@ class JobQueue:
                 log.warning("job %s: could not renew its lease: %s", job.id, exc.message)
 
 
-async def run_queued(queue: JobQueue, pipeline: IngestPipeline, directory: Path, poll_s: float = 0.5) -> None:
-    """This replica's worker: take jobs one at a time, forever (cancelled at shutdown)."""
+async def run_queued(
+    queue: JobQueue,
+    pipeline: IngestPipeline,
+    directory: Path,
+    keep: Callable[[], None] = lambda: None,
+    poll_s: float = 0.5,
+) -> None:
+    """This replica's worker: take jobs one at a time, forever (cancelled at shutdown). `keep` checks the
+    owner lease's connection between jobs (after a PostgreSQL restart it takes the lease again)."""
     while True:
         try:
+            await asyncio.to_thread(keep)
             taken = await asyncio.to_thread(queue.take)
         except BackendUnavailable as exc:
             log.warning("upload worker: %s", exc.message)

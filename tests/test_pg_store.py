@@ -156,3 +156,20 @@ class _without_vector:
                 return None
 
         return Empty()
+
+
+def test_a_lost_connection_is_a_503_then_the_next_call_reconnects(database_url: str) -> None:
+    catalog, lexical = PgDocumentCatalog(database_url), PgLexicalIndex(database_url)
+    lexical.add("c1", ROWS)
+    with psycopg.connect(database_url, autocommit=True) as admin:  # what a PostgreSQL restart does to clients
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    with pytest.raises(StoreUnavailable) as caught:
+        catalog.counts()
+    assert caught.value.status == 503 and caught.value.retry_after
+    with pytest.raises(StoreUnavailable):
+        lexical.search("c1", "tower", 5)
+    assert catalog.counts() == {}  # connected again, no restart of the process
+    assert [h.chunk_id for h in lexical.search("c1", "tower", 5)] == ["k1", "k4"]

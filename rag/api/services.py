@@ -73,7 +73,8 @@ class Services:
             pipeline = self.pipeline()
             self.queue = JobQueue(self.settings.database_url, pipeline.lease.token, self.settings.job_lease_s)
             uploads = self.settings.data_dir / "uploads"
-            self.worker = asyncio.create_task(run_queued(self.queue, pipeline, uploads))
+            keep = getattr(pipeline.lease, "keep", lambda: None)  # PgOwnerLease's
+            self.worker = asyncio.create_task(run_queued(self.queue, pipeline, uploads, keep))
 
     async def aclose(self) -> None:
         if self.worker is not None:
