@@ -303,6 +303,33 @@ def store_repair() -> None:
     click.echo("repaired; the old Chroma folder is kept beside the new one as chroma.damaged-*")
 
 
+@store.command("migrate")
+@click.option("--to", "url", required=True, metavar="URL", help="An empty PostgreSQL database (postgresql://...).")
+def store_migrate(url: str) -> None:
+    """Copy the data dir's SQLite store (catalog, chunk record, keys) into PostgreSQL, for RAG_DATABASE_URL.
+    Chroma stays in the data dir (rag up --replicas serves it); stop the API first."""
+    from rag.core.errors import StoreLocked
+    from rag.store.chunks import StoreLock
+    from rag.store.pg_migrate import migrate_to_postgres
+
+    settings = load_settings()
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise click.UsageError(f"--to must be a postgresql:// URL, not {url.split('@')[-1]!r}")
+    lock = StoreLock(settings.data_dir)
+    try:
+        lock.acquire("rag store migrate")
+    except StoreLocked as exc:
+        raise click.ClickException(exc.message.split(";")[0] + ": stop it to migrate the store") from None
+    try:
+        copied = migrate_to_postgres(settings.data_dir, url)
+    finally:
+        lock.release()
+    click.echo(
+        f"copied {copied['documents']:,} documents, {copied['chunks']:,} chunks in {copied['collections']:,} "
+        f"collections and {copied['keys']:,} keys; now run with RAG_DATABASE_URL set to it"
+    )
+
+
 @store.command("reindex")
 @click.option("--collection", required=True, help="The collection to embed again.")
 def store_reindex(collection: str) -> None:

@@ -173,3 +173,38 @@ def test_a_lost_connection_is_a_503_then_the_next_call_reconnects(database_url: 
         lexical.search("c1", "tower", 5)
     assert catalog.counts() == {}  # connected again, no restart of the process
     assert [h.chunk_id for h in lexical.search("c1", "tower", 5)] == ["k1", "k4"]
+
+
+def test_a_sqlite_store_migrated_to_postgresql_ranks_the_same(database_url: str, isolated_env: Path) -> None:
+    from click.testing import CliRunner
+
+    from rag.cli import cli
+    from rag.store.catalog import DocumentCatalog
+    from rag.store.keys import KeyStore
+    from rag.store.record import EmbedderIdentity
+
+    catalog, lexical = DocumentCatalog(isolated_env / "catalog.sqlite"), LexicalIndex(isolated_env / "lexical.sqlite")
+    for doc_id in ("d1", "d2"):
+        catalog.claim("c1", doc_id, source=f"{doc_id}.txt", name=doc_id, size=9, owner="o", is_live=lambda _: False)
+        catalog.mark_indexed("c1", doc_id, chunks=2, pages=None, owner="o")
+    catalog.add_name("c1", "d1", source="copy.txt", name="copy")
+    lexical.add("c1", [(*row, {"doc_id": row[1]}, [0.6, 0.8]) for row in ROWS])
+    lexical.set_embedder("c1", EmbedderIdentity.of("all-MiniLM-L6-v2", ROWS[0][2], [0.6, 0.8]))
+    _, token = KeyStore(isolated_env / "keys.sqlite").create(["c1"], read_only=True)
+
+    result = CliRunner().invoke(cli, ["store", "migrate", "--to", database_url])
+    assert result.exit_code == 0, result.output
+    assert "copied 2 documents, 4 chunks in 1 collections and 1 keys" in result.output
+
+    pg_catalog, pg_lexical = PgDocumentCatalog(database_url), PgLexicalIndex(database_url)
+    assert pg_catalog.documents("c1") == catalog.documents("c1")
+    assert pg_catalog.names_of("c1", ["d1"]) == catalog.names_of("c1", ["d1"])
+    for query in QUERIES:
+        assert [(h.chunk_id, round(h.score, 4)) for h in pg_lexical.search("c1", query, 10)] == [
+            (h.chunk_id, round(h.score, 4)) for h in lexical.search("c1", query, 10)
+        ]
+    assert list(pg_lexical.records("c1")) == list(lexical.records("c1"))
+    assert pg_lexical.embedder("c1") == lexical.embedder("c1")
+    assert open_keys(Settings(database_url=database_url)).find(token) is not None
+    again = CliRunner().invoke(cli, ["store", "migrate", "--to", database_url])
+    assert again.exit_code == 1 and "holds a store already" in str(again.exception)  # refused, nothing copied
