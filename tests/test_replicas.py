@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -182,3 +183,37 @@ def test_rag_up_plans_replicas_behind_the_balancer_on_the_api_port(tmp_path: Pat
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "server api-3 127.0.0.1:8303 check" in Path(balancer.command[-1]).read_text()
     assert [p.name for p in plan_parts(settings)][-1] == "api"  # one API: no balancer, as before
+
+
+def test_one_api_on_postgresql_answers_503_while_the_database_is_away_then_recovers(
+    postgres_server: Any, database_url: str, ingest_env: dict[str, str], tmp_path: Path
+) -> None:
+    port = free_port()
+    api = _replica(port, {**ingest_env, "RAG_DATABASE_URL": database_url}, tmp_path)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+            first = client.post("/v1/documents", files={"files": ("report-1.txt", _text(1), "text/plain")})
+            assert first.status_code == 200 and first.json()["results"][0]["status"] == "indexed", first.text
+            assert client.get(f"/v1/jobs/{first.json()['job_id']}").json()["state"] == "done"
+            postgres_server._stop()  # the session's server, started again below
+            try:
+                away = client.get("/v1/documents")
+                refused = client.post("/v1/documents", files={"files": ("report-3.txt", b"text", "text/plain")})
+            finally:
+                postgres_server.ensure_postgres_running()
+            for response in (away, refused):
+                assert response.status_code == 503 and response.headers["retry-after"], response.text
+                assert response.json()["error"]["code"] == "store_unavailable"
+            back = client.get("/v1/documents")  # the same process, connected again
+            assert back.status_code == 200 and back.json()["total"] == 1
+            queued = client.post(
+                "/v1/documents", params={"wait": "false"}, files={"files": ("report-2.txt", _text(2), "text/plain")}
+            )
+            assert queued.status_code == 202
+            deadline = time.monotonic() + 120
+            while client.get(f"/v1/jobs/{queued.json()['job_id']}").json()["state"] != "done":
+                assert time.monotonic() < deadline
+                time.sleep(0.5)
+            assert client.get("/v1/documents").json()["total"] == 2
+    finally:
+        api.stop()

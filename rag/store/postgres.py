@@ -90,6 +90,7 @@ class Connection:
         self._key = lock_key(part)
         self._lock = threading.RLock()
         self._on_connect = on_connect
+        self._in_transaction = False
         self._conn: psycopg.Connection[Any] | None = None
         self._live()
 
@@ -117,18 +118,29 @@ class Connection:
 
     def _run(self, sql: str, params: Sequence[Any]) -> _Cursor:
         with self._lock:
-            conn = self._live()
-            try:
-                cursor = conn.execute(sql, tuple(params) or None)
-                rows = cursor.fetchall() if cursor.description else []
-                return _Cursor(rows, cursor.rowcount)
-            except psycopg.OperationalError as exc:
-                if conn.broken or conn.closed:
+            # A connection that broke while idle (the server restarted) is found out by its next statement:
+            # outside a transaction that statement is sent once more on a new connection.
+            for attempt in (1, 2):
+                conn = self._live()
+                try:
+                    cursor = conn.execute(sql, tuple(params) or None)
+                    rows = cursor.fetchall() if cursor.description else []
+                    break
+                except psycopg.OperationalError as exc:
+                    if not (conn.broken or conn.closed):
+                        raise
                     self._conn = None
-                    raise StoreUnavailable(
-                        f"PostgreSQL ({shown_url(self.url)}) went away: {str(exc).strip()[:200]}"
-                    ) from exc
-                raise
+                    if self._in_transaction or attempt == 2:
+                        self._in_transaction = False
+                        raise StoreUnavailable(
+                            f"PostgreSQL ({shown_url(self.url)}) went away: {str(exc).strip()[:200]}"
+                        ) from exc
+            word = sql.lstrip()[:8].upper()
+            if word.startswith("BEGIN"):
+                self._in_transaction = True
+            elif word.startswith(("COMMIT", "ROLLBACK")):
+                self._in_transaction = False
+            return _Cursor(rows, cursor.rowcount)
 
     def close(self) -> None:
         with self._lock:
