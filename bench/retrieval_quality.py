@@ -204,7 +204,16 @@ def rrf(dense: Sequence[tuple[str, float]], lexical: Sequence[tuple[str, float]]
 # ---------------------------------------------------------------- runs
 
 
-def build_indexes(corpus: Corpus, vectors: np.ndarray, workdir: Path, variants: dict[str, tuple[Tokenizer, bool]]):
+POSTGRES = " (PostgreSQL)"
+
+
+def build_indexes(
+    corpus: Corpus,
+    vectors: np.ndarray,
+    workdir: Path,
+    variants: dict[str, tuple[Tokenizer, bool]],
+    database_url: str | None = None,
+):
     import chromadb
     from chromadb.config import Settings as ChromaSettings
 
@@ -219,7 +228,14 @@ def build_indexes(corpus: Corpus, vectors: np.ndarray, workdir: Path, variants: 
     for name, (tokenizer, with_title) in variants.items():
         rows = [(i, d, text, corpus.titles[d] if with_title else "") for i, (d, text) in corpus.chunks.items()]
         started = time.perf_counter()
-        lexicals[name] = LexicalIndex(workdir / f"lexical-{name}.sqlite", tokenizer)
+        if name.endswith(POSTGRES):  # the same index in PostgreSQL (rag/store/pg_lexical.py), RAG_DATABASE_URL's
+            from rag.store.pg_lexical import PgLexicalIndex
+
+            assert database_url is not None
+            lexicals[name] = PgLexicalIndex(database_url, tokenizer)  # type: ignore[assignment]
+            lexicals[name].delete_collection(COLLECTION)
+        else:
+            lexicals[name] = LexicalIndex(workdir / f"lexical-{name}.sqlite", tokenizer)
         lexicals[name].add(COLLECTION, rows)
         print(f"  lexical {name}: indexed {len(rows)} chunks in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return store, lexicals
@@ -318,10 +334,13 @@ def run_dataset(name: str, args: argparse.Namespace, split, encode, prompts: dic
         "stop": (Tokenizer(stem=False), False),
         "plain": (Tokenizer(stem=False, stopwords=False), False),
     }
-    fused_over = ("stem+stop", "stem+stop+title")
+    fused_over: tuple[str, ...] = ("stem+stop", "stem+stop+title")
+    if args.postgres:
+        variants["stem+stop+title" + POSTGRES] = (Tokenizer(), True)
+        fused_over += ("stem+stop+title" + POSTGRES,)
     with tempfile.TemporaryDirectory(prefix="rag-bench-") as tmp:
         workdir = Path(tmp)
-        store, lexicals = build_indexes(corpus, vectors, workdir, variants)
+        store, lexicals = build_indexes(corpus, vectors, workdir, variants, args.postgres)
         started = time.perf_counter()
         runs = collect_runs(corpus, qvectors, store, lexicals, args.depth)
         print(f"  retrieved in {time.perf_counter() - started:.1f} s", file=sys.stderr)
@@ -389,6 +408,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "rag-stack" / "bench")
     parser.add_argument("--json", type=Path, default=None, help="write all numbers here")
+    parser.add_argument(
+        "--postgres",
+        metavar="URL",
+        default=None,
+        help="also run BM25 from PostgreSQL (a postgresql:// URL; its collection of this name is replaced)",
+    )
     datasets.add_options(parser, "squad", "cmrc")
     args = parser.parse_args(argv)
     datasets.use(args)

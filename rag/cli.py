@@ -51,7 +51,14 @@ def cli() -> None:
     default=None,
     help="The web page's language for a user who has not chosen one.  [env: RAG_LANGUAGE; default: the browser's]",
 )
-def up(lang: str | None) -> None:
+@click.option(
+    "--replicas",
+    type=click.IntRange(1, 32),
+    default=1,
+    help="API processes behind HAProxy on RAG_API_PORT, sharing PostgreSQL (RAG_DATABASE_URL, or an "
+    "embedded one) and a Chroma server.",
+)
+def up(lang: str | None, replicas: int) -> None:
     """Start llama-server, the embedding server and the API; Ctrl-C stops them all."""
     import os
 
@@ -63,14 +70,26 @@ def up(lang: str | None) -> None:
         os.environ["RAG_LANGUAGE"] = lang  # the API started below reads it as its setting
         get_settings.cache_clear()
     settings = load_settings()
+    stop_database = None
+    if replicas > 1 and not settings.database_url:
+        from rag.deploy.replicas import embedded_postgres
+
+        url, stop_database = embedded_postgres(settings.data_dir / "postgres")
+        settings = settings.model_copy(update={"database_url": url})
+        click.echo(f"postgresql    ready   {settings.data_dir / 'postgres'} (embedded PostgreSQL 18 with pgvector)")
     try:
-        stack = Stack(plan_parts(settings), echo=click.echo, pid_file=settings.data_dir / "run" / "rag-up.json")
+        stack = Stack(
+            plan_parts(settings, replicas), echo=click.echo, pid_file=settings.data_dir / "run" / "rag-up.json"
+        )
         stack.start()
         report_store_damage(settings)
         click.echo(f"open {settings.api_url}/  (this run's logs in {stack.parts[0].log_path.parent}; Ctrl-C stops)")
         stack.watch()
     except Stopped as exc:
         click.echo(f"stopped ({exc})")
+    finally:
+        if stop_database is not None:
+            stop_database()
 
 
 def report_store_damage(settings: Settings) -> None:
@@ -326,6 +345,33 @@ def store_repair() -> None:
     for name, n in written.items():
         click.echo(f"{name}: {n:,} vectors in Chroma")
     click.echo("repaired; the old Chroma folder is kept beside the new one as chroma.damaged-*")
+
+
+@store.command("migrate")
+@click.option("--to", "url", required=True, metavar="URL", help="An empty PostgreSQL database (postgresql://...).")
+def store_migrate(url: str) -> None:
+    """Copy the data dir's SQLite store (catalog, chunk record, keys) into PostgreSQL, for RAG_DATABASE_URL.
+    Chroma stays in the data dir (rag up --replicas serves it); stop the API first."""
+    from rag.core.errors import StoreLocked
+    from rag.store.chunks import StoreLock
+    from rag.store.pg_migrate import migrate_to_postgres
+
+    settings = load_settings()
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise click.UsageError(f"--to must be a postgresql:// URL, not {url.split('@')[-1]!r}")
+    lock = StoreLock(settings.data_dir)
+    try:
+        lock.acquire("rag store migrate")
+    except StoreLocked as exc:
+        raise click.ClickException(exc.message.split(";")[0] + ": stop it to migrate the store") from None
+    try:
+        copied = migrate_to_postgres(settings.data_dir, url)
+    finally:
+        lock.release()
+    click.echo(
+        f"copied {copied['documents']:,} documents, {copied['chunks']:,} chunks in {copied['collections']:,} "
+        f"collections and {copied['keys']:,} keys; now run with RAG_DATABASE_URL set to it"
+    )
 
 
 @store.command("reindex")

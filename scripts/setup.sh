@@ -84,6 +84,11 @@ if [ "${1:-}" = "--test" ]; then
     echo "setup: installing Debian's fonts-noto-cjk for the OCR tests"
     apt_install fonts-noto-cjk
   fi
+  # The replica tests (tests/test_replicas.py) put Debian's HAProxy in front of the API replicas.
+  if [ ! -x /usr/sbin/haproxy ]; then
+    echo "setup: installing Debian's haproxy for the replica tests"
+    apt_install haproxy
+  fi
   # The compose test (tests/test_compose_up.py) builds the images and runs compose.yaml in podman.
   if [ ! -x /usr/bin/podman ] || [ ! -x /usr/sbin/runc ] || [ ! -x /usr/sbin/debootstrap ]; then
     echo "setup: installing podman, runc and debootstrap for the compose test"

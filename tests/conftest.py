@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -134,6 +137,29 @@ def embedding_server(session_dir: Path) -> Iterator[Server]:
     server = start_embedding_server(session_dir, _clean_env(session_dir / "embedder-data"))
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    """A real PostgreSQL 18 with pgvector, shared by the session's tests (each takes its own database)."""
+    from tests.postgres import start_postgres
+
+    # Not under pytest's tmp dir: PostgreSQL runs as its own user when the tests run as root, and pytest's
+    # folders are the test user's alone.
+    directory = Path(tempfile.mkdtemp(prefix="rag-postgres-"))
+    directory.chmod(0o755)
+    server = start_postgres(directory / "pgdata")
+    yield server
+    server.cleanup()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def database_url(postgres_server: Any) -> str:
+    """RAG_DATABASE_URL of a new, empty database on the session's PostgreSQL."""
+    from tests.postgres import new_database
+
+    return new_database(postgres_server)
 
 
 @pytest.fixture

@@ -45,6 +45,7 @@ from rag.answering.prompt import (
 )
 from rag.answering.query import ChatQuery, Clock, Searcher, cut_off, split_question
 from rag.answering.retrieval import relevance, relevance_floor
+from rag.answering.shared_gate import SharedGenerationGate
 from rag.clients.llm import ServerProps
 from rag.clients.llm_pool import LLMBackend
 from rag.core.config import Settings
@@ -65,7 +66,11 @@ class Answerer:
         self.searcher = searcher
         self.settings = settings
         self.budget = PromptBudget(llm)
-        self.gate = GenerationGate(1, settings.queue_max, settings.queue_timeout_s)
+        self.gate = (
+            SharedGenerationGate(settings.database_url, 1, settings.queue_max, settings.queue_timeout_s)
+            if settings.database_url
+            else GenerationGate(1, settings.queue_max, settings.queue_timeout_s)
+        )
         self._props: ServerProps | None = None
         self._props_at = 0.0
         self.style_choice = choose_style(settings.llm_prompt_style, [settings.llm_model_path])

@@ -62,6 +62,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         _stop_workers_of_the_last_run(settings.data_dir)
         app.state.services = services or build_services(settings)
         instrument(app.state.services, app.state.metrics)
+        app.state.services.start_worker()
         # The chunker is built while the API waits for its first upload (a task: start-up does not wait).
         warming = asyncio.ensure_future(app.state.services.pipeline().warm())
         try:

@@ -14,6 +14,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from ingest.job_queue import JobQueue
 from ingest.jobs import JobRegistry
 from ingest.pipeline import IngestPipeline
 from rag.answering.answerer import Answerer
@@ -53,6 +54,10 @@ async def get_jobs(services: ServicesDep) -> JobRegistry:
     return services.jobs
 
 
+async def get_job_queue(services: ServicesDep) -> JobQueue | None:
+    return services.queue
+
+
 async def get_lexical(services: ServicesDep) -> LexicalIndex:
     return services.lexical
 
@@ -66,6 +71,7 @@ EmbedderDep = Annotated[EmbeddingBackend, Depends(get_embedder)]
 CatalogDep = Annotated[DocumentCatalog, Depends(get_catalog)]
 PipelineDep = Annotated[IngestPipeline, Depends(get_pipeline)]
 JobsDep = Annotated[JobRegistry, Depends(get_jobs)]
+JobQueueDep = Annotated[JobQueue | None, Depends(get_job_queue)]  # None: uploads run in this process
 AnswererDep = Annotated[Answerer, Depends(get_answerer)]
 LexicalDep = Annotated[LexicalIndex, Depends(get_lexical)]
 

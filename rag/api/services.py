@@ -9,6 +9,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 
+from ingest.job_queue import JobQueue, run_queued
 from ingest.jobs import JobRegistry
 from ingest.pipeline import IngestPipeline
 from rag.answering.answerer import Answerer
@@ -17,9 +18,9 @@ from rag.clients.embedding_pool import EmbeddingBackend, embedding_client
 from rag.clients.llm_pool import LLMBackend, llm_client
 from rag.core.config import Settings
 from rag.core.errors import BackendUnavailable, NotFound
-from rag.store.catalog import DocumentCatalog, OwnerLease
+from rag.store.backend import open_catalog, open_keys, open_lease, open_lexical
+from rag.store.catalog import DocumentCatalog
 from rag.store.chunks import REPAIR_HINT, ChunkStore, StoreLock
-from rag.store.keys import FILE as KEYS_FILE
 from rag.store.keys import KeyStore
 from rag.store.lexical import LexicalIndex
 from rag.store.probe import probe_chroma
@@ -42,19 +43,21 @@ class Services:
     jobs: JobRegistry = field(default_factory=JobRegistry)
     answering: Answerer | None = None  # built on first use when not given
     keys: KeyStore | None = None  # opened on first use when not given
+    queue: JobQueue | None = None  # upload jobs in the database (RAG_DATABASE_URL), this replica's worker
+    worker: asyncio.Task[None] | None = None
     started: int = field(default_factory=lambda: int(time.time()))  # `created` of /v1/models
 
     def pipeline(self) -> IngestPipeline:
         """The ingestion pipeline over this process's store, embedder and catalog."""
         if self.ingest is None:
-            lease = OwnerLease(self.settings.data_dir / "owners")
+            lease = open_lease(self.settings)
             self.ingest = IngestPipeline(self.settings, self.embedder, self.store, self.lexical, self.catalog, lease)
         return self.ingest
 
     def key_store(self) -> KeyStore:
-        """The scoped API keys (`rag keys`) of this data dir."""
+        """The scoped API keys (`rag keys`) of this data dir or database."""
         if self.keys is None:
-            self.keys = KeyStore(self.settings.data_dir / KEYS_FILE)
+            self.keys = open_keys(self.settings)
         return self.keys
 
     def answerer(self) -> Answerer:
@@ -64,7 +67,20 @@ class Services:
             self.answering = Answerer(self.llm, retriever, self.settings)
         return self.answering
 
+    def start_worker(self) -> None:
+        """With RAG_DATABASE_URL: this replica takes queued uploads (its own and other replicas')."""
+        if self.settings.database_url and self.worker is None:
+            pipeline = self.pipeline()
+            self.queue = JobQueue(self.settings.database_url, pipeline.lease.token, self.settings.job_lease_s)
+            uploads = self.settings.data_dir / "uploads"
+            keep = getattr(pipeline.lease, "keep", lambda: None)  # PgOwnerLease's
+            self.worker = asyncio.create_task(run_queued(self.queue, pipeline, uploads, keep))
+
     async def aclose(self) -> None:
+        if self.worker is not None:
+            self.worker.cancel()  # its job is queued again for another replica (JobQueue.holding)
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.worker
         await self.jobs.cancel_all(self.settings.shutdown_grace_s)  # 202 uploads get the grace requests get
         if self.ingest:
             # Uploads the server cancelled at shutdown are still rolling back: keep the stores open for them.
@@ -78,6 +94,8 @@ class Services:
         self.catalog.close()
         if self.keys:
             self.keys.close()
+        if self.queue:
+            self.queue.close()
         if self.ingest:
             self.ingest.lease.release()
         if self.store_lock:
@@ -92,8 +110,8 @@ def build_services(settings: Settings, *, owner: str = "the rag API") -> Service
         lock.acquire(owner)
     try:
         store = open_store(settings)
-        lexical = LexicalIndex(settings.data_dir / "lexical.sqlite")
-        catalog = DocumentCatalog(settings.data_dir / "catalog.sqlite")
+        lexical = open_lexical(settings)
+        catalog = open_catalog(settings)
     except BaseException:
         if lock:
             lock.release()

@@ -175,6 +175,12 @@ class Settings(BaseSettings):
     embed_max_wait_ms: float = Field(default=0.0, ge=0)  # 0: batch what queued during the last encode
     embed_max_inputs: int = Field(default=512, ge=1)
 
+    # The catalog, the chunk record, the keys and the upload jobs: SQLite files in the data dir (unset, the
+    # default), or this PostgreSQL database (postgresql://...), which several API replicas share
+    # (docs/scaling.md); uploads are then jobs there that any replica's worker takes, leased for job_lease_s.
+    database_url: str | None = None
+    job_lease_s: float = Field(default=20.0, ge=2)
+
     # Chroma: embedded on disk (the default) or a `chroma run` server.
     chroma_mode: Literal["embedded", "server"] = "embedded"
     chroma_url: str | None = None
@@ -263,6 +269,15 @@ class Settings(BaseSettings):
     @classmethod
     def _optional_urls_have_scheme(cls, value: str | None) -> str | None:
         return None if value in (None, "") else _check_url(value)
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgresql_url(cls, value: str | None) -> str | None:
+        if value in (None, ""):
+            return None
+        if urlparse(value).scheme not in ("postgresql", "postgres"):
+            raise ValueError(f"{value.split('@')[-1]!r} is not a postgresql:// URL")
+        return value
 
     @field_validator("collection")
     @classmethod

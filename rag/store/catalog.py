@@ -95,6 +95,7 @@ def check_collection(name: str) -> str:
 
 
 _COLUMNS = "collection, doc_id, source, name, size, pages, chunks, state, error, owner, created_at, indexed_at"
+_REPLACE = ", ".join(f"{c} = excluded.{c}" for c in _COLUMNS.split(", ")[2:])  # a claim's row replaces the old
 # Every name of every document: the rows themselves, and their other names with the row's state.
 _NAMED = f"""(
     SELECT {_COLUMNS} FROM documents
@@ -162,7 +163,8 @@ class DocumentCatalog:
         """Every collection with a row: its documents (indexed contents) and its failures."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT collection, sum(state = 'indexed'), sum(state = 'failed') FROM documents GROUP BY collection"
+                "SELECT collection, sum(CASE WHEN state = 'indexed' THEN 1 ELSE 0 END), "
+                "sum(CASE WHEN state = 'failed' THEN 1 ELSE 0 END) FROM documents GROUP BY collection"
             ).fetchall()
         return {name: DocumentCounts(int(n or 0), int(f or 0)) for name, n, f in sorted(rows)}
 
@@ -278,7 +280,8 @@ class DocumentCatalog:
             if before and before.state in ("pending", "deleting") and is_live(before.owner):
                 return "busy", before
             db.execute(
-                f"INSERT OR REPLACE INTO documents ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, NULL, 0, 'pending', NULL, ?, ?, NULL)",
+                f"INSERT INTO documents ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, NULL, 0, 'pending', NULL, ?, ?, NULL) "
+                f"ON CONFLICT (collection, doc_id) DO UPDATE SET {_REPLACE}",
                 (collection, doc_id, source, name, size, owner, now),
             )
         return "claimed", before
@@ -365,7 +368,7 @@ class DocumentCatalog:
                 return
             db.execute(
                 "INSERT INTO document_names (collection, doc_id, source, name, created_at) VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT DO UPDATE SET name = excluded.name",
+                "ON CONFLICT (collection, doc_id, source) DO UPDATE SET name = excluded.name",
                 (collection, doc_id, source, name, time.time()),
             )
 

@@ -13,8 +13,9 @@ import time
 import click
 
 from rag.core.command_line import load_settings
+from rag.store.backend import open_keys
 from rag.store.catalog import check_collection
-from rag.store.keys import FILE, ApiKey, KeyStore
+from rag.store.keys import ApiKey, KeyStore
 
 EPILOG = """\b
 Examples:
@@ -27,7 +28,7 @@ Examples:
 
 
 def _store() -> KeyStore:
-    return KeyStore(load_settings().data_dir / FILE)
+    return open_keys(load_settings())
 
 
 def _when(at: float | None) -> str:
@@ -71,7 +72,7 @@ def create(collections: str | None, all_collections: bool, read_only: bool) -> N
         names = [check_collection(n.strip()) for n in collections.split(",") if n.strip()]
         if not names:
             raise click.UsageError("--collections names no collection")
-    key, token = KeyStore(settings.data_dir / FILE).create(names, read_only=read_only)
+    key, token = open_keys(settings).create(names, read_only=read_only)
     scope = ", ".join(key.collections) if key.collections is not None else "every collection"
     click.echo(f"key {key.id}: {scope}, {'read-only' if key.read_only else 'read and write'}", err=True)
     click.echo("the key is shown this once (only its hash is stored):", err=True)

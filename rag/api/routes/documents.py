@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 
 from ingest.jobs import Job
 from ingest.pipeline import FileResult, IngestPipeline, SourceFile
-from rag.api.deps import AccessDep, CatalogDep, JobsDep, PipelineDep, SettingsDep
+from rag.api.deps import AccessDep, CatalogDep, JobQueueDep, JobsDep, PipelineDep, SettingsDep
 from rag.api.errors import error_response
 from rag.api.uploads import ReceivedForm, check_source, receive_multipart, upload_names
 from rag.core.errors import BackendUnavailable, InvalidRequest, NotFound, RagError
@@ -30,6 +30,7 @@ async def upload_documents(
     settings: SettingsDep,
     pipeline: PipelineDep,
     jobs: JobsDep,
+    queue: JobQueueDep,
     access: AccessDep,
     collection: CollectionQuery = None,
     job_id: Annotated[
@@ -58,11 +59,18 @@ async def upload_documents(
         await asyncio.to_thread(pipeline.catalog.check_room, job.collection, settings.max_collections)
         files = _source_files(form)
         job.files_total, job.state = len(files), "running"
-        if not wait:
+        if queue is not None:  # a job in the database: any replica's worker takes it, or this one runs it now
+            await asyncio.to_thread(queue.add, job, files, run_here=wait)
+            if not wait:
+                return JSONResponse({"job_id": job.id, "collection": job.collection, "results": []}, status_code=202)
+            async with queue.holding(job, again_when_away=False):
+                results = await _run_job(pipeline, job, files, directory=None)
+        elif not wait:
             jobs.keep_task(asyncio.create_task(_run_job(pipeline, job, files, directory)))
             handed_over = True
             return JSONResponse({"job_id": job.id, "collection": job.collection, "results": []}, status_code=202)
-        results = await _run_job(pipeline, job, files, directory=None)
+        else:
+            results = await _run_job(pipeline, job, files, directory=None)
     except asyncio.CancelledError:
         # The server stopping past its grace cancels the request: its client hears why, in JSON (the
         # upload was rolled back), not the server's bare-text 500.
@@ -123,8 +131,13 @@ async def _run_job(
 
 
 @router.get("/jobs/{job_id}")
-async def get_job(job_id: str, jobs: JobsDep, access: AccessDep) -> dict[str, Any]:
+async def get_job(job_id: str, jobs: JobsDep, queue: JobQueueDep, access: AccessDep) -> dict[str, Any]:
     """An upload's progress: files done, chunks done, the current file; its results once done."""
+    if queue is not None:  # from the database: whichever replica runs the job stored it there
+        collection, progress = await asyncio.to_thread(queue.progress, job_id)
+        if not access.allows(collection):
+            raise NotFound(f"no job {job_id[:100]!r}")
+        return progress
     job = jobs.get(job_id)
     if not access.allows(job.collection):
         raise NotFound(f"no job {job_id[:100]!r}")

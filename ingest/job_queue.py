@@ -1,0 +1,239 @@
+"""Upload jobs in PostgreSQL (RAG_DATABASE_URL), taken by any replica's worker.
+
+An upload's files go into the database with its job row, in one transaction, before the API answers;
+a worker takes the oldest queued job with `SELECT ... FOR UPDATE SKIP LOCKED` (two workers never take
+one job) and holds it by a lease that its heartbeat renews every third of RAG_JOB_LEASE_S. A replica
+killed mid-upload stops renewing: once the lease has run out, another worker takes the job and runs it
+again from its first file. Nothing is indexed twice: a document's id is its content's hash, so a file
+the dead replica finished is `unchanged`, and one it left half written is pending under an owner lease
+that died with it, which the new claim takes over after removing its chunks (ingest/_run.py).
+
+Each heartbeat also stores the job's progress (`Job.to_api()`), so `GET /v1/jobs/{id}` answers from any
+replica. The lease's clock is the database's, not the replicas'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+import tempfile
+import threading
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from ingest.jobs import Job
+from ingest.pipeline import IngestPipeline, SourceFile
+from rag.core.errors import BackendUnavailable, Conflict, NotFound, RagError
+from rag.store.postgres import Connection, PgStep, migrate, run_script
+from rag.store.sqlite import write_transaction
+
+log = logging.getLogger("ingest")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS upload_jobs (
+    id          TEXT PRIMARY KEY,
+    collection  TEXT NOT NULL,
+    state       TEXT NOT NULL CHECK (state IN ('queued', 'running', 'done', 'failed', 'deleted')),
+    progress    TEXT NOT NULL,
+    worker      TEXT,
+    lease_until DOUBLE PRECISION,
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    created_at  DOUBLE PRECISION NOT NULL DEFAULT extract(epoch FROM clock_timestamp())
+);
+CREATE INDEX IF NOT EXISTS upload_jobs_waiting ON upload_jobs (created_at) WHERE state IN ('queued', 'running');
+CREATE TABLE IF NOT EXISTS upload_files (
+    job_id   TEXT NOT NULL REFERENCES upload_jobs (id) ON DELETE CASCADE,
+    position INTEGER NOT NULL,
+    source   TEXT NOT NULL,
+    name     TEXT NOT NULL,
+    data     BYTEA NOT NULL,
+    PRIMARY KEY (job_id, position)
+)
+"""
+STEPS: list[PgStep] = [("upload jobs and their files", lambda db: run_script(db, _SCHEMA))]
+_NOW = "extract(epoch FROM clock_timestamp())"
+
+
+class JobQueue:
+    """The upload jobs of every replica; `worker` names this replica's (its owner lease token)."""
+
+    def __init__(self, url: str, worker: str, lease_s: float) -> None:
+        self.worker = worker
+        self.lease_s = lease_s
+        self._db = Connection(url, "jobs")
+        migrate(self._db, "jobs", STEPS)
+        self._lock = threading.RLock()  # one connection: a transaction holds it against other threads
+
+    def _execute(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
+        with self._lock:
+            return self._db.execute(sql, params)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def add(self, job: Job, files: list[SourceFile], *, run_here: bool) -> None:
+        """Store the job and its files' bytes: queued for any worker, or held by this one (`run_here`)."""
+        state, worker = ("running", self.worker) if run_here else ("queued", None)
+        with write_transaction(self._db, self._lock) as db:  # type: ignore[arg-type]  # takes its calls
+            inserted = db.execute(
+                f"INSERT INTO upload_jobs (id, collection, state, progress, worker, lease_until, attempts) "
+                f"VALUES (?, ?, ?, ?, ?, {_NOW} + ?, ?) ON CONFLICT (id) DO NOTHING",
+                (job.id, job.collection, state, json.dumps(job.to_api()), worker, self.lease_s, int(run_here)),
+            ).rowcount
+            if not inserted:
+                raise Conflict(f"job {job.id} exists already")
+            for position, file in enumerate(files):
+                db.execute(
+                    "INSERT INTO upload_files (job_id, position, source, name, data) VALUES (?, ?, ?, ?, ?)",
+                    (job.id, position, file.source, file.name, file.path.read_bytes()),
+                )
+
+    def take(self) -> tuple[Job, list[tuple[str, str, bytes]]] | None:
+        """The oldest job that is queued or whose worker's lease ran out, now this worker's, with its files."""
+        rows = self._execute(
+            f"UPDATE upload_jobs SET state = 'running', worker = ?, lease_until = {_NOW} + ?, attempts = attempts + 1 "
+            "WHERE id = (SELECT id FROM upload_jobs WHERE state = 'queued' OR (state = 'running' AND "
+            f"lease_until < {_NOW}) ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED) "
+            "RETURNING id, collection, attempts",
+            (self.worker, self.lease_s),
+        ).fetchall()
+        if not rows:
+            return None
+        job_id, collection, attempts = rows[0]
+        if attempts > 1:
+            log.warning("job %s: taken again (attempt %d), its worker stopped renewing its lease", job_id, attempts)
+        files = self._execute(
+            "SELECT source, name, data FROM upload_files WHERE job_id = ? ORDER BY position", (job_id,)
+        ).fetchall()
+        job = Job(job_id, collection, state="running", files_total=len(files))
+        return job, [(s, n, bytes(d)) for s, n, d in files]
+
+    def renew(self, job: Job) -> bool:
+        """Extend this worker's lease and store the progress; False when the job is no longer ours."""
+        return bool(
+            self._execute(
+                f"UPDATE upload_jobs SET lease_until = {_NOW} + ?, progress = ? WHERE id = ? AND worker = ? "
+                "AND state = 'running'",
+                (self.lease_s, json.dumps(job.to_api()), job.id, self.worker),
+            ).rowcount
+        )
+
+    def finish(self, job: Job) -> None:
+        """Store the outcome; the files' bytes go."""
+        self._execute(
+            "UPDATE upload_jobs SET state = ?, progress = ?, lease_until = NULL WHERE id = ? AND worker = ?",
+            (job.state, json.dumps(job.to_api()), job.id, self.worker),
+        )
+        if job.state in ("done", "failed", "deleted"):
+            self._execute("DELETE FROM upload_files WHERE job_id = ?", (job.id,))
+
+    def give_back(self, job: Job) -> None:
+        """Queue the job again for any worker (this one stops: a shutdown, or a backend away)."""
+        self._execute(
+            "UPDATE upload_jobs SET state = 'queued', worker = NULL, lease_until = NULL WHERE id = ? AND worker = ?",
+            (job.id, self.worker),
+        )
+
+    def progress(self, job_id: str) -> tuple[str, dict[str, Any]]:
+        """(collection, the job's API view) as its worker last stored it."""
+        row = self._execute("SELECT collection, progress FROM upload_jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"no job {job_id}")
+        return row[0], json.loads(row[1])
+
+    # Holding and running.
+
+    @contextlib.asynccontextmanager
+    async def holding(self, job: Job, *, again_when_away: bool = True) -> AsyncIterator[None]:
+        """Renew the job's lease while the body runs it; store its outcome after, or queue it again when
+        the body is cancelled (a shutdown) or, with `again_when_away`, a backend is away."""
+        beat = asyncio.create_task(self._heartbeat(job))
+        outcome = "finish"
+        try:
+            yield
+        except asyncio.CancelledError:
+            outcome = "give_back"
+            raise
+        except BackendUnavailable:
+            if again_when_away:
+                outcome = "give_back"
+            else:
+                job.fail({"code": "backend_unavailable", "message": "a backend went away during the upload"})
+            raise
+        finally:
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
+            with contextlib.suppress(BackendUnavailable):  # the database away too: the lease runs out instead
+                await asyncio.to_thread(self.finish if outcome == "finish" else self.give_back, job)
+
+    async def _heartbeat(self, job: Job) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            try:
+                if not await asyncio.to_thread(self.renew, job):
+                    log.warning("job %s: its lease was taken by another worker", job.id)
+            except BackendUnavailable as exc:
+                log.warning("job %s: could not renew its lease: %s", job.id, exc.message)
+
+
+async def run_queued(
+    queue: JobQueue,
+    pipeline: IngestPipeline,
+    directory: Path,
+    keep: Callable[[], None] = lambda: None,
+    poll_s: float = 0.5,
+) -> None:
+    """This replica's worker: take jobs one at a time, forever (cancelled at shutdown). `keep` checks the
+    owner lease's connection between jobs (after a PostgreSQL restart it takes the lease again)."""
+    while True:
+        try:
+            await asyncio.to_thread(keep)
+            taken = await asyncio.to_thread(queue.take)
+        except BackendUnavailable as exc:
+            log.warning("upload worker: %s", exc.message)
+            await asyncio.sleep(max(poll_s, 2.0))
+            continue
+        if taken is None:
+            await asyncio.sleep(poll_s)
+            continue
+        job, files = taken
+        try:
+            await run_taken(queue, pipeline, job, files, directory)
+        except BackendUnavailable as exc:  # queued again; the next try waits a little
+            log.warning("upload job %s waits for a backend: %s", job.id, exc.message)
+            await asyncio.sleep(max(poll_s, 2.0))
+        except RagError:
+            pass  # the job records it
+
+
+async def run_taken(
+    queue: JobQueue, pipeline: IngestPipeline, job: Job, files: list[tuple[str, str, bytes]], directory: Path
+) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="job-", dir=directory))
+    try:
+        sources = []
+        for position, (source, name, data) in enumerate(files):
+            path = folder / f"part-{position:05d}"
+            path.write_bytes(data)
+            sources.append(SourceFile(path, source, name))
+        async with queue.holding(job):
+            try:
+                results = await pipeline.run(sources, job.collection, progress=job)
+            except BackendUnavailable:
+                raise  # queued again: it resumes when the backend is back
+            except RagError as exc:
+                job.fail(exc.to_dict())
+                raise
+            except Exception:
+                log.exception("upload job %s failed", job.id)
+                job.fail({"code": "internal_error", "message": "the upload stopped; see the API log"})
+                return
+            job.finish(results)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,43 @@
+"""Which backend holds the catalog, the chunk record, the keys and the owner lease: SQLite files in the data
+dir (the default), or the PostgreSQL database of RAG_DATABASE_URL that several API replicas share."""
+
+from __future__ import annotations
+
+from rag.core.config import Settings
+from rag.store._lease import OwnerLease
+from rag.store.catalog import DocumentCatalog
+from rag.store.keys import FILE as KEYS_FILE
+from rag.store.keys import KeyStore
+from rag.store.lexical import LexicalIndex
+
+
+def open_catalog(settings: Settings) -> DocumentCatalog:
+    if settings.database_url:
+        from rag.store.pg_catalog import PgDocumentCatalog
+
+        return PgDocumentCatalog(settings.database_url)
+    return DocumentCatalog(settings.data_dir / "catalog.sqlite")
+
+
+def open_lexical(settings: Settings) -> LexicalIndex:
+    if settings.database_url:
+        from rag.store.pg_lexical import PgLexicalIndex
+
+        return PgLexicalIndex(settings.database_url)  # type: ignore[return-value]  # the same calls
+    return LexicalIndex(settings.data_dir / "lexical.sqlite")
+
+
+def open_lease(settings: Settings) -> OwnerLease:
+    if settings.database_url:
+        from rag.store.postgres import PgOwnerLease
+
+        return PgOwnerLease(settings.database_url)  # type: ignore[return-value]  # the same calls
+    return OwnerLease(settings.data_dir / "owners")
+
+
+def open_keys(settings: Settings) -> KeyStore:
+    if settings.database_url:
+        from rag.store.pg_keys import PgKeyStore
+
+        return PgKeyStore(settings.database_url)
+    return KeyStore(settings.data_dir / KEYS_FILE)
