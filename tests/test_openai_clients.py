@@ -151,3 +151,11 @@ def test_every_error_has_openais_shape(api: str):
         assert response.status_code in (400, 404), response.text
         assert {"code", "message", "type", "param"} <= set(error), error
         assert error["type"] == ("not_found_error" if response.status_code == 404 else "invalid_request_error")
+
+
+def test_a_left_out_system_message_is_noted_where_sources_show(api: str):
+    messages = [{"role": "system", "content": "Answer in French."}, *QUESTION]
+    completion = client(api).chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0)
+    assert completion.model_extra["rag"]["ignored_system_messages"] == 1
+    titles = [a.url_citation.title for a in completion.choices[0].message.annotations or []]
+    assert any("system message was left out" in title for title in titles)

@@ -5,8 +5,9 @@ OpenAI's chat completions carry web-search citations as `message.annotations` (w
 `delta.annotations` (streams): `{"type": "url_citation", "url_citation": {"url", "title", "start_index",
 "end_index"}}`, the indexes being the span of the answer text the source backs. An attributed source
 spans the sentences it supports; a model's own [Sn] citation, or a source no sentence names, spans the
-whole answer. A cut answer (the token limit) gets one more annotation that says so, linking nowhere
-but our page.
+whole answer. Two notes come as annotations too, linking to our page, so that a client shows them where
+it shows sources: a cut answer (the token limit), and a client's system messages left out (our prompt is
+fixed: it grounds the answer and keeps llama-server's prompt cache warm).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pydantic import BaseModel
 from rag.answering.events import Citations, SourceEntry
 
 CUT_NOTE = "The answer was cut at the token limit (finish_reason: length); ask for more max_tokens."
+SYSTEM_NOTE = "Your client's system message was left out: this API answers from the documents with its own prompt."
 
 
 class UrlCitation(BaseModel):
@@ -55,6 +57,7 @@ def url_citations(
     base_url: str,
     collection: str | None,
     cut: bool = False,
+    ignored_system: int = 0,
 ) -> list[Annotation]:
     """The annotations of one answer: each cited source once, in the order the citations name them."""
     by_id = {source.id: source for source in sources}
@@ -78,7 +81,9 @@ def url_citations(
         )
         for sid, (s, e) in spans.items()
     ]
-    if cut:
-        note = UrlCitation(url=f"{base_url.rstrip('/')}/", title=CUT_NOTE, start_index=len(text), end_index=len(text))
-        found.append(Annotation(url_citation=note))
+    notes = [CUT_NOTE] if cut else []
+    notes += [SYSTEM_NOTE] if ignored_system else []
+    for note in notes:
+        at_end = UrlCitation(url=f"{base_url.rstrip('/')}/", title=note, start_index=len(text), end_index=len(text))
+        found.append(Annotation(url_citation=at_end))
     return found

@@ -218,6 +218,7 @@ class _Completion:
             base_url=self.base_url,
             collection=self.collection,
             cut=self.finish_reason == "length",
+            ignored_system=self.ignored_system,
         )
 
     def rag(self) -> Rag:
