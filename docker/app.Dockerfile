@@ -9,6 +9,10 @@ FROM ${PYTHON_IMAGE}
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
+# groff renders the man pages that are ingested (Debian's groff-base; without it they are refused).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends groff-base \
+ && rm -rf /var/lib/apt/lists/*
 # Every mount point the services write is created and owned here: Docker initialises a fresh named volume
 # from the image's directory (owner included) and creates a missing one as root, which `rag` cannot write.
 RUN useradd --system --uid 10001 --create-home rag \

@@ -78,9 +78,9 @@ _HTML_TAGS = re.compile(
 _MD_SIGNS = re.compile(
     r"^(?:#{1,6}[ \t]+\S|```|~~~|[ \t]*[-*+][ \t]+\S.*\n[ \t]*[-*+][ \t]+\S|\S.*\n(?:=+|-+)[ \t]*$)", re.M
 )
-# A man page's troff source: it opens with requests or comments, and its title macro (`.TH` for man,
-# `.Dd` for mdoc) comes before any text; a page that is only `.so other.1` links to another.
-_TROFF_START = re.compile(r"\A(?:[ \t]*\n)*[.'][^\n]*\n")
+# A man page's troff source: it opens with a request or a comment (`.\"`, `'\"`, `\"`) and has its title macro
+# (`.TH` for man, `.Dd` for mdoc) in its first lines; a page that is only `.so other.1` links to another.
+_TROFF_START = re.compile(r"\A(?:[ \t]*\n)*(?:[.']|\\\")[^\n]*\n")  # a request, or a comment
 _TROFF_TITLE = re.compile(r"^[.']\s*(?:TH|Dd)[ \t]+\S", re.M)
 _TROFF_LINK = re.compile(r"\A(?:[.']\\\".*\n|[ \t]*\n)*[.']\s*so[ \t]+(\S+)\s*\Z")
 _TITLE_WITHIN_LINES = 400

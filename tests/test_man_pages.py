@@ -197,6 +197,7 @@ def test_without_groff_a_man_page_is_refused_with_the_remedy(monkeypatch: pytest
         (SERVICES, DocKind.MAN),
         (ZH_PAGE, DocKind.MAN),
         (".so man1/gtbl.1\n", DocKind.MAN),
+        ('\\"Shamelessly copied from zmore.1\n.TH BZDIFF 1\n.SH NAME\nbzdiff \\- compare\n', DocKind.MAN),
         ('.\\" pod2man\n.de Vb\n.ft CW\n\\\\$1 text in a macro\n..\n.TH PERL 1\n.SH NAME\n', DocKind.MAN),
         ("How to write a man page: start it with\n.TH NAME 1\nand go on.\n", DocKind.TEXT),
         (".profile and .bashrc are read at login.\n", DocKind.TEXT),

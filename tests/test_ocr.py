@@ -337,7 +337,6 @@ def test_a_rendered_scan_keeps_its_page_numbers_and_running_header_out_of_the_te
     paragraphs = [
         ["Northwind's revenue grew by twelve percent, led by its tea business."],
         ["The board approved a dividend of three cents a share."],
-        ["Two new warehouses opened in the spring, one in Leeds and one in Lyon."],
     ]
     header = "Northwind Traders - Annual Report 2024"
     pages = [
@@ -357,8 +356,8 @@ def test_a_rendered_scan_keeps_its_page_numbers_and_running_header_out_of_the_te
         doc = parse(DocKind.PDF, scans.image_pdf(pages), "report.pdf", ocr=ocr)
     finally:
         pool.close()
-    assert [s.page for s in doc.sections] == [1, 2, 3]
-    assert "twelve percent" in doc.text and "Leeds" in doc.text
+    assert [s.page for s in doc.sections] == [1, 2]
+    assert "twelve percent" in doc.text and "three cents" in doc.text
     assert "Annual Report" not in doc.text, doc.text
     assert not any(s.text.strip().isdigit() for s in doc.sections)
     assert not any(line.strip().isdigit() for line in doc.text.splitlines())
