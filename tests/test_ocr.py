@@ -8,6 +8,8 @@ engine reads real scans in tests/test_ocr_api.py.
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 
@@ -224,7 +226,7 @@ def test_a_tiff_of_ten_thousand_pages_is_refused_before_the_first_is_decoded() -
 
 def test_a_multi_page_tiff_gives_a_section_per_page_with_its_boxes() -> None:
     ocr = StandInOcr([line("Invoice 2291, due in March", 0.1, 0.1, 0.6)])
-    doc = parse(DocKind.IMAGE, hostile.tiff_of_pages(3), "fax.tiff", ocr=ocr)
+    doc = parse(DocKind.IMAGE, _tiff([_inked()] * 3), "fax.tiff", ocr=ocr)
     assert doc.kind is DocKind.IMAGE and doc.pages == 3 and ocr.calls == 3
     assert [s.page for s in doc.sections] == [1, 2, 3]
     for section in doc.sections:
@@ -361,3 +363,42 @@ def test_a_rendered_scan_keeps_its_page_numbers_and_running_header_out_of_the_te
     assert "Annual Report" not in doc.text, doc.text
     assert not any(s.text.strip().isdigit() for s in doc.sections)
     assert not any(line.strip().isdigit() for line in doc.text.splitlines())
+
+
+def _inked() -> np.ndarray:
+    """A white page of 200 x 40 pixels with a bar of ink where a line of text would be."""
+    page = np.full((40, 200), 255, dtype=np.uint8)
+    page[15:25, 10:190] = 0
+    return page
+
+
+def _tiff(pages: list[np.ndarray]) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    frames = [Image.fromarray(p) for p in pages]
+    frames[0].save(out, format="TIFF", save_all=True, append_images=frames[1:])
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("what", "page"),
+    [("1 x 1 pixel", np.zeros((1, 1), dtype=np.uint8)), ("blank", np.full((600, 400), 255, dtype=np.uint8))],
+)
+def test_pages_that_cannot_hold_text_cost_no_ocr(what: str, page: np.ndarray) -> None:
+    """OCR's cost follows the pixels that could hold text, not the pages: 180 pages of nothing are not sent."""
+    from ingest.loaders.image import load_image
+
+    calls: list[tuple[int, ...]] = []
+
+    def ocr(image: np.ndarray) -> list[OcrLine]:
+        calls.append(image.shape)
+        return []
+
+    with pytest.raises(DocumentRejected, match="no text that OCR could read on its 180 page"):
+        load_image(_tiff([page] * 180), "nothing.tif", ocr)
+    assert calls == [], f"{len(calls)} {what} pages sent to OCR"
+    load_image(
+        _tiff([page, _inked()]), "one.tif", lambda image: calls.append(image.shape) or [line("ink", 10, 15, 190)]
+    )
+    assert calls == [(40, 200)]

@@ -144,8 +144,9 @@ def test_a_repaired_repetitive_collection_is_healthy(isolated_env: Path, tmp_pat
 def test_hybrid_top_10_of_real_embeddings_is_the_same_after_a_restart(
     ingest_settings: Settings, tmp_path: Path
 ) -> None:
-    """3,000 chunks of synthetic text embedded by all-MiniLM-L6-v2: 20 queries' dense and BM25 top 10 in
-    the writing process, then in a new one."""
+    """3,050 chunks of synthetic text, 150 paragraphs repeated, embedded by all-MiniLM-L6-v2 (a tail of 50
+    past Chroma's sync threshold of 1,000): 20 queries' dense and BM25 top 10 in the writing process, then
+    in a new one."""
     from ingest.pipeline import SourceFile
     from rag.clients.embedding import EmbeddingClient
 
@@ -154,8 +155,9 @@ def test_hybrid_top_10_of_real_embeddings_is_the_same_after_a_restart(
     folder = tmp_path / "docs"
     folder.mkdir()
     files = []
-    for i in range(60):
-        paragraphs = [" ".join(rng.choice(words, 12)) + f" report {i % 7}." for _ in range(50)]
+    pool = [" ".join(rng.choice(words, 12)) + f" report {j % 7}." for j in range(150)]  # repeated, as in boilerplate
+    for i in range(61):
+        paragraphs = list(rng.choice(pool, 50))
         (folder / f"d{i}.txt").write_text("\n\n".join(paragraphs))
         files.append(SourceFile(folder / f"d{i}.txt", str(folder / f"d{i}.txt"), f"d{i}.txt"))
     texts = [" ".join(rng.choice(words, 4)) for _ in range(20)]
@@ -176,6 +178,6 @@ def test_hybrid_top_10_of_real_embeddings_is_the_same_after_a_restart(
         return vectors, dense, lexical
 
     vectors, dense, lexical = asyncio.run(index_and_query())
-    assert LexicalIndex(ingest_settings.data_dir / "lexical.sqlite").count("synthetic") == 3000
+    assert LexicalIndex(ingest_settings.data_dir / "lexical.sqlite").count("synthetic") == 3050
     after = _top_in_a_new_process(ingest_settings, "synthetic", vectors, texts, tmp_path)
     assert after == {"dense": dense, "lexical": lexical}

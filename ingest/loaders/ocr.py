@@ -39,6 +39,9 @@ from ._builder import DocumentBuilder, clean
 from .tables import TableCarry, grid, markdown_table
 
 MAX_SIDE = 2000  # pixels on an image's long side that the detector reads (RapidOCR's default): larger is downscaled
+# A page narrower or lower than this holds no line OCR could read: it is not sent (each call costs about
+# 1.5 s whatever the size, so 180 pages of 1 x 1 pixel cost 327 s); nor is a page of one grey.
+MIN_TEXT_SIDE = 8
 _SPANNING = 0.55  # a line this share of the text's width or wider spans every column
 _MIN_COLUMN = 0.2  # a column is at least this share of the text's width...
 _MIN_COLUMN_LINES = 3  # ...and this many lines tall
@@ -312,6 +315,8 @@ def add_ocr_page(
 def read_page(image: Any, ocr: OcrFn) -> list[OcrLine] | PageSkipped:
     """The lines `ocr` reads on a page, or why it did not (a document's pages are read before they are
     laid out, so that what repeats on every page is known: see `ingest.loaders.furniture`)."""
+    if _blank(image):
+        return []
     try:
         return ocr(image)
     except PageSkipped as exc:
@@ -342,6 +347,14 @@ def add_read_page(
     if doubtful:
         return [f"page {number}: {doubtful} of {len(lines)} OCR lines read with confidence under {min_confidence:g}"]
     return []
+
+
+def _blank(image: Any) -> bool:
+    """A page too small to hold a line of text, or of one grey: nothing to read, so no OCR to pay."""
+    shape = getattr(image, "shape", None)
+    if shape is None or len(shape) < 2:
+        return False
+    return bool(min(shape[:2]) < MIN_TEXT_SIDE or image.min() == image.max())
 
 
 def _add_table(builder: DocumentBuilder, part: _Part, carry: TableCarry, first_on_page: bool) -> None:
