@@ -314,7 +314,7 @@ def test_page_numbers_and_running_headers_are_not_text() -> None:
 @pytest.mark.parametrize("number", ["1", "- 2 -", "Page 3", "Page 4 of 9", "第 5 页", "iv"])
 def test_a_lone_page_number_in_the_margin_is_not_text(number: str) -> None:
     lines = [line("The kettle is on the table.", 0.1, 0.1, 0.7), line(number, 0.45, 0.95, 0.55)]
-    doc = parse(DocKind.IMAGE, hostile.tiff_of_pages(1), "note.tiff", ocr=StandInOcr(lines))
+    doc = parse(DocKind.IMAGE, _tiff([_inked()]), "note.tiff", ocr=StandInOcr(lines))
     assert doc.text == "The kettle is on the table."
 
 
