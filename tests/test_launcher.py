@@ -131,13 +131,28 @@ def test_rag_up_refuses_a_busy_port(isolated_env: Path, generator_model: Path):
     assert f"port {port}" in done.stderr and "busy" in done.stderr and "RAG_API_PORT" in done.stderr
 
 
-def test_rag_up_stops_the_rest_when_a_part_fails(isolated_env: Path, tmp_path: Path):
-    broken = tmp_path / "broken.gguf"
-    broken.write_bytes(b"GGUF not really")
-    env = _env(isolated_env, broken, llm=free_port(), embed=free_port(), api=free_port())
-    done = subprocess.run([sys.executable, "-m", "rag.cli", "up"], env=env, capture_output=True, text=True, timeout=120)
+def test_rag_up_stops_the_rest_when_a_part_fails(isolated_env: Path, generator_model: Path):
+    """The API cannot start (another process holds the store): rag up stops llama-server and the embedder,
+    which it had started, itself (they shut down on its SIGTERM) rather than leaving them to die with it."""
+    from rag.store.chunks import StoreLock
+
+    lock = StoreLock(isolated_env)
+    lock.acquire("a test holding the store")
+    try:
+        env = _env(isolated_env, generator_model, llm=free_port(), embed=free_port(), api=free_port())
+        done = subprocess.run(
+            [sys.executable, "-m", "rag.cli", "up"], env=env, capture_output=True, text=True, timeout=300
+        )
+    finally:
+        lock.release()
     assert done.returncode == 1
-    assert "llama-server exited with code 1 during start-up" in done.stderr
+    assert "api exited with code" in done.stderr and "during start-up" in done.stderr
+    assert "held by a test holding the store" in done.stderr
+    assert "llama-server  ready" in done.stdout and "embedder      ready" in done.stdout
+    llama_log = isolated_env / "logs" / "latest" / "llama-server.log"
+    # Its SIGTERM handler writes this line: a part left to die with rag up gets SIGKILL (rag.core.lifetime).
+    assert "cleaning up before exit" in llama_log.read_text(), "llama-server was stopped, not killed"
+    assert not (isolated_env / "run" / "rag-up.json").exists(), "nothing is left for the next rag up to clean"
 
 
 def test_rag_up_names_the_signal_that_killed_llama_server_with_the_remedy_in_the_same_line(
