@@ -22,7 +22,7 @@ from mcp.client.streamable_http import streamable_http_client
 from rag.answering.prompt import no_sources_answer
 from rag.core.config import Settings
 from tests.chat_helpers import DOCS, changed, serve, upload
-from tests.servers import Server, free_port
+from tests.servers import Server, free_port, start_api
 
 pytestmark = pytest.mark.integration
 
@@ -205,6 +205,26 @@ def test_over_stdio_without_an_api_it_opens_the_store(backend_env: dict[str, str
 
     anyio.run(main)
     assert f"rag mcp: on the store in {env['RAG_DATA_DIR']}" in log.read_text()
+
+
+def test_over_stdio_through_the_api_no_http_request_is_logged(ingest_env: dict[str, str], tmp_path: Path):
+    api = start_api(tmp_path, ingest_env, ready_path="/v1/collections")
+    env = {**ingest_env, "RAG_API_HOST": "127.0.0.1", "RAG_API_PORT": api.url.rsplit(":", 1)[1]}
+    log = tmp_path / "mcp.log"
+
+    async def main() -> None:
+        with log.open("w") as errlog:
+            async with Client(stdio_client(stdio_params(env), errlog=errlog)) as client:
+                for _ in range(3):
+                    await client.call_tool("list_collections", {})
+
+    try:
+        anyio.run(main)
+    finally:
+        api.stop()
+    said = log.read_text()
+    assert f"rag mcp: via the API at {api.url}" in said
+    assert "HTTP Request:" not in said, said  # httpx's INFO line per request stays out of the client's log
 
 
 def test_over_stdio_the_server_names_its_version(ingest_env: dict[str, str]):
