@@ -124,7 +124,9 @@ class LocalBackend:
         self._stack.callback(lexical.close)
         lease = OwnerLease(self.settings.data_dir / "owners")
         self._stack.callback(lease.release)
-        embedder = embedding_client(self.settings.embed_urls, model=self.settings.embed_model)
+        embedder = embedding_client(
+            self.settings.embed_urls, model=self.settings.embed_model, stall_s=self.settings.probe_timeout_s
+        )
         self._stack.push_async_callback(embedder.aclose)
         self.pipeline = IngestPipeline(self.settings, embedder, store, lexical, self.catalog, lease)  # type: ignore[arg-type]
         self.pipeline.recover()

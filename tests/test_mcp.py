@@ -352,3 +352,40 @@ def _read(process: subprocess.Popen) -> dict[str, Any]:
     line = process.stdout.readline()
     assert line, "the server closed its output"
     return json.loads(line)
+
+
+def _open_session(client: httpx.Client, url: str) -> httpx.Response:
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
+    return client.post(f"{url}/mcp", json=initialize, headers={"Accept": "application/json, text/event-stream"})
+
+
+def _rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) / 1024
+
+
+def test_over_http_sessions_are_bounded_and_idle_ones_are_closed(ingest_env: dict[str, str], tmp_path: Path):
+    env = {**ingest_env, "RAG_MCP_MAX_SESSIONS": "60", "RAG_MCP_SESSION_IDLE_S": "3"}
+    api = start_api(tmp_path, env, ready_path="/v1/collections")
+    try:
+        with httpx.Client(timeout=60) as client:
+            first = [_open_session(client, api.url) for _ in range(100)]
+            full_mb = _rss_mb(api.pid)
+            assert [r.status_code for r in first] == [200] * 60 + [503] * 40
+            assert all(int(r.headers["Retry-After"]) > 0 for r in first[60:])
+            time.sleep(5)  # every session idle past RAG_MCP_SESSION_IDLE_S: the SDK closed them
+            gone = first[0].headers["mcp-session-id"]
+            listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+            headers = {"Accept": "application/json, text/event-stream", "mcp-session-id": gone}
+            assert client.post(f"{api.url}/mcp", json=listing, headers=headers).status_code == 404
+            again = [_open_session(client, api.url) for _ in range(100)]
+            assert [r.status_code for r in again] == [200] * 60 + [503] * 40
+            # The closed sessions' memory serves the new ones: the API does not grow by another 60 sessions.
+            assert _rss_mb(api.pid) - full_mb < 15, (full_mb, _rss_mb(api.pid))
+    finally:
+        api.stop()

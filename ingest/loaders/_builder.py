@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import regex
@@ -27,15 +27,33 @@ _VISIBLE = regex.compile(r"[^\p{Z}\p{C}\p{M}\s\u115f\u1160\u3164\uffa0\u2800\u30
 _OVERSTRIKE = re.compile(r".\x08(?=.)", re.DOTALL)
 
 
+# Characters cleaned at a time: `re` holds the GIL for a whole call, so a 48 MB text cleaned in one call
+# would stop the API's event loop (/health, every stream) for a second or more.
+_PIECE = 1 << 20
+
+
 def clean(text: str) -> str:
     """Text with newlines normalised, terminal escapes and overstrikes undone, and control characters
     (but tabs, newlines, form feeds) removed. Idempotent: every loader's text goes through it."""
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    text = _in_pieces(lambda piece: piece.replace("\r\n", "\n").replace("\r", "\n"), text)
     if "\x1b" in text or "\x9b" in text:
         text = _ANSI.sub("", text)
     if "\x08" in text:
         text = _OVERSTRIKE.sub("", text)
-    return _CONTROL.sub("", text)
+    return _in_pieces(lambda piece: _CONTROL.sub("", piece), text)
+
+
+def _in_pieces(step: Callable[[str], str], text: str) -> str:
+    """`step` applied to `text` a _PIECE at a time (other threads run in between); no "\r\n" is split."""
+    if len(text) <= _PIECE:
+        return step(text)
+    pieces, start = [], 0
+    while start < len(text):
+        end = start + _PIECE
+        end += text[end - 1 : end + 1] == "\r\n"
+        pieces.append(step(text[start:end]))
+        start = end
+    return "".join(pieces)
 
 
 class DocumentBuilder:

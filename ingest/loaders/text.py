@@ -17,7 +17,7 @@ _NOT_PARAGRAPH = re.compile(r"^\s*(?:$|[-*+>|]|\d+[.)]\s|#|`{3}|~{3})")
 def load_text(text: str, name: str, encoding: str | None = None) -> LoadedDocument:
     """One section holding the whole text."""
     builder = DocumentBuilder()
-    builder.block(clean(text))
+    builder.block(text)  # which cleans it
     return builder.build(name, DocKind.TEXT, encoding=encoding)
 
 

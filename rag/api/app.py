@@ -68,6 +68,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         try:
             if isinstance(app.state.services.llm, LlamaServerPool):
                 await app.state.services.llm.check()  # a pool of differing servers is refused here
+            await health.start_probing(app, app.state.services)
             async with mcp_endpoint.run():
                 yield
         finally:

@@ -119,9 +119,13 @@ def build_services(settings: Settings, *, owner: str = "the rag API") -> Service
     services = Services(
         settings=settings,
         llm=llm_client(
-            settings.llm_urls, model=settings.llm_model, timeout=settings.llm_timeout_s, probe_s=settings.pool_probe_s
+            settings.llm_urls,
+            model=settings.llm_model,
+            timeout=settings.llm_timeout_s,
+            probe_s=settings.pool_probe_s,
+            probe_timeout_s=settings.probe_timeout_s,
         ),
-        embedder=embedding_client(settings.embed_urls, model=settings.embed_model),
+        embedder=embedding_client(settings.embed_urls, model=settings.embed_model, stall_s=settings.probe_timeout_s),
         store=store,
         lexical=lexical,
         catalog=catalog,

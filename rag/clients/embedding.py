@@ -7,8 +7,10 @@ used here: importing it costs every `ingest` run about half a second of CPU befo
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+from collections.abc import Awaitable
 from typing import Any
 
 import httpx
@@ -82,7 +84,9 @@ class EmbeddingClient:
     """Embeds texts through `POST /v1/embeddings`; failures become typed errors.
 
     Connection failures and the statuses in RETRIED_STATUSES are retried twice with jittered backoff
-    (0.5 s, then 1 s), as the openai SDK does by default.
+    (0.5 s, then 1 s), as the openai SDK does by default. A request still unanswered after `stall_s`
+    asks the server's /health, and gives up (EmbedderUnavailable, a 503) if that gets no answer within
+    `stall_s` either: a stopped server accepts connections and never answers, for the whole `timeout`.
     """
 
     def __init__(
@@ -93,9 +97,11 @@ class EmbeddingClient:
         timeout: float = 120.0,
         transport: httpx.AsyncBaseTransport | None = None,
         retries: int = 2,
+        stall_s: float = 3.0,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
+        self.stall_s = stall_s
         # A pool (rag.clients.embedding_pool) has several servers: ingestion sends that many more batches at once.
         self.servers = 1
         self._retries = retries
@@ -164,15 +170,7 @@ class EmbeddingClient:
             "input_type": kind,
         }
         try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception(_retried),
-                stop=stop_after_attempt(self._retries + 1),
-                wait=wait_exponential_jitter(initial=0.5, max=8.0),
-                reraise=True,
-            ):
-                with attempt:
-                    response = await self._http.post("/v1/embeddings", json=payload)
-                    response.raise_for_status()
+            response = await self._unless_stalled(self._post_with_retries(payload))
         except httpx.ReadTimeout as exc:
             raise EmbedderUnavailable(
                 f"embedding server at {self.base_url} did not answer in time (it is busy)"
@@ -191,3 +189,37 @@ class EmbeddingClient:
             raise UpstreamError(
                 "embedding server answered with something that is not JSON", upstream=response.text[:300]
             ) from None
+
+    async def _post_with_retries(self, payload: dict[str, Any]) -> httpx.Response:
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(_retried),
+            stop=stop_after_attempt(self._retries + 1),
+            wait=wait_exponential_jitter(initial=0.5, max=8.0),
+            reraise=True,
+        ):
+            with attempt:
+                response = await self._http.post("/v1/embeddings", json=payload)
+                response.raise_for_status()
+        return response
+
+    async def _unless_stalled(self, request: Awaitable[httpx.Response]) -> httpx.Response:
+        """`request`'s response; EmbedderUnavailable once the server gives a /health no answer meanwhile."""
+        task = asyncio.ensure_future(request)
+        try:
+            while not (await asyncio.wait({task}, timeout=self.stall_s))[0]:
+                if not await self._answers(timeout=self.stall_s):
+                    raise EmbedderUnavailable(
+                        f"embedding server at {self.base_url} stopped answering (no /health answer within "
+                        f"{self.stall_s:g} s while a request waited)"
+                    )
+            return task.result()
+        finally:
+            task.cancel()  # no-op when it is done
+
+    async def _answers(self, timeout: float) -> bool:
+        """Whether the server answers `GET /health` at all (any status) within `timeout` seconds."""
+        try:
+            await self._http.get("/health", timeout=timeout)
+        except httpx.TransportError:
+            return False
+        return True

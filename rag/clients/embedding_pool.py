@@ -59,11 +59,15 @@ class EmbeddingPool:
         model: str,
         timeout: float = 120.0,
         rest_s: float = 5.0,
+        stall_s: float = 3.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         # The pool moves a failed batch to another member at once: a member's own retries would only wait.
         self.members = [
-            EmbedMember(EmbeddingClient(u, model=model, timeout=timeout, transport=transport, retries=0)) for u in urls
+            EmbedMember(
+                EmbeddingClient(u, model=model, timeout=timeout, transport=transport, retries=0, stall_s=stall_s)
+            )
+            for u in urls
         ]
         self.model = model
         self.base_url = ",".join(m.url for m in self.members)
@@ -87,8 +91,7 @@ class EmbeddingPool:
     async def health(self) -> dict[str, Any]:
         """`ok` (with the first healthy member's fields) while any member is; every member under `servers`."""
         servers = []
-        for member in self.members:
-            state = await member.client.health()
+        for member, state in zip(self.members, await asyncio.gather(*map(self._probe, self.members)), strict=True):
             if state["state"] == "ok":
                 member.resting_until = 0.0
                 self._identify(member, state)
@@ -104,6 +107,14 @@ class EmbeddingPool:
         states = {s["state"] for s in servers}
         reason = "; ".join(f"{s['url']}: {s.get('reason', s['state'])}" for s in servers)
         return {"state": "loading" if "loading" in states else "down", "reason": reason, "servers": servers}
+
+    async def _probe(self, member: EmbedMember) -> dict[str, Any]:
+        """`member`'s /health within `stall_s`: a stopped server accepts the request and never answers."""
+        try:
+            async with asyncio.timeout(member.client.stall_s):
+                return await member.client.health()
+        except TimeoutError:
+            return {"state": "down", "reason": f"no answer to /health within {member.client.stall_s:g} s"}
 
     def describe(self) -> list[dict[str, Any]]:
         """Every member as /metrics shows it (`resting`: it failed a request lately)."""
@@ -187,8 +198,8 @@ class EmbeddingPool:
 EmbeddingBackend = EmbeddingClient | EmbeddingPool
 
 
-def embedding_client(urls: list[str], *, model: str, timeout: float = 120.0) -> EmbeddingBackend:
+def embedding_client(urls: list[str], *, model: str, timeout: float = 120.0, stall_s: float = 3.0) -> EmbeddingBackend:
     """One server's client, or a pool for several."""
     if len(urls) == 1:
-        return EmbeddingClient(urls[0], model=model, timeout=timeout)
-    return EmbeddingPool(urls, model=model, timeout=timeout)
+        return EmbeddingClient(urls[0], model=model, timeout=timeout, stall_s=stall_s)
+    return EmbeddingPool(urls, model=model, timeout=timeout, stall_s=stall_s)

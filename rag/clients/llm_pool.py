@@ -6,8 +6,11 @@ slot, else to the ready server with the most free slots. The load balancers that
 several HTTP servers (LiteLLM's router, nginx, HAProxy) know neither a conversation nor a llama-server
 slot; the one that does (SGLang's cache-aware router) is a process of its own for SGLang's workers.
 
-Each member is probed every `probe_s` (`/health`, then `/props`): a member that fails a request, answers
-503 (loading) or times out leaves the pool until a probe finds it healthy again. Every member must serve
+Each member is probed in the background every `probe_s` (`/health`, then `/props`), each probe within
+`probe_timeout_s`: a member that fails a request, answers 503 (loading) or gives a probe no answer in time
+(a stopped process still accepts connections) leaves the pool until a probe finds it healthy again. A
+request waiting on a member that leaves goes to another (its first token, or its tokenize, had not
+come), and `health()` reports the last probes without waiting for one. Every member must serve
 the same model with the same per-slot context: a pool whose answering members differ is refused at start
 (`check()`), a member that joins later with a difference is kept out and `/health` names why.
 """
@@ -32,6 +35,7 @@ from rag.core.errors import LLMUnavailable, PoolMismatch
 log = logging.getLogger(__name__)
 
 AFFINITY_ENTRIES = 4096  # conversations remembered (LRU): a few hundred bytes each
+LEAVE_CHECK_S = 0.25  # how often a request waiting on a member looks whether it left the pool
 T = TypeVar("T")
 
 
@@ -99,12 +103,14 @@ class LlamaServerPool:
         model: str = "default",
         timeout: float = 120.0,
         probe_s: float = 2.0,
+        probe_timeout_s: float = 3.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.members = [Member(LlamaServerClient(u, model=model, timeout=timeout, transport=transport)) for u in urls]
         self.model = model
         self.base_url = ",".join(m.url for m in self.members)
         self.probe_s = probe_s
+        self.probe_timeout_s = probe_timeout_s
         self.affinity = AffinityStats()
         self._prober: asyncio.Task[None] | None = None
         self._probed = False
@@ -144,11 +150,21 @@ class LlamaServerPool:
 
     async def _probe_forever(self) -> None:
         while True:
-            await asyncio.sleep(self.probe_s)
+            if self._probed:
+                await asyncio.sleep(self.probe_s)
             await self._probe_all()
+            self._probed = True
 
     async def _probe_all(self) -> None:
-        await asyncio.gather(*(self._probe(m) for m in self.members))
+        await asyncio.gather(*(self._probe_within_budget(m) for m in self.members))
+
+    async def _probe_within_budget(self, member: Member) -> None:
+        """Probe `member`; one that gives no answer within `probe_timeout_s` (accepts, never answers) is down."""
+        try:
+            async with asyncio.timeout(self.probe_timeout_s):
+                await self._probe(member)
+        except TimeoutError:
+            self._leave(member, "down", f"no answer to /health or /props within {self.probe_timeout_s:g} s")
 
     async def _probe(self, member: Member) -> None:
         health = await member.client.health()
@@ -201,8 +217,7 @@ class LlamaServerPool:
     # The client interface.
 
     async def health(self) -> LLMHealth:
-        await self._probe_all()
-        self._probed = True
+        """The pool's state from the members' last probes (they run in the background: none is awaited here)."""
         self._start_probing()
         states = {m.state for m in self.members}
         if "ok" in states:
@@ -278,7 +293,7 @@ class LlamaServerPool:
 
     async def _on(self, member: Member, call: Callable[[LlamaServerClient], Awaitable[T]]) -> T:
         try:
-            return await call(member.client)
+            return await self._while_in_pool(member, call(member.client))
         except LLMUnavailable as exc:
             member.failures += 1
             self._leave(member, "down", exc.message)
@@ -306,7 +321,7 @@ class LlamaServerPool:
             began = False
             stream = start(member.client)
             try:
-                async for item in stream:
+                async for item in self._answering(member, stream):
                     began = True
                     if isinstance(item, StreamEnd):
                         self._served(member, item, affinity)
@@ -323,6 +338,35 @@ class LlamaServerPool:
                 if close is not None:
                     await close()
 
+    async def _answering(
+        self, member: Member, stream: AsyncIterator[StreamDelta | StreamEnd]
+    ) -> AsyncIterator[StreamDelta | StreamEnd]:
+        """`stream`'s items; LLMUnavailable when `member` leaves the pool before the first one came."""
+        try:
+            first = await self._while_in_pool(member, anext(stream))
+        except StopAsyncIteration:
+            return
+        yield first
+        async for item in stream:
+            yield item
+
+    async def _while_in_pool(self, member: Member, step: Awaitable[T]) -> T:
+        """`step`, given up with LLMUnavailable once `member` leaves the pool (a probe found it down or silent:
+        a stopped llama-server takes the request and never answers, for as long as the read timeout)."""
+        waiting = asyncio.timeout(None)
+        watch = asyncio.ensure_future(_expire_on_leaving(member, waiting))
+        try:
+            async with waiting:
+                return await step
+        except TimeoutError:
+            if not waiting.expired():
+                raise  # the step's own
+            raise LLMUnavailable(
+                f"llama-server {member.url} left the pool before it answered: {member.reason}"
+            ) from None
+        finally:
+            watch.cancel()
+
     def _served(self, member: Member, end: StreamEnd, affinity: str | None) -> None:
         member.served += 1
         cached, new = int(end.timings.get("cache_n") or 0), int(end.timings.get("prompt_n") or 0)
@@ -332,6 +376,13 @@ class LlamaServerPool:
             self.affinity.cached_tokens += cached
             self.affinity.prompt_tokens += cached + new
         self._remember(affinity, member)
+
+
+async def _expire_on_leaving(member: Member, waiting: asyncio.Timeout) -> None:
+    """End `waiting` (its block raises TimeoutError) once `member` is no longer in the pool."""
+    while member.state == "ok":
+        await asyncio.sleep(LEAVE_CHECK_S)
+    waiting.reschedule(asyncio.get_running_loop().time())
 
 
 def _difference_of(first: ServerProps, other: ServerProps) -> str:
@@ -358,8 +409,10 @@ async def refuse_mixed_pool(urls: list[str]) -> None:
         await pool.aclose()
 
 
-def llm_client(urls: list[str], *, model: str, timeout: float = 120.0, probe_s: float = 2.0) -> LLMBackend:
+def llm_client(
+    urls: list[str], *, model: str, timeout: float = 120.0, probe_s: float = 2.0, probe_timeout_s: float = 3.0
+) -> LLMBackend:
     """One llama-server's client, or a pool for several."""
     if len(urls) == 1:
         return LlamaServerClient(urls[0], model=model, timeout=timeout)
-    return LlamaServerPool(urls, model=model, timeout=timeout, probe_s=probe_s)
+    return LlamaServerPool(urls, model=model, timeout=timeout, probe_s=probe_s, probe_timeout_s=probe_timeout_s)

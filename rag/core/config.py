@@ -150,6 +150,9 @@ class Settings(BaseSettings):
     llm_servers: int = Field(default=1, ge=1, le=16)
     # Pool members: how often a server out of the pool is probed again (s).
     pool_probe_s: float = Field(default=2.0, gt=0)
+    # A probe's budget (s): a backend that accepts connections but answers no /health within it is down
+    # (a generation's own read timeout is RAG_LLM_TIMEOUT_S).
+    probe_timeout_s: float = Field(default=3.0, gt=0)
     # The bundled generator `rag up` serves when RAG_LLM_MODEL_PATH is unset; it also names the served
     # model and picks the llama-server profile unless RAG_LLM_MODEL / RAG_LLM_PROFILE say otherwise.
     generator: Literal["gemma-270m", "smollm2-135m-instruct"] = "gemma-270m"
@@ -243,6 +246,10 @@ class Settings(BaseSettings):
     max_document_pages: int = Field(default=2_000, ge=1)
     max_document_chunks: int = Field(default=10_000, ge=1)
     max_collections: int = Field(default=100, ge=1)
+    # MCP over HTTP: sessions open at once (one more is refused with 503 until one ends) and how long one
+    # may sit idle before it is closed and its memory freed (s).
+    mcp_max_sessions: int = Field(default=200, ge=1)
+    mcp_session_idle_s: float = Field(default=600.0, gt=0)
     # Packing cut-off: a source whose fused score is below this share of the best source's is not packed
     # (fewer new tokens to prefill; the curve behind the default is in bench/packing_cutoff.py). 0: off.
     pack_relative_score: float = Field(default=0.35, ge=0, le=1)

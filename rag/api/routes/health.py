@@ -1,14 +1,21 @@
 """`GET /health`: the state of each backend; 503 until all are ready.
 
 It needs no key (a container's health check has none), so the names of damaged collections are shown to
-whom may open them alone: every one to the admin, its own to a scoped key, none without a key."""
+whom may open them alone: every one to the admin, its own to a scoped key, none without a key.
+
+It answers at once, whatever a backend does: each backend is probed in the background (a probe when its
+last state is older than PROBE_EVERY_S, within RAG_PROBE_TIMEOUT_S: a server that accepts the connection
+and never answers is `down` then), and a request waits at most ANSWER_WITHIN_S for those probes before
+it reports the last states."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from rag.answering.prompt import choose_style
@@ -19,6 +26,9 @@ from rag.core.errors import BackendUnavailable, RagError, Unauthorized
 from rag.store.chunks import REPAIR_HINT
 
 router = APIRouter()
+
+PROBE_EVERY_S = 1.0
+ANSWER_WITHIN_S = 0.3
 
 
 async def _llm_state(services: ServicesDep) -> dict[str, Any]:
@@ -46,9 +56,8 @@ async def _embedder_state(services: ServicesDep) -> dict[str, Any]:
     return {**await services.embedder.health(), "url": services.embedder.base_url}
 
 
-async def _store_state(services: ServicesDep, caller: Access | None) -> dict[str, Any]:
+def _store_state(services: ServicesDep, caller: Access | None, alive: bool) -> dict[str, Any]:
     store = services.store
-    alive = await asyncio.to_thread(store.heartbeat)
     mode = services.settings.chroma_mode
     where = services.settings.chroma_url if mode == "server" else str(services.settings.chroma_path)
     state: dict[str, Any] = {
@@ -75,13 +84,71 @@ def _caller(request: Request, services: ServicesDep) -> Access | None:
         return None
 
 
+class LastState:
+    """One backend's last probed state; `refresh()` probes it again in the background when that is old."""
+
+    def __init__(self, probe: Callable[[], Awaitable[dict[str, Any]]], budget_s: float | None, url: str) -> None:
+        self.probe = probe
+        self.budget_s = budget_s  # None: the probe is not given up (a thread cannot be stopped)
+        self.url = url
+        self.state: dict[str, Any] = {"state": "loading", "reason": "not probed yet", "url": url}
+        self.probed_at: float | None = None
+        self._running: asyncio.Task[None] | None = None
+
+    def refresh(self) -> asyncio.Task[None] | None:
+        """The probe under way: started now when the last one is older than PROBE_EVERY_S; None if fresh."""
+        fresh = self.probed_at is not None and time.monotonic() - self.probed_at < PROBE_EVERY_S
+        if self._running is None and not fresh:
+            self._running = asyncio.ensure_future(self._probe())
+        return self._running
+
+    async def _probe(self) -> None:
+        try:
+            async with asyncio.timeout(self.budget_s):
+                self.state = await self.probe()
+        except TimeoutError:
+            self.state = {"state": "down", "reason": f"no answer within {self.budget_s:g} s", "url": self.url}
+        finally:
+            self.probed_at, self._running = time.monotonic(), None
+
+
+class BackendStates:
+    """The last probed state of the llm, the embedder and the store, for `/health` (one per app)."""
+
+    def __init__(self, services: ServicesDep) -> None:
+        # A pool probes each member within RAG_PROBE_TIMEOUT_S: a second more, and it reports them one by one.
+        budget = services.settings.probe_timeout_s + 1.0
+        self.llm = LastState(lambda: _llm_state(services), budget, services.llm.base_url)
+        self.embedder = LastState(lambda: _embedder_state(services), budget, services.embedder.base_url)
+        self.store = LastState(lambda: _store_alive(services), None, "")
+
+    async def current(self, wait_s: float) -> tuple[dict[str, Any], dict[str, Any], bool]:
+        """The llm's and the embedder's states and whether the store answers, probed again where they are
+        old (waiting up to `wait_s` for those probes)."""
+        running = [t for t in (s.refresh() for s in (self.llm, self.embedder, self.store)) if t is not None]
+        if running:
+            await asyncio.wait(running, timeout=wait_s)
+        return self.llm.state, self.embedder.state, bool(self.store.state.get("alive"))
+
+
+async def _store_alive(services: ServicesDep) -> dict[str, Any]:
+    return {"alive": await asyncio.to_thread(services.store.heartbeat)}
+
+
+async def start_probing(app: FastAPI, services: ServicesDep) -> None:
+    """At start-up: the first probes of every backend (up to RAG_PROBE_TIMEOUT_S), so /health has states."""
+    app.state.backend_states = BackendStates(services)
+    await app.state.backend_states.current(wait_s=services.settings.probe_timeout_s)
+
+
 @router.get("/health")
 async def health(request: Request, services: ServicesDep) -> JSONResponse:
     caller = _caller(request, services)
-    llm, embedder, store = await asyncio.gather(
-        _llm_state(services), _embedder_state(services), _store_state(services, caller)
-    )
-    backends = {"llm": llm, "embedder": embedder, "store": store}
+    probes = getattr(request.app.state, "backend_states", None)
+    if probes is None:  # an app whose start-up did not probe
+        probes = request.app.state.backend_states = BackendStates(services)
+    llm, embedder, alive = await probes.current(wait_s=ANSWER_WITHIN_S)
+    backends = {"llm": llm, "embedder": embedder, "store": _store_state(services, caller, alive)}
     states = {b["state"] for b in backends.values()}
     if states == {"ok", "damaged"}:
         # Up, and it stays so: the damage is reported, not waited for (a repair needs the API stopped).
