@@ -78,9 +78,10 @@ def up(lang: str | None, replicas: int) -> None:
         settings = settings.model_copy(update={"database_url": url})
         click.echo(f"postgresql    ready   {settings.data_dir / 'postgres'} (embedded PostgreSQL 18 with pgvector)")
     try:
-        stack = Stack(
-            plan_parts(settings, replicas), echo=click.echo, pid_file=settings.data_dir / "run" / "rag-up.json"
-        )
+        from rag.deploy.replicas import with_replicas
+
+        parts = with_replicas(plan_parts(settings), settings, replicas)
+        stack = Stack(parts, echo=click.echo, pid_file=settings.data_dir / "run" / "rag-up.json")
         stack.start()
         report_store_damage(settings)
         click.echo(f"open {settings.api_url}/  (this run's logs in {stack.parts[0].log_path.parent}; Ctrl-C stops)")

@@ -160,6 +160,7 @@ def _chroma_count(url: str) -> int:
 def test_rag_up_plans_replicas_behind_the_balancer_on_the_api_port(tmp_path: Path) -> None:
     from rag.core.config import Settings
     from rag.deploy.launcher import plan_parts
+    from rag.deploy.replicas import with_replicas
 
     settings = Settings(
         data_dir=tmp_path,
@@ -168,7 +169,7 @@ def test_rag_up_plans_replicas_behind_the_balancer_on_the_api_port(tmp_path: Pat
         api_port=8300,
         database_url="postgresql://rag@db/rag",
     )
-    parts = {p.name: p for p in plan_parts(settings, replicas=3)}
+    parts = {p.name: p for p in with_replicas(plan_parts(settings), settings, 3)}
     assert list(parts)[-5:] == ["chroma", "api-1", "api-2", "api-3", "balancer"]
     assert [parts[f"api-{i}"].port for i in (1, 2, 3)] == [8301, 8302, 8303] and parts["chroma"].port == 8304
     assert parts["api-2"].env == {
@@ -182,7 +183,7 @@ def test_rag_up_plans_replicas_behind_the_balancer_on_the_api_port(tmp_path: Pat
     checked = subprocess.run([*balancer.command[:-2], "-c", "-f", balancer.command[-1]], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "server api-3 127.0.0.1:8303 check" in Path(balancer.command[-1]).read_text()
-    assert [p.name for p in plan_parts(settings)][-1] == "api"  # one API: no balancer, as before
+    assert [p.name for p in with_replicas(plan_parts(settings), settings, 1)][-1] == "api"  # as before
 
 
 def test_one_api_on_postgresql_answers_503_while_the_database_is_away_then_recovers(

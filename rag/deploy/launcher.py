@@ -201,8 +201,7 @@ API_STOP_MARGIN_S = 10.0
 PORT_SETTINGS = {"llama-server": "RAG_LLM_URL", "embedder": "RAG_EMBED_URL", "api": "RAG_API_PORT"}
 
 
-def plan_parts(settings: Settings, replicas: int = 1) -> list[Part]:
-    """The parts in start order; with `replicas` > 1, N APIs behind a balancer (rag/deploy/replicas.py)."""
+def plan_parts(settings: Settings) -> list[Part]:
     logs = new_run_dir(settings.data_dir / "logs")
     embed_url = settings.embed_urls[0]  # the one `rag up` starts; the others of a pool run elsewhere
     embed = urlparse(embed_url)
@@ -231,23 +230,6 @@ def plan_parts(settings: Settings, replicas: int = 1) -> list[Part]:
                 env=server.env,
             )
         )
-    if replicas > 1:
-        from rag.deploy.replicas import replica_parts
-
-        apis = replica_parts(settings, replicas, logs)
-    else:
-        apis = [
-            Part(
-                "api",
-                [python, "-m", "rag.cli", "serve-api"],
-                f"{settings.api_url}/health",
-                settings.api_port,
-                settings.api_host,
-                f"web page and API over {settings.data_dir}",
-                logs / "api.log",
-                stop_timeout_s=settings.shutdown_grace_s + API_STOP_MARGIN_S,
-            )
-        ]
     return [
         *llm_parts,
         Part(
@@ -261,7 +243,16 @@ def plan_parts(settings: Settings, replicas: int = 1) -> list[Part]:
             logs / "embedder.log",
             env=embed_env,
         ),
-        *apis,
+        Part(
+            "api",
+            [python, "-m", "rag.cli", "serve-api"],
+            f"{settings.api_url}/health",
+            settings.api_port,
+            settings.api_host,
+            f"web page and API over {settings.data_dir}",
+            logs / "api.log",
+            stop_timeout_s=settings.shutdown_grace_s + API_STOP_MARGIN_S,
+        ),
     ]
 
 

@@ -37,6 +37,14 @@ def embedded_postgres(directory: Path) -> tuple[str, Callable[[], None]]:
     return str(server.get_uri()), server.cleanup
 
 
+def with_replicas(parts: list[Part], settings: Settings, replicas: int) -> list[Part]:
+    """`rag up`'s parts (launcher.plan_parts) with its one API replaced by `replicas` behind a balancer."""
+    if replicas <= 1:
+        return parts
+    (api,) = [p for p in parts if p.name == "api"]
+    return [p for p in parts if p is not api] + replica_parts(settings, replicas, api.log_path.parent)
+
+
 def replica_parts(settings: Settings, replicas: int, logs: Path) -> list[Part]:
     """The Chroma server (unless one is configured), the API replicas and the balancer, in start order."""
     if not settings.database_url:

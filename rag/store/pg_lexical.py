@@ -114,35 +114,42 @@ class PgLexicalIndex:
             prepared.append((chunk_id, doc_id, text, context, metadata, vector, terms))
         if not prepared:
             return
+        lengths = [sum(p[6].values()) for p in prepared]
         with self._write() as db:
             self._delete(db, "collection = ? AND chunk_id = ANY(?)", (collection, [p[0] for p in prepared]))
-            added = 0
-            for chunk_id, doc_id, text, context, metadata, vector, terms in prepared:
-                length = sum(terms.values())
-                ((rowid,),) = db.execute(
+            # Two statements for the whole batch: the chunks, then every (term, chunk) row of them.
+            ids = dict(
+                db.execute(
                     "INSERT INTO chunks (collection, chunk_id, doc_id, text, context, metadata, vector, length) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                    "SELECT ?, * FROM unnest(?::text[], ?::text[], ?::text[], ?::text[], ?::text[], ?::bytea[], "
+                    "?::int[]) RETURNING chunk_id, id",
                     (
                         collection,
-                        chunk_id,
-                        doc_id,
-                        text,
-                        context,
-                        record.encode_metadata(metadata),
-                        None if vector is None else record.encode_vector(vector),
-                        length,
+                        [p[0] for p in prepared],
+                        [p[1] for p in prepared],
+                        [p[2] for p in prepared],
+                        [p[3] for p in prepared],
+                        [record.encode_metadata(p[4]) for p in prepared],
+                        [None if p[5] is None else record.encode_vector(p[5]) for p in prepared],
+                        lengths,
                     ),
                 ).fetchall()
-                if terms:
-                    db.execute(
-                        "INSERT INTO lexical_terms (term, collection, chunk, doc_id, tf, length) "
-                        "SELECT t, ?, ?, ?, f, ? FROM unnest(?::text[], ?::int[]) AS u (t, f)",
-                        (collection, rowid, doc_id, length, list(terms), list(terms.values())),
-                    )
-                added += length
+            )
+            postings = [
+                (term, ids[chunk_id], doc_id, tf, length)
+                for (chunk_id, doc_id, *_, terms), length in zip(prepared, lengths)
+                for term, tf in terms.items()
+            ]
+            if postings:
+                db.execute(
+                    "INSERT INTO lexical_terms (term, collection, chunk, doc_id, tf, length) "
+                    "SELECT t, ?, c, d, f, n FROM unnest(?::text[], ?::bigint[], ?::text[], ?::int[], ?::int[]) "
+                    "AS u (t, c, d, f, n)",
+                    (collection, *(list(column) for column in zip(*postings))),
+                )
             db.execute(
                 "UPDATE lexical_stats SET chunks = chunks + ?, length = length + ? WHERE id = 1",
-                (len(prepared), added),
+                (len(prepared), sum(lengths)),
             )
 
     @staticmethod
