@@ -172,9 +172,9 @@ def test_a_stopped_pool_member_is_marked_down_and_its_chats_go_to_the_other(
 
 
 def test_a_stopped_embedder_gives_uploads_and_queries_a_prompt_503(
-    ingest_settings: Settings, own_embedder: Server
+    backend_settings: Settings, own_embedder: Server
 ) -> None:
-    settings = changed(ingest_settings, embed_url=own_embedder.url)
+    settings = changed(backend_settings, embed_url=own_embedder.url)
     with serve(settings) as url:
         upload(url)
         with stopped(own_embedder):
@@ -185,13 +185,16 @@ def test_a_stopped_embedder_gives_uploads_and_queries_a_prompt_503(
             started = time.monotonic()  # a query's embedding, as retrieval asks for it
             asked = _client.post(f"{url}/v1/embeddings", json={"input": "When was it completed?"}, timeout=200)
             ask_s = time.monotonic() - started
+            started = time.monotonic()
+            chat = _client.post(f"{url}/v1/chat", json={**ask("When was it completed?"), "stream": False}, timeout=200)
+            chat_s = time.monotonic() - started
             down_after = wait_for_state(url, "embedder", own_embedder.url, "down")
             health_s, health = timed_health(url)
         after = _client.post(f"{url}/v1/embeddings", json={"input": "When was it completed?"}, timeout=200)
-    for response in (uploaded, asked):
+    for response in (uploaded, asked, chat):
         assert response.status_code == 503 and int(response.headers["Retry-After"]) > 0, response.text
         assert "stopped answering" in response.json()["error"]["message"]
-    assert upload_s < DOWN_BOUND_S and ask_s < DOWN_BOUND_S, (upload_s, ask_s)
+    assert max(upload_s, ask_s, chat_s) < DOWN_BOUND_S, (upload_s, ask_s, chat_s)
     assert down_after < DOWN_BOUND_S and health.status_code == 503 and health_s < HEALTH_BOUND_S
     assert after.status_code == 200, after.text  # continued, it serves again
 
