@@ -15,6 +15,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -22,9 +23,9 @@ import httpx
 import pytest
 
 from rag.core.config import Settings
-from tests.chat_helpers import changed, serve, upload
+from tests.chat_helpers import ask, changed, serve, upload
 from tests.conftest import _clean_env
-from tests.servers import Server, start_embedding_server
+from tests.servers import Server, start_embedding_server, start_llama_server
 
 pytestmark = pytest.mark.integration
 
@@ -123,13 +124,57 @@ def own_embedder(tmp_path: Path) -> Iterator[Server]:
     server.stop()
 
 
+# A black hole in a pool.
+
+
+def test_health_answers_at_once_and_chats_go_to_the_live_server_when_a_member_is_a_black_hole(
+    backend_settings: Settings, llama_server: Server
+) -> None:
+    with black_hole() as hole:
+        settings = changed(backend_settings, llm_url=f"{llama_server.url},{hole}")
+        with serve(settings) as url:
+            upload(url)
+            took = [timed_health(url)[0] for _ in range(5)]
+            servers = {s["url"]: s for s in timed_health(url)[1].json()["backends"]["llm"]["servers"]}
+            with ThreadPoolExecutor(6) as chats:
+                body = {**ask("When was the Eiffel Tower completed?"), "stream": False}
+                replies = list(chats.map(lambda _: httpx.post(f"{url}/v1/chat", json=body, timeout=200), range(6)))
+    assert max(took) < HEALTH_BOUND_S, took
+    assert servers[hole]["state"] == "down" and "no answer" in servers[hole]["reason"], servers
+    assert [r.status_code for r in replies] == [200] * 6, [r.text for r in replies]
+    assert servers[llama_server.url]["state"] == "ok"
+
+
+def test_a_stopped_pool_member_is_marked_down_and_its_chats_go_to_the_other(
+    backend_settings: Settings, generator_model: Path, session_dir: Path
+) -> None:
+    servers = [start_llama_server(generator_model, session_dir) for _ in range(2)]
+    try:
+        settings = changed(backend_settings, llm_url=",".join(s.url for s in servers))
+        with serve(settings) as url:
+            upload(url)
+            body = {**ask("When was the Eiffel Tower completed?"), "stream": False}
+            with stopped(servers[1]):
+                # Chats sent at once: some are routed to the stopped one before a probe finds it silent.
+                with ThreadPoolExecutor(6) as chats:
+                    replies = chats.map(lambda _: httpx.post(f"{url}/v1/chat", json=body, timeout=200), range(6))
+                    down_after = wait_for_state(url, "llm", servers[1].url, "down")
+                    took = [timed_health(url)[0] for _ in range(3)]
+                    statuses = [r.status_code for r in replies]
+    finally:
+        for server in servers:
+            server.stop()
+    assert statuses == [200] * 6
+    assert down_after < DOWN_BOUND_S and max(took) < HEALTH_BOUND_S, (down_after, took)
+
+
 # A stopped embedding server.
 
 
 def test_a_stopped_embedder_gives_uploads_and_queries_a_prompt_503(
-    ingest_settings: Settings, own_embedder: Server
+    backend_settings: Settings, own_embedder: Server
 ) -> None:
-    settings = changed(ingest_settings, embed_url=own_embedder.url)
+    settings = changed(backend_settings, embed_url=own_embedder.url)
     with serve(settings) as url:
         upload(url)
         with stopped(own_embedder):
@@ -140,13 +185,16 @@ def test_a_stopped_embedder_gives_uploads_and_queries_a_prompt_503(
             started = time.monotonic()  # a query's embedding, as retrieval asks for it
             asked = _client.post(f"{url}/v1/embeddings", json={"input": "When was it completed?"}, timeout=200)
             ask_s = time.monotonic() - started
+            started = time.monotonic()
+            chat = _client.post(f"{url}/v1/chat", json={**ask("When was it completed?"), "stream": False}, timeout=200)
+            chat_s = time.monotonic() - started
             down_after = wait_for_state(url, "embedder", own_embedder.url, "down")
             health_s, health = timed_health(url)
         after = _client.post(f"{url}/v1/embeddings", json={"input": "When was it completed?"}, timeout=200)
-    for response in (uploaded, asked):
+    for response in (uploaded, asked, chat):
         assert response.status_code == 503 and int(response.headers["Retry-After"]) > 0, response.text
         assert "stopped answering" in response.json()["error"]["message"]
-    assert upload_s < DOWN_BOUND_S and ask_s < DOWN_BOUND_S, (upload_s, ask_s)
+    assert max(upload_s, ask_s, chat_s) < DOWN_BOUND_S, (upload_s, ask_s, chat_s)
     assert down_after < DOWN_BOUND_S and health.status_code == 503 and health_s < HEALTH_BOUND_S
     assert after.status_code == 200, after.text  # continued, it serves again
 

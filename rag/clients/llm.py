@@ -86,7 +86,10 @@ class LlamaServerClient:
 
     async def health(self) -> LLMHealth:
         try:
-            response = await self._http.get("/health", timeout=5.0)
+            try:
+                response = await self._http.get("/health", timeout=5.0)
+            except httpx.RemoteProtocolError:  # a kept-alive connection it had closed: once more, on a new one
+                response = await self._http.get("/health", timeout=5.0)
         except httpx.TransportError as exc:
             return LLMHealth("down", f"unreachable: {exc.__class__.__name__}")
         if response.status_code == 200:

@@ -111,6 +111,7 @@ class LlamaServerPool:
         self.base_url = ",".join(m.url for m in self.members)
         self.probe_s = probe_s
         self.probe_timeout_s = probe_timeout_s
+        self.silent: set[Member] = set()  # members whose last probe got no answer in time
         self.affinity = AffinityStats()
         self._prober: asyncio.Task[None] | None = None
         self._probed = False
@@ -164,7 +165,10 @@ class LlamaServerPool:
             async with asyncio.timeout(self.probe_timeout_s):
                 await self._probe(member)
         except TimeoutError:
+            self.silent.add(member)
             self._leave(member, "down", f"no answer to /health or /props within {self.probe_timeout_s:g} s")
+        else:
+            self.silent.discard(member)
 
     async def _probe(self, member: Member) -> None:
         health = await member.client.health()
@@ -351,21 +355,26 @@ class LlamaServerPool:
             yield item
 
     async def _while_in_pool(self, member: Member, step: Awaitable[T]) -> T:
-        """`step`, given up with LLMUnavailable once `member` leaves the pool (a probe found it down or silent:
-        a stopped llama-server takes the request and never answers, for as long as the read timeout)."""
+        """`step`, given up with LLMUnavailable once a probe finds `member` silent: a stopped llama-server
+        takes the request and never answers, for as long as the read timeout. (A member that left for a
+        failed probe but answers is waited for: its requests are under way.)"""
         waiting = asyncio.timeout(None)
-        watch = asyncio.ensure_future(_expire_on_leaving(member, waiting))
+        watch = asyncio.ensure_future(self._expire_when_silent(member, waiting))
         try:
             async with waiting:
                 return await step
         except TimeoutError:
             if not waiting.expired():
                 raise  # the step's own
-            raise LLMUnavailable(
-                f"llama-server {member.url} left the pool before it answered: {member.reason}"
-            ) from None
+            raise LLMUnavailable(f"llama-server {member.url} went silent before it answered: {member.reason}") from None
         finally:
             watch.cancel()
+
+    async def _expire_when_silent(self, member: Member, waiting: asyncio.Timeout) -> None:
+        """End `waiting` (its block raises TimeoutError) once a probe finds `member` silent."""
+        while member not in self.silent:
+            await asyncio.sleep(LEAVE_CHECK_S)
+        waiting.reschedule(asyncio.get_running_loop().time())
 
     def _served(self, member: Member, end: StreamEnd, affinity: str | None) -> None:
         member.served += 1
@@ -376,13 +385,6 @@ class LlamaServerPool:
             self.affinity.cached_tokens += cached
             self.affinity.prompt_tokens += cached + new
         self._remember(affinity, member)
-
-
-async def _expire_on_leaving(member: Member, waiting: asyncio.Timeout) -> None:
-    """End `waiting` (its block raises TimeoutError) once `member` is no longer in the pool."""
-    while member.state == "ok":
-        await asyncio.sleep(LEAVE_CHECK_S)
-    waiting.reschedule(asyncio.get_running_loop().time())
 
 
 def _difference_of(first: ServerProps, other: ServerProps) -> str:
