@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from rag.core.lifetime import die_with_parent
 from rag.store.chunks import persistent_client
 
 PROBE_TIMEOUT_S = 120.0
@@ -113,6 +114,7 @@ def _run_child(args: list[str], timeout_s: float) -> tuple[list[dict[str, Any]],
             text=True,
             timeout=timeout_s,
             env=env,
+            preexec_fn=die_with_parent(),  # a killed API leaves no probe behind (the thread waits on it)
         )
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
