@@ -21,7 +21,8 @@
 # The build and the model files run detached (setsid) and are reused while the machine stays up, so a
 # second call continues where the first stopped. No step starts after BUDGET_S seconds (default 540).
 # Results: $OUT/results-h200.json (merged into the previous bench/gpu/results-h200.json), $OUT/logs.tgz.
-# DRY_RUN=1 runs the same steps on this CPU with toy models (no GPU memory held).
+# DRY_RUN=1 runs the same steps on this CPU with toy models (no GPU memory held). REMEASURE=1 measures
+# again the steps the committed results file already holds (otherwise they are skipped).
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -46,14 +47,26 @@ mkdir -p "$OUT" "$WORK/logs" "$WORK/cache/src" "$WORK/models"
 log() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$WORK/logs/run.log"; }
 left() { echo $(( deadline - $(date +%s) )); }
 
-pack() {  # what comes back: the results and one archive of the logs
-  [ -f "$WORK/results-h200.json" ] && cp "$WORK/results-h200.json" "$OUT/results-h200.json"
+pack() {  # what comes back: the results (this machine's over the committed ones) and one archive of the logs
+  if [ -f "$WORK/results-h200.json" ]; then
+    python3 - bench/gpu/results-h200.json "$WORK/results-h200.json" "$OUT/results-h200.json" <<'PY'
+import json, pathlib, sys
+old = json.loads(pathlib.Path(sys.argv[1]).read_text()) if pathlib.Path(sys.argv[1]).exists() else {}
+new = json.loads(pathlib.Path(sys.argv[2]).read_text())
+for section, entries in new.items():
+    old[section] = {**old.get(section, {}), **entries} if isinstance(entries, dict) else entries
+pathlib.Path(sys.argv[3]).write_text(json.dumps(old, indent=2))
+PY
+  fi
   tar -czf "$OUT/logs.tgz" -C "$WORK" logs 2>/dev/null
 }
 trap pack EXIT
 
-# Results accumulate across calls: start from the committed file unless this machine has newer ones.
-if [ ! -f "$WORK/results-h200.json" ] && [ -f bench/gpu/results-h200.json ] && [ "$DRY_RUN" != 1 ]; then
+# Results accumulate across calls: a step already measured (in the committed file, or by an earlier call
+# on this machine) is skipped. REMEASURE=1 starts this machine from no results, so every step runs again;
+# the committed entries it does not reach are kept when the results come back (pack).
+if [ ! -f "$WORK/results-h200.json" ] && [ -f bench/gpu/results-h200.json ] && [ "$DRY_RUN" != 1 ] \
+  && [ "${REMEASURE:-0}" != 1 ]; then
   cp bench/gpu/results-h200.json "$WORK/results-h200.json"
 fi
 

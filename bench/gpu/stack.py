@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 
 HERE = Path(__file__).resolve().parent
+PACKED_EMBEDDER = "all-MiniLM-L6-v2"
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
@@ -132,6 +133,9 @@ class Stack:
             RAG_LLM_SERVER_BIN=str(Path(args.bin) / "llama-server"),
             RAG_LLM_MODEL_PATH=str(args.model),
             RAG_LLM_MODEL="qwen3.6-27b",
+            # The packed embedder is MiniLM (bench/gpu/embedder_pack.py): named as what it is, or the stack
+            # would serve it under the default embedder's name and its relevance floors would refuse everything.
+            RAG_EMBED_MODEL=PACKED_EMBEDDER,
             RAG_EMBED_MODEL_PATH=str(args.embedder),
             HF_HUB_OFFLINE="1",
             TRANSFORMERS_OFFLINE="1",
@@ -189,6 +193,15 @@ class Stack:
         (self.logs / "ingest.log").write_text(done.stdout + "\n" + done.stderr)
         summary_ = json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip().startswith("{") else {}
         return {"rc": done.returncode, "seconds": round(time.monotonic() - started, 1), "summary": summary_}
+
+    def first_answer_sources(self, question: str) -> int:
+        """How many sources the stack's answer to a corpus question has (0: the fixed refusal)."""
+        body = {"messages": [{"role": "user", "content": question}], "stream": False, "max_tokens": 8}
+        try:
+            answer = httpx.post(f"{self.api}/v1/chat", json=body, timeout=300).json()
+        except (httpx.HTTPError, ValueError):
+            return 0
+        return len(answer.get("sources") or [])
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -361,6 +374,11 @@ def stack_phase(
         if "ingest" in steps:
             entry["ingest"] = stack.ingest(Path(args.corpus))
             run.save("stack", f"{name}-partial", entry)
+        entry["first_answer_sources"] = stack.first_answer_sources(questions[0])
+        if not entry["first_answer_sources"]:
+            # Nothing below would measure what ships: an answer without sources is the fixed refusal.
+            entry["error"] = "the stack's first answer has no sources (embedder, floor or corpus wrong)"
+            return
         if "fidelity" in steps:
             fid_args = SimpleNamespace(max_tokens=32 if small else 256)
             pairs = asyncio.run(
