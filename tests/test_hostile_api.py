@@ -208,6 +208,8 @@ def test_the_embedding_client_retries_a_loading_server_and_then_says_it_is_not_r
     calls: list[int] = []
 
     def loading_then_ready(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":  # asked once, for the model's width: not an embedding call
+            return httpx.Response(200, json={"status": "ok", "dimensions": 2})
         calls.append(1)
         if len(calls) == 1:
             return httpx.Response(503, json={"error": {"message": "loading"}})
@@ -215,6 +217,8 @@ def test_the_embedding_client_retries_a_loading_server_and_then_says_it_is_not_r
         return httpx.Response(200, json={"object": "list", "data": data, "model": "m"})
 
     def always_loading(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200, json={"status": "ok", "dimensions": 2})
         calls.append(1)
         return httpx.Response(503, json={"error": {"message": "loading"}})
 
