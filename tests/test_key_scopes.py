@@ -199,7 +199,9 @@ def test_a_request_without_a_collection_uses_the_keys_own(stack: Stack) -> None:
 
 def test_the_openai_routes_honour_the_scope(stack: Stack) -> None:
     client = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=stack.tokens["reader of alpha"], max_retries=0)
-    assert {m.id for m in client.models.list()} == {stack.settings.llm_model, stack.settings.embed_model}
+    # a key sees the collections it opens as chat models, and no other
+    listed = {m.id for m in client.models.list()}
+    assert listed == {stack.settings.llm_model, "rag:alpha", stack.settings.embed_model}
     completion = client.chat.completions.create(
         model=stack.settings.llm_model,
         messages=[{"role": "user", "content": "How tall is the Eiffel Tower?"}],
@@ -213,6 +215,10 @@ def test_the_openai_routes_honour_the_scope(stack: Stack) -> None:
             messages=[{"role": "user", "content": "How long is the Amazon?"}],
             max_tokens=4,
             extra_body={"collection": "beta"},
+        )
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(
+            model="rag:beta", messages=[{"role": "user", "content": "How long is the Amazon?"}], max_tokens=4
         )
     assert len(client.embeddings.create(model=stack.settings.embed_model, input=["a"]).data[0].embedding) == 384
 
