@@ -77,12 +77,16 @@ class Embedder(Protocol):
 
 class Progress(Protocol):
     def file_started(self, file: SourceFile) -> None: ...
+    def page_read(self, file: SourceFile, n: int, total: int | None) -> None: ...  # OCR starts page n of total
     def chunks_stored(self, n: int) -> None: ...
     def file_done(self, result: FileResult) -> None: ...
 
 
 class NoProgress:
     def file_started(self, file: SourceFile) -> None:
+        pass
+
+    def page_read(self, file: SourceFile, n: int, total: int | None) -> None:
         pass
 
     def chunks_stored(self, n: int) -> None:

@@ -18,6 +18,7 @@ from ingest._pool import FLUSH, Pool
 from ingest._records import ChunkRecord, Embedder, FileResult, Prepared, Preparer, Progress, SourceFile, document_id
 from ingest._stores import DocumentStores
 from ingest.detect import check_zip_file
+from ingest.sandbox import page_listener
 from rag.core.errors import Conflict, DocumentRejected, FileTooLarge, RagError
 from rag.store.catalog import DocumentRecord, OwnerLease
 
@@ -163,6 +164,8 @@ class _Run:
             return None
         if before is not None:  # a failed or abandoned attempt may have left chunks
             await self._io(self.c.stores.delete_chunks, self.collection, doc.doc_id)
+        # The load runs in a thread with a copy of this task's context: each page OCR reads is reported.
+        page_listener.set(lambda n, total: self.progress.page_read(file, n, total))
         try:
             doc.prepared = await asyncio.to_thread(self.c.prepare, data, file, doc.doc_id)
         except RagError as exc:

@@ -245,6 +245,9 @@ class Report:
         if self._bar is not None:
             self._bar.update(self._task, description=_shorten(file.name))
 
+    def page_read(self, file: SourceFile, n: int, total: int | None) -> None:
+        self.line(f"{'reading':<13} {file.source}: OCR page {n}" + (f" of {total}" if total else ""))
+
     def chunks_stored(self, n: int) -> None:
         self.chunks += n
         if self._bar is not None:

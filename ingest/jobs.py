@@ -32,13 +32,17 @@ class Job:
     files_done: int = 0
     chunks_done: int = 0
     current_file: str | None = None
+    current_page: str | None = None  # "3 of 25": the page of the current file that OCR is reading
     error: dict[str, Any] | None = None
     results: list[FileResult] = field(default_factory=list)
     started: float = field(default_factory=time.time)
     finished: float | None = None
 
     def file_started(self, file: SourceFile) -> None:
-        self.current_file = file.name
+        self.current_file, self.current_page = file.name, None
+
+    def page_read(self, file: SourceFile, n: int, total: int | None) -> None:
+        self.current_file, self.current_page = file.name, f"{n} of {total}" if total else str(n)
 
     def chunks_stored(self, n: int) -> None:
         self.chunks_done += n
@@ -65,6 +69,7 @@ class Job:
             "files_done": self.files_done,
             "chunks_done": self.chunks_done,
             "current_file": self.current_file,
+            "current_page": self.current_page,
             "results": [r.to_api() for r in self.results],
             "seconds": round((self.finished or time.time()) - self.started, 3),
         }

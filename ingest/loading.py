@@ -28,7 +28,7 @@ from .detect import classify
 from .loaders import parse
 from .models import DocKind, LoadedDocument
 from .ocr_pool import get_ocr_pool
-from .sandbox import ParserPool, get_pool
+from .sandbox import ParserPool, get_pool, page_listener
 
 if TYPE_CHECKING:
     from rag.core.config import Settings
@@ -62,6 +62,7 @@ def _load(data: bytes, name: str, type_name: str, settings: Settings, pool: Pars
             name,
             timeout_s=settings.parse_timeout_s,
             ocr=get_ocr_pool(settings).reader(name),
+            on_page=page_listener.get(),
             max_pages=settings.max_document_pages,
             **ocr_options(settings),
         )

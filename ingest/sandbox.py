@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -55,6 +56,11 @@ RENDER = "render-page"  # a request to render a page (`ingest.loaders.render`) r
 BOOT_PREFIX = "import sys; sys.path.insert(0, sys.argv[1]); from ingest."
 _BOOT = BOOT_PREFIX + "sandbox import worker_main; worker_main()"
 _PARENT_CHECK_S = 0.2
+
+PageProgress = Callable[[int, "int | None"], None]  # (n, total): the n-th page image of `total` goes to OCR
+# Who hears of each page OCR reads in the load running in this context (`ingest.loading` passes it to
+# `ParserPool.parse`): the pipeline sets it per file, so a long scan shows its pages as they are read.
+page_listener: ContextVar[PageProgress | None] = ContextVar("page_listener", default=None)
 
 
 def worker_main() -> None:
@@ -77,7 +83,7 @@ def worker_main() -> None:
         except EOFError:
             return
         if options.pop("ocr", False):
-            options["ocr"] = _ocr_through(conn)
+            options["ocr"] = _OcrThrough(conn)
         try:
             result = render_page(data, **options) if kind == RENDER else parse(kind, data, name, **options)
             reply: tuple[Any, ...] = ("ok", result)
@@ -133,18 +139,27 @@ def _orphaned_worker(proc: Path, parent: int) -> bool:
     return ppid != parent
 
 
-def _ocr_through(conn: Connection) -> Callable[[Any], Any]:
-    """The loaders' OCR function inside a worker: each page image goes to the parent, which has it read."""
-    from ingest.loaders.ocr import PageSkipped
+class _OcrThrough:
+    """The loaders' OCR function inside a worker: each page image goes to the parent, which has it read,
+    with its place among the document's pages (`expect_pages`, see `ingest.loaders.ocr.announce_pages`)."""
 
-    def ocr(image: Any) -> Any:
-        conn.send(("ocr", image))
-        status, value = conn.recv()
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.sent = 0
+        self.total: int | None = None
+
+    def expect_pages(self, total: int) -> None:
+        self.sent, self.total = 0, total
+
+    def __call__(self, image: Any) -> Any:
+        from ingest.loaders.ocr import PageSkipped
+
+        self.sent += 1
+        self.conn.send(("ocr", image, self.sent, self.total))
+        status, value = self.conn.recv()
         if status == "skip":
             raise PageSkipped(value)
         return value
-
-    return ocr
 
 
 @dataclass
@@ -183,13 +198,15 @@ class ParserPool:
         name: str,
         timeout_s: float,
         ocr: Callable[[Any], tuple[str, Any]] | None = None,
+        on_page: PageProgress | None = None,
         **options: Any,
     ) -> LoadedDocument:
         """`ingest.loaders.parse(kind, data, name, **options)` in a worker, within `timeout_s` seconds.
 
         With `ocr`, the worker's loaders may read page images by OCR: each image is passed to `ocr`,
-        which answers ("lines", [OcrLine...]) or ("skip", why); its time does not count in `timeout_s`."""
-        return cast(LoadedDocument, self._call(kind, data, name, timeout_s, options, ocr))
+        which answers ("lines", [OcrLine...]) or ("skip", why); its time does not count in `timeout_s`.
+        `on_page(n, total)` is told before the n-th image of the document's `total` goes to `ocr`."""
+        return cast(LoadedDocument, self._call(kind, data, name, timeout_s, options, ocr, on_page))
 
     def render(self, data: bytes, name: str, timeout_s: float, **options: Any) -> bytes:
         """`ingest.loaders.render.render_page(data, **options)` (a PNG) in a worker, within `timeout_s` seconds."""
@@ -203,6 +220,7 @@ class ParserPool:
         timeout_s: float,
         options: dict[str, Any],
         ocr: Callable[[Any], tuple[str, Any]] | None = None,
+        on_page: PageProgress | None = None,
     ) -> Any:
         worker = self._acquire()
         healthy = False
@@ -221,6 +239,8 @@ class ParserPool:
                     break
                 # A page image for the OCR worker: its time is the OCR's own bound, not the parse's.
                 asked = time.monotonic()
+                if on_page is not None:
+                    on_page(reply[2], reply[3])
                 worker.conn.send(ocr(reply[1]))
                 deadline += time.monotonic() - asked
             healthy = reply[0] in ("ok", "error")

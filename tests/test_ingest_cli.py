@@ -19,7 +19,7 @@ from ingest.cli import cli, collect_files, main, stale_documents
 from rag.core.config import Settings, get_settings
 from rag.store.catalog import DocumentCatalog
 from rag.store.chunks import StoreLock
-from tests import hostile
+from tests import hostile, scans
 from tests.ingest_helpers import census, expected_chunks
 from tests.servers import Server, free_port, start_api
 
@@ -170,6 +170,24 @@ def test_a_failing_file_is_reported_and_the_exit_status_is_1(
     assert "the file is empty" in result.stderr
     assert "files: 1 indexed, 0 unchanged, 2 failed" in result.stdout and "into 'notes'" in result.stdout
     assert census(isolated_env, "notes").consistent()
+
+
+@pytest.mark.integration
+def test_a_scan_shows_each_page_as_ocr_reads_it(local_env: dict[str, str], tmp_path: Path, isolated_env: Path) -> None:
+    pages = [
+        scans.scanned(scans.render_page([f"Page {n} of the survey covers the {town} district."]), seed=n)
+        for n, town in enumerate(("Arden", "Belmont", "Corvale"), start=1)
+    ]
+    scan = tmp_path / "survey-scan.pdf"
+    scan.write_bytes(scans.image_pdf(pages))
+    result = invoke(str(scan))
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.splitlines()
+    read = [line for line in lines if "OCR page" in line]
+    assert read == [f"reading       {scan.resolve()}: OCR page {n} of 3" for n in (1, 2, 3)]
+    assert lines.index(read[-1]) < next(i for i, line in enumerate(lines) if line.startswith("indexed")), (
+        "the pages are shown as they are read, before the file's own line"
+    )
 
 
 def test_usage_errors(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from rag.core.errors import DocumentRejected
 from ..models import DocKind, LoadedDocument
 from ._builder import DocumentBuilder
 from .furniture import without_furniture
-from .ocr import MAX_SIDE, OcrFn, add_read_page, read_page
+from .ocr import MAX_SIDE, OcrFn, add_read_page, announce_pages, read_page
 from .tables import TableCarry
 
 MAX_PIXELS = 64_000_000  # a page scanned at 600 dpi on A3 is 70 MP...; at 300 dpi on A4, 8.7 MP
@@ -41,6 +41,7 @@ def load_image(
         builder = DocumentBuilder()
         notes: list[str] = []
         tables = TableCarry()  # a table over the pages of a TIFF keeps its header
+        announce_pages(ocr, pages)
         read = without_furniture({n: read_page(_page_pixels(image, n - 1, name), ocr) for n in range(1, pages + 1)})
         for number, lines in read.items():
             tables.turn_page()

@@ -312,6 +312,14 @@ def add_ocr_page(
     return add_read_page(builder, number, read_page(image, ocr), min_confidence, carry)
 
 
+def announce_pages(ocr: OcrFn, total: int) -> None:
+    """Tells `ocr` how many page images the document is about to send it, where it counts them for
+    progress ("page 3 of 25": the parser worker's OCR function does); a plain function is left alone."""
+    expect = getattr(ocr, "expect_pages", None)
+    if expect is not None:
+        expect(total)
+
+
 def read_page(image: Any, ocr: OcrFn) -> list[OcrLine] | PageSkipped:
     """The lines `ocr` reads on a page, or why it did not (a document's pages are read before they are
     laid out, so that what repeats on every page is known: see `ingest.loaders.furniture`)."""

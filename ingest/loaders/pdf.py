@@ -22,7 +22,7 @@ from rag.core.errors import DocumentRejected
 from ..models import DocKind, LoadedDocument
 from ._builder import DocumentBuilder, clean
 from .furniture import without_furniture
-from .ocr import MAX_SIDE, OcrFn, add_read_page, read_page
+from .ocr import MAX_SIDE, OcrFn, add_read_page, announce_pages, read_page
 from .pdf_layout import TableState, add_text_page
 
 _BLANK_LINES = re.compile(r"\n[ \t]*\n(?:[ \t]*\n)+")
@@ -95,6 +95,8 @@ def _extract(pdf: pdfium.PdfDocument, name: str, max_pages: int, plan: _OcrPlan,
             limit=plan.max_pages,
         )
     # Every scanned page is read before any is laid out: a running header is known by its repeats.
+    if plan.ocr:
+        announce_pages(plan.ocr, len(scanned))
     read = without_furniture({i: read_page(_render(pdf, i, plan.dpi), plan.ocr) for i in sorted(scanned) if plan.ocr})
     builder = DocumentBuilder()
     notes: list[str] = []

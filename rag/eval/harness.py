@@ -186,6 +186,9 @@ class _IngestProgress:
     def file_started(self, file: Any) -> None:
         pass
 
+    def page_read(self, file: Any, n: int, total: int | None) -> None:
+        pass
+
     def chunks_stored(self, n: int) -> None:
         pass
 
