@@ -328,7 +328,10 @@ def damaged_store(request: pytest.FixtureRequest, tmp_path: Path) -> CrashingSto
 @pytest.mark.integration
 def test_a_store_that_crashes_chroma_is_probed_without_crashing(damaged_store: CrashingStore) -> None:
     probe = probe_chroma(damaged_store.data_dir / "chroma")
-    assert damaged_store.damaged in probe.damaged and "signal" in probe.damaged[damaged_store.damaged], probe
+    # Found damaged, with Chroma's reason: the engine crashing (a signal), or reading its vectors back failing
+    # (the probe reads a vector by its id before it would search with it).
+    reason = probe.damaged.get(damaged_store.damaged, "")
+    assert "signal" in reason or "Error getting embedding" in reason, probe
     assert probe.counts[damaged_store.healthy] == damaged_store.healthy_vectors
 
 

@@ -123,8 +123,13 @@ async function loadDocuments(more = false) {
   try {
     page = await apiJson(`/v1/documents?${query}`);
   } catch (error) {
-    showLibraryError(t("library.documentsFailed", { error: describeError(error) }));
-    return;
+    if (error.status === 404 && error.code === "not_found") {
+      // A collection the user has just named exists from its first upload on: until then it is empty.
+      page = { documents: [], total: 0, failed: 0 };
+    } else {
+      showLibraryError(t("library.documentsFailed", { error: describeError(error) }));
+      return;
+    }
   }
   if (collection !== library.collection) return; // the user switched meanwhile
   if (!more) list.replaceChildren();
