@@ -95,10 +95,10 @@ def test_every_member_restarted_with_a_new_context_serves_again() -> None:
         try:
             await pool.check()
             servers.loading.update({"a", "b"})  # both restart...
-            await pool.health()
+            await pool._probe_all()  # the background probe's round (/health reports its last state)
             servers.loading.clear()
             servers.n_ctx = 8192  # ...with a larger context
-            await pool.health()
+            await pool._probe_all()
             return [m.state for m in pool.members], (await pool.props()).n_ctx
         finally:
             await pool.aclose()
