@@ -55,6 +55,7 @@ class JobProgress(BaseModel):
     files_done: int
     chunks_done: int
     current_file: str | None
+    current_page: str | None = None  # "3 of 25": the page of the current file that OCR reads
     results: list[FileOutcome]
     seconds: float
     error: Annotated[dict[str, Any] | None, Field(exclude_if=lambda v: v is None)] = None
