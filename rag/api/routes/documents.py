@@ -6,10 +6,11 @@ import asyncio
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 
 from ingest.jobs import Job
 from ingest.pipeline import FileResult, IngestPipeline, SourceFile
@@ -24,9 +25,101 @@ router = APIRouter()
 CollectionQuery = Annotated[str | None, Query(description="Default: RAG_COLLECTION.")]
 
 
-@router.post("/documents")
+class FileOutcome(BaseModel):
+    """One uploaded file: indexed, unchanged (the same content was there), failed (with its reason) or deleted."""
+
+    filename: str
+    document_id: str | None
+    status: Literal["indexed", "unchanged", "failed", "deleted"]
+    reason: str | None
+    chunks: int
+    warnings: list[str]
+
+
+class UploadResult(BaseModel):
+    """An upload's answer: its job and, once indexed (`wait`), a result per file (none yet with 202)."""
+
+    job_id: str
+    collection: str
+    results: list[FileOutcome]
+
+
+class JobProgress(BaseModel):
+    """An upload's progress; `error` only when the job failed."""
+
+    job_id: str
+    collection: str
+    state: Literal["running", "done", "failed", "deleted"]
+    phase: Literal["receiving", "running", "done", "failed", "deleted"]
+    files_total: int
+    files_done: int
+    chunks_done: int
+    current_file: str | None
+    current_page: str | None = None  # "3 of 25": the page of the current file that OCR reads
+    results: list[FileOutcome]
+    seconds: float
+    error: Annotated[dict[str, Any] | None, Field(exclude_if=lambda v: v is None)] = None
+
+
+class DocumentName(BaseModel):
+    source: str
+    source_key: str
+
+
+class Document(BaseModel):
+    """A document (one content) of a collection; `names` every name it was uploaded under, its own first."""
+
+    id: str
+    source: str
+    source_key: str
+    collection: str
+    size: int
+    chunks: int
+    pages: int | None
+    state: State
+    error: str | None
+    created_at: str | None
+    indexed_at: str | None
+    names: list[DocumentName]
+
+
+class DocumentList(BaseModel):
+    documents: list[Document]
+    total: int
+    failed: int
+    offset: int
+    limit: int
+
+
+class CollectionEntry(BaseModel):
+    name: str
+    documents: int
+    failed: int
+
+
+class KeyScope(BaseModel):
+    """What a scoped key opens (`collections`: null for every one) and whether it is read-only."""
+
+    collections: list[str] | None
+    read_only: bool
+
+
+class CollectionList(BaseModel):
+    collections: list[CollectionEntry]
+    key: Annotated[KeyScope | None, Field(exclude_if=lambda v: v is None)] = None  # for a scoped key only
+
+
+REMOVED: dict[int | str, dict[str, Any]] = {204: {"description": "Removed: no body."}}
+
+
+@router.post(
+    "/documents",
+    response_model=UploadResult,
+    responses={202: {"model": UploadResult, "description": "Received (`wait=false`): poll the job."}},
+)
 async def upload_documents(
     request: Request,
+    response: Response,
     settings: SettingsDep,
     pipeline: PipelineDep,
     jobs: JobsDep,
@@ -37,7 +130,7 @@ async def upload_documents(
         str | None, Query(description="Your own id for this upload, to poll /v1/jobs/{id} meanwhile.")
     ] = None,
     wait: Annotated[bool, Query(description="false: answer 202 once the files are received; poll the job.")] = True,
-) -> JSONResponse:
+) -> UploadResult | JSONResponse:
     """Upload one or many files (multipart field `files`); each is indexed, unchanged or failed.
 
     One file: its own error status (413, 415, 422) when it fails. Several: 200 with a result per file.
@@ -62,13 +155,15 @@ async def upload_documents(
         if queue is not None:  # a job in the database: any replica's worker takes it, or this one runs it now
             await asyncio.to_thread(queue.add, job, files, run_here=wait)
             if not wait:
-                return JSONResponse({"job_id": job.id, "collection": job.collection, "results": []}, status_code=202)
+                response.status_code = 202
+                return UploadResult(job_id=job.id, collection=job.collection, results=[])
             async with queue.holding(job, again_when_away=False):
                 results = await _run_job(pipeline, job, files, directory=None)
         elif not wait:
             jobs.keep_task(asyncio.create_task(_run_job(pipeline, job, files, directory)))
             handed_over = True
-            return JSONResponse({"job_id": job.id, "collection": job.collection, "results": []}, status_code=202)
+            response.status_code = 202
+            return UploadResult(job_id=job.id, collection=job.collection, results=[])
         else:
             results = await _run_job(pipeline, job, files, directory=None)
     except asyncio.CancelledError:
@@ -96,7 +191,8 @@ async def upload_documents(
             shutil.rmtree(directory, ignore_errors=True)
     if len(results) == 1 and results[0].error is not None:
         raise results[0].error
-    return JSONResponse({"job_id": job.id, "collection": job.collection, "results": [r.to_api() for r in results]})
+    outcomes = [FileOutcome.model_validate(r.to_api()) for r in results]
+    return UploadResult(job_id=job.id, collection=job.collection, results=outcomes)
 
 
 def _source_files(form: ReceivedForm) -> list[SourceFile]:
@@ -131,17 +227,17 @@ async def _run_job(
 
 
 @router.get("/jobs/{job_id}")
-async def get_job(job_id: str, jobs: JobsDep, queue: JobQueueDep, access: AccessDep) -> dict[str, Any]:
+async def get_job(job_id: str, jobs: JobsDep, queue: JobQueueDep, access: AccessDep) -> JobProgress:
     """An upload's progress: files done, chunks done, the current file; its results once done."""
     if queue is not None:  # from the database: whichever replica runs the job stored it there
         collection, progress = await asyncio.to_thread(queue.progress, job_id)
         if not access.allows(collection):
             raise NotFound(f"no job {job_id[:100]!r}")
-        return progress
+        return JobProgress.model_validate(progress)
     job = jobs.get(job_id)
     if not access.allows(job.collection):
         raise NotFound(f"no job {job_id[:100]!r}")
-    return job.to_api()
+    return JobProgress.model_validate(job.to_api())
 
 
 @router.get("/documents")
@@ -159,7 +255,7 @@ async def list_documents(
             description="indexed: the documents; failed: the files that failed.",
         ),
     ] = "indexed",
-) -> dict[str, Any]:
+) -> DocumentList:
     """The documents of a collection (one per content, its names beneath it), oldest first, a page at a
     time; `failed` counts the failures, listed apart with `state=failed`."""
     name = access.collection(collection, settings)
@@ -172,21 +268,22 @@ async def list_documents(
             access.check_exists(name, settings, (n for n, _ in catalog.collections()))
         return {"documents": [r.to_api(names.get(r.doc_id)) for r in records], "total": total, "failed": failed}
 
-    return {**await asyncio.to_thread(read), "offset": offset, "limit": limit}
+    return DocumentList.model_validate({**await asyncio.to_thread(read), "offset": offset, "limit": limit})
 
 
 @router.get("/documents/{doc_id}")
 async def get_document(
     doc_id: str, settings: SettingsDep, catalog: CatalogDep, access: AccessDep, collection: CollectionQuery = None
-) -> dict[str, Any]:
+) -> Document:
     name = access.collection(collection, settings)
     record = await asyncio.to_thread(catalog.get, name, doc_id)
     if record is None:
         raise NotFound(f"no document {doc_id} in collection {name}")
-    return record.to_api((await asyncio.to_thread(catalog.names_of, name, [doc_id])).get(doc_id))
+    names = await asyncio.to_thread(catalog.names_of, name, [doc_id])
+    return Document.model_validate(record.to_api(names.get(doc_id)))
 
 
-@router.delete("/documents/{doc_id}", status_code=204)
+@router.delete("/documents/{doc_id}", status_code=204, responses=REMOVED)
 async def delete_document(
     doc_id: str,
     settings: SettingsDep,
@@ -205,7 +302,7 @@ async def delete_document(
     return Response(status_code=204)
 
 
-@router.delete("/collections/{name}", status_code=204)
+@router.delete("/collections/{name}", status_code=204, responses=REMOVED)
 async def delete_collection(name: str, settings: SettingsDep, pipeline: PipelineDep, access: AccessDep) -> Response:
     """Remove a collection: every document (uploads being indexed into it stop), its chunks, its index."""
     collection = access.writable(name, settings)  # a key that does not open it finds no such collection
@@ -215,14 +312,18 @@ async def delete_collection(name: str, settings: SettingsDep, pipeline: Pipeline
 
 
 @router.get("/collections")
-async def list_collections(catalog: CatalogDep, access: AccessDep) -> dict[str, Any]:
+async def list_collections(catalog: CatalogDep, access: AccessDep) -> CollectionList:
     """Every collection with a row (those the key opens): its documents (indexed contents) and its failed
     files. For a scoped key, `key` says what it opens (`collections`: null for every one) and whether it
     is read-only (the page shows its collections and hides what it may not do)."""
     counts = await asyncio.to_thread(catalog.counts)
-    shown = [{"name": name, "documents": c.documents, "failed": c.failed} for name, c in counts.items()]
-    body: dict[str, Any] = {"collections": [c for c in shown if access.allows(str(c["name"]))]}
-    if access.key is not None:
-        scope = access.key.collections
-        body["key"] = {"collections": list(scope) if scope is not None else None, "read_only": access.read_only}
-    return body
+    shown = [
+        CollectionEntry(name=name, documents=c.documents, failed=c.failed)
+        for name, c in counts.items()
+        if access.allows(name)
+    ]
+    if access.key is None:
+        return CollectionList(collections=shown)
+    scope = access.key.collections
+    key = KeyScope(collections=list(scope) if scope is not None else None, read_only=access.read_only)
+    return CollectionList(collections=shown, key=key)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, FastAPI, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
 
 from rag.answering.prompt import choose_style
 from rag.api.access import Access, authorize
@@ -29,6 +29,59 @@ router = APIRouter()
 
 PROBE_EVERY_S = 1.0
 ANSWER_WITHIN_S = 0.3
+
+
+def _shown(description: str) -> Any:
+    """A field left out of the body when it is None (the backend did not say)."""
+    return Field(default=None, exclude_if=lambda v: v is None, description=description)
+
+
+class LLMState(BaseModel):
+    """The generator (a llama-server or a pool of them); its model and slots once it answers."""
+
+    model_config = ConfigDict(extra="allow")
+    state: str = Field(description="ok, loading, down, or refused (a pool member unlike the others)")
+    url: str
+    reason: Annotated[str | None, _shown("Why it is not ok.")]
+    servers: Annotated[list[dict[str, Any]] | None, _shown("A pool's members, one by one.")]
+    model: Annotated[str | None, _shown("The model llama-server serves.")]
+    n_ctx: Annotated[int | None, _shown("Tokens of context per slot.")]
+    slots: Annotated[int | None, _shown("Generation slots.")]
+    prompt_style: Annotated[str | None, _shown("The chat template the prompts are written for.")]
+    warning: Annotated[str | None, _shown("A doubt about that prompt style.")]
+
+
+class EmbedderState(BaseModel):
+    """The embedding server (or pool), with the fields its own /health gives (`model`, `dimensions`...)."""
+
+    model_config = ConfigDict(extra="allow")
+    state: str = Field(description="ok, loading or down")
+    url: str
+    reason: Annotated[str | None, _shown("Why it is not ok.")]
+
+
+class StoreState(BaseModel):
+    """Chroma and the data directory; `damaged` names the collections the caller may open that need a repair."""
+
+    state: Literal["ok", "down", "damaged"]
+    mode: str
+    location: str
+    data_dir: str
+    problems: Annotated[dict[str, str] | None, _shown("Per damaged collection (`*`: Chroma itself), why.")]
+    fix: Annotated[str | None, _shown("The command that repairs it.")]
+
+
+class Backends(BaseModel):
+    llm: LLMState
+    embedder: EmbedderState
+    store: StoreState
+
+
+class Health(BaseModel):
+    """ok (200), degraded (200: up, some collections damaged), loading or down (503, with Retry-After)."""
+
+    status: Literal["ok", "degraded", "loading", "down"]
+    backends: Backends
 
 
 async def _llm_state(services: ServicesDep) -> dict[str, Any]:
@@ -56,7 +109,7 @@ async def _embedder_state(services: ServicesDep) -> dict[str, Any]:
     return {**await services.embedder.health(), "url": services.embedder.base_url}
 
 
-def _store_state(services: ServicesDep, caller: Access | None, alive: bool) -> dict[str, Any]:
+def _store_state(services: ServicesDep, caller: Access | None, alive: bool) -> StoreState:
     store = services.store
     mode = services.settings.chroma_mode
     where = services.settings.chroma_url if mode == "server" else str(services.settings.chroma_path)
@@ -73,7 +126,7 @@ def _store_state(services: ServicesDep, caller: Access | None, alive: bool) -> d
     if every or problems:
         # The API serves the healthy collections meanwhile; the damaged ones answer 503 with this fix.
         state.update(state="damaged", problems=problems, fix=f"{REPAIR_HINT}")
-    return state
+    return StoreState.model_validate(state)
 
 
 def _caller(request: Request, services: ServicesDep) -> Access | None:
@@ -141,20 +194,26 @@ async def start_probing(app: FastAPI, services: ServicesDep) -> None:
     await app.state.backend_states.current(wait_s=services.settings.probe_timeout_s)
 
 
-@router.get("/health")
-async def health(request: Request, services: ServicesDep) -> JSONResponse:
+@router.get(
+    "/health", responses={503: {"model": Health, "description": "A backend is loading or down (with Retry-After)."}}
+)
+async def health(request: Request, response: Response, services: ServicesDep) -> Health:
     caller = _caller(request, services)
     probes = getattr(request.app.state, "backend_states", None)
     if probes is None:  # an app whose start-up did not probe
         probes = request.app.state.backend_states = BackendStates(services)
     llm, embedder, alive = await probes.current(wait_s=ANSWER_WITHIN_S)
-    backends = {"llm": llm, "embedder": embedder, "store": _store_state(services, caller, alive)}
-    states = {b["state"] for b in backends.values()}
+    backends = Backends(
+        llm=LLMState.model_validate(llm),
+        embedder=EmbedderState.model_validate(embedder),
+        store=_store_state(services, caller, alive),
+    )
+    states = {backends.llm.state, backends.embedder.state, backends.store.state}
     if states == {"ok", "damaged"}:
         # Up, and it stays so: the damage is reported, not waited for (a repair needs the API stopped).
-        return JSONResponse({"status": "degraded", "backends": backends}, status_code=200)
-    overall = "ok" if states == {"ok"} else ("loading" if "down" not in states else "down")
-    if overall == "ok":
-        return JSONResponse({"status": overall, "backends": backends})
-    retry = {"Retry-After": str(BackendUnavailable.retry_after)}
-    return JSONResponse({"status": overall, "backends": backends}, status_code=503, headers=retry)
+        return Health(status="degraded", backends=backends)
+    if states == {"ok"}:
+        return Health(status="ok", backends=backends)
+    response.status_code = 503
+    response.headers["Retry-After"] = str(BackendUnavailable.retry_after)
+    return Health(status="loading" if "down" not in states else "down", backends=backends)

@@ -13,6 +13,7 @@ from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends, Path, Query
 from fastapi.responses import Response
+from pydantic import BaseModel
 
 from ingest.models import decode_boxes
 from ingest.originals import Originals
@@ -33,6 +34,22 @@ DocId = Annotated[str, Path(pattern="^[0-9a-f]{8,128}$", description="The docume
 CollectionQuery = Annotated[str | None, Query(description="Default: RAG_COLLECTION.")]
 
 
+class ChunkInContext(BaseModel):
+    """A chunk, the text of its section before and after it, its page and its boxes on that page."""
+
+    chunk_id: str
+    doc_id: str
+    index: int
+    source: str
+    page: int | None
+    heading: str | None
+    text: str
+    before: str
+    after: str
+    boxes: list[list[float]]
+    page_image: bool
+
+
 async def get_originals(settings: SettingsDep) -> Originals:
     return Originals(settings.data_dir)
 
@@ -41,7 +58,9 @@ OriginalsDep = Annotated[Originals, Depends(get_originals)]
 
 
 @router.get(
-    "/documents/{doc_id}/pages/{page}", response_class=Response, responses={200: {"content": {"image/png": {}}}}
+    "/documents/{doc_id}/pages/{page}",
+    response_class=Response,
+    responses={200: {"description": "The page as a PNG.", "content": {"image/png": {}}}},
 )
 async def page_image(
     doc_id: DocId,
@@ -93,7 +112,7 @@ async def chunk_in_context(
     originals: OriginalsDep,
     access: AccessDep,
     collection: CollectionQuery = None,
-) -> dict[str, Any]:
+) -> ChunkInContext:
     """A chunk with the text of its section before and after it, its page and its boxes on that page."""
     name = access.collection(collection, settings)
     record = await _document(catalog, name, doc_id)
@@ -108,19 +127,19 @@ async def chunk_in_context(
     before, after = _context(same, meta)
     page = meta.get("page")
     has_image = page is not None and await asyncio.to_thread(originals.path, name, doc_id) is not None
-    return {
-        "chunk_id": f"{doc_id}:{index}",
-        "doc_id": doc_id,
-        "index": index,
-        "source": meta.get("source", record.name),
-        "page": page,
-        "heading": meta.get("heading"),
-        "text": text,
-        "before": before,
-        "after": after,
-        "boxes": decode_boxes(meta.get("boxes")),
-        "page_image": has_image,
-    }
+    return ChunkInContext(
+        chunk_id=f"{doc_id}:{index}",
+        doc_id=doc_id,
+        index=index,
+        source=meta.get("source", record.name),
+        page=page,
+        heading=meta.get("heading"),
+        text=text,
+        before=before,
+        after=after,
+        boxes=decode_boxes(meta.get("boxes")),
+        page_image=has_image,
+    )
 
 
 async def _document(catalog: Any, collection: str, doc_id: str) -> DocumentRecord:

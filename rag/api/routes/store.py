@@ -4,9 +4,9 @@ API's own Chroma client, since no second process may open an embedded Chroma tha
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from fastapi import APIRouter
+from pydantic import BaseModel
 
 from rag.api.deps import AccessDep, ServicesDep
 from rag.store.repair import check_open_store
@@ -14,9 +14,40 @@ from rag.store.repair import check_open_store
 router = APIRouter()
 
 
+class CollectionCounts(BaseModel):
+    """One collection's counts in each part of the store, and what disagrees (`problems`)."""
+
+    collection: str
+    documents: int
+    failed: int
+    catalog_chunks: int
+    record_chunks: int
+    record_vectors: int
+    chroma: int | None
+    chroma_state: str
+    orphan_vectors: int | None
+    missing_vectors: int | None
+    problems: list[str]
+
+
+class LexicalCounts(BaseModel):
+    record: int
+    index: int
+
+
+class StoreReport(BaseModel):
+    """`consistent` when every part agrees; else `fix` names the command that repairs the store."""
+
+    consistent: bool
+    chroma_unreadable: str | None
+    lexical: LexicalCounts
+    collections: list[CollectionCounts]
+    fix: str | None
+
+
 @router.get("/store/check")
-async def store_check(services: ServicesDep, access: AccessDep) -> dict[str, Any]:
+async def store_check(services: ServicesDep, access: AccessDep) -> StoreReport:
     """Per collection, the catalog's, the record's, Chroma's and the BM25 index's counts; `consistent`."""
     access.require_admin("the store check")
     report = await asyncio.to_thread(check_open_store, services.settings.data_dir, services.store)
-    return report.to_dict()
+    return StoreReport.model_validate(report.to_dict())
