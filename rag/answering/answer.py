@@ -36,8 +36,9 @@ from rag.answering.prompt import (
 )
 from rag.answering.query import ChatQuery, Clock, Hit, source_entry
 from rag.answering.repetition import LoopGuard
+from rag.clients.backends import LLMBackend
 from rag.clients.llm import ServerProps, StreamDelta, StreamEnd
-from rag.clients.llm_pool import LLMBackend, first_question_key
+from rag.clients.llm_pool import first_question_key
 from rag.core.config import Settings
 from rag.core.errors import ContextOverflow, RagError
 

@@ -46,8 +46,8 @@ from rag.answering.prompt import (
 from rag.answering.query import ChatQuery, Clock, Searcher, cut_off, split_question
 from rag.answering.retrieval import relevance, relevance_floor
 from rag.answering.shared_gate import SharedGenerationGate
+from rag.clients.backends import LLMBackend
 from rag.clients.llm import ServerProps
-from rag.clients.llm_pool import LLMBackend
 from rag.core.config import Settings
 from rag.core.errors import BackendUnavailable, LLMUnavailable, UpstreamError
 

@@ -37,7 +37,6 @@ from rag.api.routes import (
 )
 from rag.api.sameorigin import SameOriginGuard
 from rag.api.services import Services, build_services
-from rag.clients.llm_pool import LlamaServerPool
 from rag.core.config import Settings, get_settings
 
 RUN_RECORD = Path("run") / "api.json"  # in the data dir: the pid of the API that last started on it
@@ -66,8 +65,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         # The chunker is built while the API waits for its first upload (a task: start-up does not wait).
         warming = asyncio.ensure_future(app.state.services.pipeline().warm())
         try:
-            if isinstance(app.state.services.llm, LlamaServerPool):
-                await app.state.services.llm.check()  # a pool of differing servers is refused here
+            await app.state.services.llm.check()  # a pool of differing servers is refused here
             await health.start_probing(app, app.state.services)
             async with mcp_endpoint.run():
                 yield

@@ -20,7 +20,7 @@ from ingest.pipeline import IngestPipeline
 from rag.answering.answerer import Answerer
 from rag.api.access import Access, authorize
 from rag.api.services import Services
-from rag.clients.embedding_pool import EmbeddingBackend
+from rag.clients.backends import EmbeddingBackend
 from rag.core.config import Settings
 from rag.store.catalog import DocumentCatalog
 from rag.store.lexical import LexicalIndex

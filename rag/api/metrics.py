@@ -121,8 +121,8 @@ class _PoolCollector:
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         for role, backend in (("llm", self._services.llm), ("embedder", self._services.embedder)):
-            describe = getattr(backend, "describe", None)
-            if describe is None:
+            servers = backend.describe()
+            if not servers:
                 continue  # one server: /health says all
             families = {
                 name: GaugeMetricFamily(f"rag_{role}_server_{name}", text, labels=["server"])
@@ -133,12 +133,12 @@ class _PoolCollector:
                     ("failures", "requests the server failed"),
                 )
             }
-            for entry in describe():
+            for entry in servers:
                 families["up"].add_metric([entry["url"]], 1.0 if entry["state"] == "ok" else 0.0)
                 for name in ("active", "served", "failures"):
                     families[name].add_metric([entry["url"]], float(entry[name]))
             yield from families.values()
-        affinity = getattr(self._services.llm, "affinity", None)
+        affinity = self._services.llm.routing()
         if affinity is not None:
             routed = GaugeMetricFamily("rag_llm_affinity_followups", "follow-ups by where they went", labels=["to"])
             routed.add_metric(["previous_server"], affinity.routed)

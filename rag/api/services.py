@@ -14,8 +14,9 @@ from ingest.jobs import JobRegistry
 from ingest.pipeline import IngestPipeline
 from rag.answering.answerer import Answerer
 from rag.answering.retrieval import Retriever
-from rag.clients.embedding_pool import EmbeddingBackend, embedding_client
-from rag.clients.llm_pool import LLMBackend, llm_client
+from rag.clients.backends import EmbeddingBackend, LLMBackend
+from rag.clients.embedding_pool import embedding_client
+from rag.clients.llm_pool import llm_client
 from rag.core.config import Settings
 from rag.core.errors import BackendUnavailable, NotFound
 from rag.store.backend import open_catalog, open_keys, open_lease, open_lexical

@@ -112,6 +112,9 @@ class EmbeddingClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
+    def describe(self) -> list[dict[str, Any]]:
+        return []  # one server: /health says all
+
     async def embed(self, texts: list[str], kind: InputType = "passage") -> np.ndarray:
         """One row per text, in order (float32). `kind` says whether the texts are documents (`passage`)
         or questions (`query`): a model with prompts per kind (E5) embeds each with its own."""

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import httpx
 import numpy as np
 
+from rag.clients.backends import EmbeddingBackend
 from rag.clients.embedding import EmbeddingClient
 from rag.core.embeddings_api import EmbeddingsUsage, InputType
 from rag.core.errors import EmbedderUnavailable
@@ -193,9 +194,6 @@ class EmbeddingPool:
             member.served += 1
             member.resting_until = 0.0
             return result
-
-
-EmbeddingBackend = EmbeddingClient | EmbeddingPool
 
 
 def embedding_client(urls: list[str], *, model: str, timeout: float = 120.0, stall_s: float = 3.0) -> EmbeddingBackend:

@@ -67,6 +67,15 @@ class LlamaServerClient:
             http_client=httpx.AsyncClient(timeout=timeout, transport=transport),  # type: ignore[arg-type]
         )
 
+    async def check(self) -> None:
+        """One server cannot differ from itself: nothing to refuse."""
+
+    def describe(self) -> list[dict[str, Any]]:
+        return []  # one server: /health says all
+
+    def routing(self) -> None:
+        return None  # one server: nothing to route
+
     async def aclose(self) -> None:
         await self._http.aclose()
         await self._openai.close()

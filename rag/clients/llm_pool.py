@@ -29,6 +29,7 @@ from typing import Any, Literal, TypeVar
 import httpx
 from cachetools import LRUCache
 
+from rag.clients.backends import LLMBackend, RoutingCounts
 from rag.clients.llm import LlamaServerClient, LLMHealth, Message, ServerProps, StreamDelta, StreamEnd
 from rag.core.errors import LLMUnavailable, PoolMismatch
 
@@ -233,6 +234,10 @@ class LlamaServerPool:
         """Every member as /health and /metrics show it."""
         return [m.describe() for m in self.members]
 
+    def routing(self) -> RoutingCounts:
+        stats = self.affinity
+        return RoutingCounts(stats.routed, stats.moved, stats.cached_tokens, stats.prompt_tokens)
+
     async def props(self) -> ServerProps:
         """The pool's model and per-slot context, with the slots of its ready members summed."""
         await self._first_probe()
@@ -397,9 +402,6 @@ def _difference_of(first: ServerProps, other: ServerProps) -> str:
     if first.n_ctx != other.n_ctx:
         return f"n_ctx per slot {first.n_ctx} vs {other.n_ctx}"
     return ""
-
-
-LLMBackend = LlamaServerClient | LlamaServerPool
 
 
 async def refuse_mixed_pool(urls: list[str]) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Protocol
 
-from rag.answering.events import Event
+from rag.answering.events import AnswerDocument, Done, Event, NoSourcesDone
 from rag.api.access import Access
 from rag.api.asking import chat_query, collect
 from rag.api.mcp.payloads import (
@@ -103,10 +103,10 @@ class LocalLibrary:
                 await progress(tokens, event.data["text"])
 
         try:
-            body = (await collect(answer, on_event)).model_dump(mode="json")
+            document = await collect(answer, on_event)
         finally:
             answer.close()
-        return ask_result(body, query.collection)
+        return ask_result(document, query.collection)
 
     async def documents(self, collection: str | None, offset: int, limit: int, access: Access) -> DocumentList:
         services = self._services()
@@ -146,16 +146,16 @@ class LocalLibrary:
         return stitched(await asyncio.to_thread(services.lexical.document_chunks, name, doc_id))
 
 
-def ask_result(body: dict[str, Any], collection: str) -> AskResult:
-    """The tool's answer from /v1/chat's whole-answer document (routes.chat.collect)."""
-    done = body.get("done", {})
+def ask_result(document: AnswerDocument, collection: str) -> AskResult:
+    """The tool's answer from /v1/chat's whole-answer document (rag.api.asking.collect)."""
+    done = document.done
     return AskResult(
-        answer=body["answer"],
+        answer=document.answer,
         collection=collection,
-        query=body["search"]["query"],
-        rewrite=body["search"]["rewrite"],
-        sources=body["sources"],
-        citations=body["citations"]["citations"],
-        unsupported_sentences=int(done.get("unsupported_sentences") or 0),
-        no_sources=done.get("no_sources"),
+        query=document.search.query,
+        rewrite=document.search.rewrite,
+        sources=[source.model_dump(mode="json") for source in document.sources],
+        citations=[citation.model_dump(mode="json") for citation in document.citations.citations],
+        unsupported_sentences=done.unsupported_sentences if isinstance(done, Done) else 0,
+        no_sources=done.no_sources if isinstance(done, NoSourcesDone) else None,
     )

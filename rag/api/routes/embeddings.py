@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rag.api.deps import EmbedderDep, SettingsDep
 from rag.api.routes.models import check_embedding_model
-from rag.clients.embedding_pool import EmbeddingBackend
+from rag.clients.backends import EmbeddingBackend
 from rag.core.embeddings_api import (
     EmbeddingsResponse,
     EncodingFormat,

@@ -21,7 +21,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from rag.answering.prompt import choose_style
 from rag.api.access import Access, authorize
 from rag.api.deps import ServicesDep
-from rag.clients.llm_pool import LlamaServerPool
 from rag.core.errors import BackendUnavailable, RagError, Unauthorized
 from rag.store.chunks import REPAIR_HINT
 
@@ -89,8 +88,8 @@ async def _llm_state(services: ServicesDep) -> dict[str, Any]:
     state: dict[str, Any] = {"state": health.state, "url": services.llm.base_url}
     if health.reason:
         state["reason"] = health.reason
-    if isinstance(services.llm, LlamaServerPool):
-        state["servers"] = services.llm.describe()
+    if servers := services.llm.describe():
+        state["servers"] = servers
     if health.state == "ok":
         try:
             props = await services.llm.props()
