@@ -2,14 +2,15 @@
 
 An upload's files go into the database with its job row, in one transaction, before the API answers;
 a worker takes the oldest queued job with `SELECT ... FOR UPDATE SKIP LOCKED` (two workers never take
-one job) and holds it by a lease that its heartbeat renews every third of RAG_JOB_LEASE_S. A replica
+one job) and holds it by a lease that its heartbeat renews every third of RAG_JOB_LEASE_S (2 s at most). A replica
 killed mid-upload stops renewing: once the lease has run out, another worker takes the job and runs it
 again from its first file. Nothing is indexed twice: a document's id is its content's hash, so a file
 the dead replica finished is `unchanged`, and one it left half written is pending under an owner lease
 that died with it, which the new claim takes over after removing its chunks (ingest/_run.py).
 
 Each heartbeat also stores the job's progress (`Job.to_api()`), so `GET /v1/jobs/{id}` answers from any
-replica. The lease's clock is the database's, not the replicas'.
+replica, and reads whether a replica asked to cancel the job (`DELETE /v1/jobs/{id}`): the worker then
+stops it like a shutdown would, keeping the files done. The lease's clock is the database's, not the replicas'.
 """
 
 from __future__ import annotations
@@ -54,8 +55,22 @@ CREATE TABLE IF NOT EXISTS upload_files (
     PRIMARY KEY (job_id, position)
 )
 """
-STEPS: list[PgStep] = [("upload jobs and their files", lambda db: run_script(db, _SCHEMA))]
+_CANCEL = """
+ALTER TABLE upload_jobs ADD COLUMN IF NOT EXISTS cancel_requested BOOLEAN NOT NULL DEFAULT false;
+ALTER TABLE upload_jobs DROP CONSTRAINT IF EXISTS upload_jobs_state_check;
+ALTER TABLE upload_jobs ADD CONSTRAINT upload_jobs_state_check
+    CHECK (state IN ('queued', 'running', 'done', 'failed', 'deleted', 'cancelled'))
+"""
+STEPS: list[PgStep] = [
+    ("upload jobs and their files", lambda db: run_script(db, _SCHEMA)),
+    ("jobs cancelled from any replica", lambda db: run_script(db, _CANCEL)),
+]
 _NOW = "extract(epoch FROM clock_timestamp())"
+# A job's stored view once cancelled without its worker (queued, or its worker gone).
+_CANCELLED_PROGRESS = (
+    """(progress::jsonb || '{"state": "cancelled", "phase": "cancelled", "cancelling": false}')::text"""
+)
+CANCEL_POLL_S = 2.0  # a running job's worker looks for a cancel (and renews its lease) at least this often
 
 
 class JobQueue:
@@ -93,7 +108,16 @@ class JobQueue:
                 )
 
     def take(self) -> tuple[Job, list[tuple[str, str, bytes]]] | None:
-        """The oldest job that is queued or whose worker's lease ran out, now this worker's, with its files."""
+        """The oldest job that is queued or whose worker's lease ran out, now this worker's, with its files.
+        Such a job that its user cancelled meanwhile is cancelled instead."""
+        with write_transaction(self._db, self._lock) as db:  # type: ignore[arg-type]  # takes its calls
+            gone = db.execute(
+                f"UPDATE upload_jobs SET state = 'cancelled', lease_until = NULL, progress = {_CANCELLED_PROGRESS} "
+                f"WHERE cancel_requested AND (state = 'queued' OR (state = 'running' AND lease_until < {_NOW})) "
+                "RETURNING id"
+            ).fetchall()
+            for (job_id,) in gone:
+                db.execute("DELETE FROM upload_files WHERE job_id = ?", (job_id,))
         rows = self._execute(
             f"UPDATE upload_jobs SET state = 'running', worker = ?, lease_until = {_NOW} + ?, attempts = attempts + 1 "
             "WHERE id = (SELECT id FROM upload_jobs WHERE state = 'queued' OR (state = 'running' AND "
@@ -113,14 +137,44 @@ class JobQueue:
         return job, [(s, n, bytes(d)) for s, n, d in files]
 
     def renew(self, job: Job) -> bool:
-        """Extend this worker's lease and store the progress; False when the job is no longer ours."""
-        return bool(
-            self._execute(
-                f"UPDATE upload_jobs SET lease_until = {_NOW} + ?, progress = ? WHERE id = ? AND worker = ? "
-                "AND state = 'running'",
-                (self.lease_s, json.dumps(job.to_api()), job.id, self.worker),
-            ).rowcount
-        )
+        """Extend this worker's lease and store the progress; False when the job is no longer ours.
+        A cancel asked for on any replica sets `job.cancelling`."""
+        rows = self._execute(
+            f"UPDATE upload_jobs SET lease_until = {_NOW} + ?, progress = ? WHERE id = ? AND worker = ? "
+            "AND state = 'running' RETURNING cancel_requested",
+            (self.lease_s, json.dumps(job.to_api()), job.id, self.worker),
+        ).fetchall()
+        if rows and rows[0][0]:
+            job.cancelling = True
+        return bool(rows)
+
+    def cancel(self, job_id: str, allowed: Callable[[str], object]) -> dict[str, Any]:
+        """Cancel a job from any replica: a queued one at once, a running one at its worker's next
+        heartbeat. `allowed` raises unless the caller may write to the job's collection. The job's view."""
+        with write_transaction(self._db, self._lock) as db:  # type: ignore[arg-type]  # takes its calls
+            row = db.execute(
+                "SELECT collection, state, progress FROM upload_jobs WHERE id = ? FOR UPDATE", (job_id,)
+            ).fetchone()
+            if row is None:
+                raise NotFound(f"no job {job_id[:100]!r}")
+            collection, state, progress = row[0], row[1], json.loads(row[2])
+            allowed(collection)
+            if state not in ("queued", "running"):
+                raise Conflict(f"job {job_id} has ended already ({state})")
+            if state == "queued":
+                progress.update(state="cancelled", phase="cancelled", cancelling=False)
+                db.execute(
+                    "UPDATE upload_jobs SET state = 'cancelled', cancel_requested = true, progress = ? WHERE id = ?",
+                    (json.dumps(progress), job_id),
+                )
+                db.execute("DELETE FROM upload_files WHERE job_id = ?", (job_id,))
+            else:
+                progress["cancelling"] = True
+                db.execute(
+                    "UPDATE upload_jobs SET cancel_requested = true, progress = ? WHERE id = ?",
+                    (json.dumps(progress), job_id),
+                )
+        return dict(progress)
 
     def finish(self, job: Job) -> None:
         """Store the outcome; the files' bytes go."""
@@ -128,7 +182,7 @@ class JobQueue:
             "UPDATE upload_jobs SET state = ?, progress = ?, lease_until = NULL WHERE id = ? AND worker = ?",
             (job.state, json.dumps(job.to_api()), job.id, self.worker),
         )
-        if job.state in ("done", "failed", "deleted"):
+        if job.state in ("done", "failed", "deleted", "cancelled"):
             self._execute("DELETE FROM upload_files WHERE job_id = ?", (job.id,))
 
     def give_back(self, job: Job) -> None:
@@ -151,13 +205,22 @@ class JobQueue:
     async def holding(self, job: Job, *, again_when_away: bool = True) -> AsyncIterator[None]:
         """Renew the job's lease while the body runs it; store its outcome after, or queue it again when
         the body is cancelled (a shutdown) or, with `again_when_away`, a backend is away."""
-        beat = asyncio.create_task(self._heartbeat(job))
+        body = asyncio.current_task()
+        inside = True
+
+        def stop() -> None:  # a cancel reaches the body only while it runs the job
+            if inside and body is not None:
+                body.cancel()
+
+        beat = asyncio.create_task(self._heartbeat(job, stop))
         outcome = "finish"
         try:
             yield
         except asyncio.CancelledError:
-            outcome = "give_back"
-            raise
+            if not job.cancelling or body is None or body.uncancel():
+                outcome = "give_back"  # a shutdown (a cancel asked for meanwhile waits for the next run)
+                raise
+            job.cancelled()  # asked for by its user: the files done stay, the one being read was rolled back
         except BackendUnavailable:
             if again_when_away:
                 outcome = "give_back"
@@ -165,20 +228,25 @@ class JobQueue:
                 job.fail({"code": "backend_unavailable", "message": "a backend went away during the upload"})
             raise
         finally:
+            inside = False
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
             with contextlib.suppress(BackendUnavailable):  # the database away too: the lease runs out instead
                 await asyncio.to_thread(self.finish if outcome == "finish" else self.give_back, job)
 
-    async def _heartbeat(self, job: Job) -> None:
+    async def _heartbeat(self, job: Job, stop: Callable[[], None]) -> None:
         while True:
-            await asyncio.sleep(self.lease_s / 3)
+            await asyncio.sleep(min(self.lease_s / 3, CANCEL_POLL_S))
             try:
                 if not await asyncio.to_thread(self.renew, job):
                     log.warning("job %s: its lease was taken by another worker", job.id)
             except BackendUnavailable as exc:
                 log.warning("job %s: could not renew its lease: %s", job.id, exc.message)
+            if job.cancelling:
+                log.info("job %s: cancelled by its user", job.id)
+                stop()
+                return
 
 
 async def run_queued(

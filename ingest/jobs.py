@@ -26,8 +26,9 @@ class Job:
 
     id: str
     collection: str
-    # deleted: every file of the upload was deleted while it was being indexed.
-    state: Literal["receiving", "running", "done", "failed", "deleted"] = "receiving"
+    # deleted: every file of the upload was deleted while it was being indexed; cancelled: stopped by a
+    # DELETE /v1/jobs/{id} (the files done before stay, the one being read is rolled back).
+    state: Literal["receiving", "running", "done", "failed", "deleted", "cancelled"] = "receiving"
     files_total: int = 0
     files_done: int = 0
     chunks_done: int = 0
@@ -37,6 +38,7 @@ class Job:
     results: list[FileResult] = field(default_factory=list)
     started: float = field(default_factory=time.time)
     finished: float | None = None
+    cancelling: bool = False  # a cancel was asked for; the worker stops at its next step
 
     def file_started(self, file: SourceFile) -> None:
         self.current_file, self.current_page = file.name, None
@@ -49,6 +51,7 @@ class Job:
 
     def file_done(self, result: FileResult) -> None:
         self.files_done += 1
+        self.results.append(result)
 
     def finish(self, results: list[FileResult]) -> None:
         self.results = results
@@ -58,6 +61,10 @@ class Job:
     def fail(self, error: dict[str, Any]) -> None:
         self.error = error
         self.state, self.current_file, self.finished = "failed", None, time.time()
+
+    def cancelled(self) -> None:
+        """Stopped by its user: the results are the files done before."""
+        self.state, self.current_file, self.current_page, self.finished = "cancelled", None, None, time.time()
 
     def to_api(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -72,6 +79,7 @@ class Job:
             "current_page": self.current_page,
             "results": [r.to_api() for r in self.results],
             "seconds": round((self.finished or time.time()) - self.started, 3),
+            "cancelling": self.cancelling and self.finished is None,
         }
         if self.error:
             body["error"] = self.error
@@ -85,11 +93,29 @@ class JobRegistry:
         self._jobs: OrderedDict[str, Job] = OrderedDict()
         self._keep = keep
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._running: dict[str, asyncio.Task[Any]] = {}  # the task that runs each unfinished job
 
-    def keep_task(self, task: asyncio.Task[Any]) -> None:
+    def keep_task(self, task: asyncio.Task[Any], job: Job) -> None:
         """Hold a background job's task until it ends (the loop keeps only weak references)."""
         self._tasks.add(task)
         task.add_done_callback(self._done)
+        self.runs(job, task)
+
+    def runs(self, job: Job, task: asyncio.Task[Any]) -> None:
+        """`task` runs `job` (a background task, or the upload request itself): a cancel stops it."""
+        self._running[job.id] = task
+        task.add_done_callback(lambda _: self._running.pop(job.id) if self._running.get(job.id) is task else None)
+
+    async def cancel(self, job: Job, wait_s: float = 10.0) -> None:
+        """Stop an unfinished job and wait up to `wait_s` for it to roll back what it was writing."""
+        if job.finished is not None:
+            raise Conflict(f"job {job.id} has ended already ({job.state})")
+        job.cancelling = True
+        task = self._running.get(job.id)
+        if task is None:
+            return  # still receiving its files: it stops before it starts
+        task.cancel()
+        await asyncio.wait([task], timeout=wait_s)
 
     async def cancel_all(self, grace_s: float = 0.0) -> None:
         """Stop the background jobs (at shutdown), once they had `grace_s` to finish, as a request has:

@@ -12,12 +12,13 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from ingest.jobs import Job
+from ingest.job_queue import JobQueue
+from ingest.jobs import Job, JobRegistry
 from ingest.pipeline import FileResult, IngestPipeline, SourceFile
 from rag.api.deps import AccessDep, CatalogDep, JobQueueDep, JobsDep, PipelineDep, SettingsDep
 from rag.api.errors import error_response
 from rag.api.uploads import ReceivedForm, check_source, receive_multipart, upload_names
-from rag.core.errors import BackendUnavailable, InvalidRequest, NotFound, RagError
+from rag.core.errors import BackendUnavailable, Conflict, InvalidRequest, NotFound, RagError
 from rag.store.catalog import State
 
 router = APIRouter()
@@ -49,8 +50,8 @@ class JobProgress(BaseModel):
 
     job_id: str
     collection: str
-    state: Literal["running", "done", "failed", "deleted"]
-    phase: Literal["receiving", "running", "done", "failed", "deleted"]
+    state: Literal["running", "done", "failed", "deleted", "cancelled"]
+    phase: Literal["receiving", "running", "done", "failed", "deleted", "cancelled"]
     files_total: int
     files_done: int
     chunks_done: int
@@ -58,6 +59,7 @@ class JobProgress(BaseModel):
     current_page: str | None = None  # "3 of 25": the page of the current file that OCR reads
     results: list[FileOutcome]
     seconds: float
+    cancelling: bool = False  # a cancel was asked for: the job stops at its worker's next step
     error: Annotated[dict[str, Any] | None, Field(exclude_if=lambda v: v is None)] = None
 
 
@@ -136,6 +138,8 @@ async def upload_documents(
     One file: its own error status (413, 415, 422) when it fails. Several: 200 with a result per file.
     """
     job = jobs.create(access.writable(collection, settings), job_id)
+    if (task := asyncio.current_task()) is not None:
+        jobs.runs(job, task)  # a cancel of the job stops this request
     uploads = settings.data_dir / "uploads"
     uploads.mkdir(parents=True, exist_ok=True)
     directory = Path(tempfile.mkdtemp(prefix="upload-", dir=uploads))
@@ -152,32 +156,13 @@ async def upload_documents(
         await asyncio.to_thread(pipeline.catalog.check_room, job.collection, settings.max_collections)
         files = _source_files(form)
         job.files_total, job.state = len(files), "running"
-        if queue is not None:  # a job in the database: any replica's worker takes it, or this one runs it now
-            await asyncio.to_thread(queue.add, job, files, run_here=wait)
-            if not wait:
-                response.status_code = 202
-                return UploadResult(job_id=job.id, collection=job.collection, results=[])
-            async with queue.holding(job, again_when_away=False):
-                results = await _run_job(pipeline, job, files, directory=None)
-        elif not wait:
-            jobs.keep_task(asyncio.create_task(_run_job(pipeline, job, files, directory)))
-            handed_over = True
+        if not wait:
+            handed_over = await _hand_over(pipeline, jobs, queue, job, files, directory)
             response.status_code = 202
             return UploadResult(job_id=job.id, collection=job.collection, results=[])
-        else:
-            results = await _run_job(pipeline, job, files, directory=None)
+        results = await _run_here(pipeline, queue, job, files)
     except asyncio.CancelledError:
-        # The server stopping past its grace cancels the request: its client hears why, in JSON (the
-        # upload was rolled back), not the server's bare-text 500.
-        task = asyncio.current_task()
-        if task is not None:
-            task.uncancel()
-        stopped = BackendUnavailable(
-            "the API is shutting down: this upload was rolled back; send it again once it is back", retry_after=10
-        )
-        if job.finished is None:
-            job.fail(stopped.to_dict())
-        return error_response(stopped)
+        return _interrupted(job)
     except BaseException as exc:
         if job.finished is None:
             job.fail(
@@ -193,6 +178,63 @@ async def upload_documents(
         raise results[0].error
     outcomes = [FileOutcome.model_validate(r.to_api()) for r in results]
     return UploadResult(job_id=job.id, collection=job.collection, results=outcomes)
+
+
+async def _hand_over(
+    pipeline: IngestPipeline,
+    jobs: JobRegistry,
+    queue: JobQueue | None,
+    job: Job,
+    files: list[SourceFile],
+    directory: Path,
+) -> bool:
+    """Leave a `wait=false` upload to a worker: any replica's (in the database), or a task of this process
+    (which then owns `directory`: True)."""
+    if queue is not None:
+        await asyncio.to_thread(queue.add, job, files, run_here=False)
+        return False
+    jobs.keep_task(asyncio.create_task(_run_job(pipeline, job, files, directory)), job)
+    return True
+
+
+async def _run_here(
+    pipeline: IngestPipeline, queue: JobQueue | None, job: Job, files: list[SourceFile]
+) -> list[FileResult]:
+    """Index the upload within its request (in the database as a job this replica holds, when there is one)."""
+    if queue is None:
+        return await _run_job(pipeline, job, files, directory=None)
+    await asyncio.to_thread(queue.add, job, files, run_here=True)
+    results: list[FileResult] = []
+    async with queue.holding(job, again_when_away=False):
+        results = await _run_job(pipeline, job, files, directory=None)
+    if job.state == "cancelled":  # from another replica: the holder stopped the run
+        raise _cancelled(job)
+    return results
+
+
+def _interrupted(job: Job) -> JSONResponse:
+    """The request was cancelled: by a cancel of its job (409), or by the server stopping past its grace
+    (503). Its client hears why in JSON (the upload was rolled back), not the server's bare-text 500."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+    if job.cancelling:
+        if job.finished is None:
+            job.cancelled()
+        return error_response(_cancelled(job))
+    stopped = BackendUnavailable(
+        "the API is shutting down: this upload was rolled back; send it again once it is back", retry_after=10
+    )
+    if job.finished is None:
+        job.fail(stopped.to_dict())
+    return error_response(stopped)
+
+
+def _cancelled(job: Job) -> Conflict:
+    return Conflict(
+        f"upload job {job.id} was cancelled: the {job.files_done} file(s) done before stay indexed, the one "
+        "being read was rolled back"
+    )
 
 
 def _source_files(form: ReceivedForm) -> list[SourceFile]:
@@ -216,6 +258,12 @@ async def _run_job(
     except RagError as exc:
         job.fail(exc.to_dict())
         raise
+    except asyncio.CancelledError:
+        if job.cancelling:
+            job.cancelled()  # asked for by its user; otherwise the server is stopping
+        else:
+            job.fail({"code": "internal_error", "message": "the upload stopped; see the API log"})
+        raise
     except BaseException:
         job.fail({"code": "internal_error", "message": "the upload stopped; see the API log"})
         raise
@@ -237,6 +285,24 @@ async def get_job(job_id: str, jobs: JobsDep, queue: JobQueueDep, access: Access
     job = jobs.get(job_id)
     if not access.allows(job.collection):
         raise NotFound(f"no job {job_id[:100]!r}")
+    return JobProgress.model_validate(job.to_api())
+
+
+@router.delete("/jobs/{job_id}", status_code=202)
+async def cancel_job(
+    job_id: str, jobs: JobsDep, queue: JobQueueDep, access: AccessDep, settings: SettingsDep
+) -> JobProgress:
+    """Cancel an upload job, from any replica: the files done before stay indexed, the one being read
+    is rolled back, the rest are not read. `state` is `cancelled` once it stopped, else `cancelling`
+    is true until its worker's next step (poll the job). An ended job is a 409."""
+    if queue is not None:
+        progress = await asyncio.to_thread(queue.cancel, job_id, lambda name: access.writable(name, settings))
+        return JobProgress.model_validate(progress)
+    job = jobs.get(job_id)
+    if not access.allows(job.collection):
+        raise NotFound(f"no job {job_id[:100]!r}")
+    access.writable(job.collection, settings)
+    await jobs.cancel(job)
     return JobProgress.model_validate(job.to_api())
 
 
