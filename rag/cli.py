@@ -116,6 +116,10 @@ def serve_api() -> None:
     from rag.deploy.e5_rebuild import prepare_embedder
 
     settings = load_settings()
+    if settings.database_url:  # replicas of one database embed with one model: one line, before any work
+        from rag.store.postgres import refuse_other_embedders
+
+        refuse_other_embedders(settings.database_url, settings.embed_model)
     prepare_embedder(settings, _say)  # uploads are chunked with its tokenizer
     if len(settings.llm_urls) > 1:  # a pool of differing servers: one line here, before uvicorn starts
         import asyncio

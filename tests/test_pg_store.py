@@ -10,12 +10,12 @@ import psycopg
 import pytest
 
 from rag.core.config import Settings
-from rag.core.errors import StoreTooNew, StoreUnavailable
+from rag.core.errors import EmbedderMismatch, StoreTooNew, StoreUnavailable
 from rag.store.backend import open_catalog, open_keys, open_lease, open_lexical
 from rag.store.lexical import LexicalIndex
 from rag.store.pg_catalog import PgDocumentCatalog
 from rag.store.pg_lexical import PgLexicalIndex
-from rag.store.postgres import Connection, PgOwnerLease, require_pgvector
+from rag.store.postgres import Connection, PgOwnerLease, refuse_other_embedders, require_pgvector
 
 ROWS = [
     ("k1", "d1", "The tower was founded in 1887 by Gustave Eiffel.", ""),
@@ -119,6 +119,34 @@ def test_an_owner_is_live_while_its_connection_lasts(database_url: str) -> None:
         time.sleep(0.02)
     assert not mine.is_live(other.token)
     assert isinstance(open_lease(Settings(database_url=database_url)), PgOwnerLease)
+
+
+def test_a_replica_embedding_with_another_model_than_a_running_one_is_refused(database_url: str) -> None:
+    running = PgOwnerLease(database_url, "all-MiniLM-L6-v2")
+    refuse_other_embedders(database_url, "all-MiniLM-L6-v2")  # the same model: welcome
+    with pytest.raises(EmbedderMismatch) as caught:
+        refuse_other_embedders(database_url, "multilingual-e5-small")
+    assert "embeds with all-MiniLM-L6-v2, this one with multilingual-e5-small" in caught.value.message
+    running.release()  # every replica stopped: the next may change the model
+    refuse_other_embedders(database_url, "multilingual-e5-small")
+
+
+def test_serve_api_refuses_another_embedder_than_its_replicas_in_one_line(
+    database_url: str, isolated_env: Path
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    running = PgOwnerLease(database_url, "all-MiniLM-L6-v2")
+    env = {**os.environ, "RAG_DATABASE_URL": database_url, "RAG_EMBED_MODEL": "multilingual-e5-small"}
+    started = subprocess.run(
+        [sys.executable, "-m", "rag.cli", "serve-api"], env=env, capture_output=True, text=True, timeout=120
+    )
+    running.release()
+    assert started.returncode != 0
+    lines = started.stderr.strip().splitlines()
+    assert len(lines) == 1 and "give every replica the same RAG_EMBED_MODEL" in lines[0], started.stderr
 
 
 def test_a_pending_row_of_a_stopped_replica_is_left_to_its_job(database_url: str) -> None:

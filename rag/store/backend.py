@@ -31,7 +31,7 @@ def open_lease(settings: Settings) -> OwnerLease:
     if settings.database_url:
         from rag.store.postgres import PgOwnerLease
 
-        return PgOwnerLease(settings.database_url)  # type: ignore[return-value]  # the same calls
+        return PgOwnerLease(settings.database_url, settings.embed_model)  # type: ignore[return-value]  # the same calls
     return OwnerLease(settings.data_dir / "owners")
 
 

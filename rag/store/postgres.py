@@ -26,7 +26,7 @@ from urllib.parse import urlparse
 
 import psycopg
 
-from rag.core.errors import StoreTooNew, StoreUnavailable
+from rag.core.errors import EmbedderMismatch, StoreTooNew, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -220,17 +220,47 @@ CREATE TABLE IF NOT EXISTS owners (
     since DOUBLE PRECISION NOT NULL DEFAULT extract(epoch FROM now())
 )
 """
+_OWNERS_EMBEDDER = "ALTER TABLE owners ADD COLUMN IF NOT EXISTS embedder TEXT"  # the model a replica embeds with
+# The owners whose process is alive: it holds its advisory lock (rag/store/postgres.py PgOwnerLease).
+_LIVE_OWNERS = (
+    "SELECT o.token, o.embedder FROM owners o JOIN pg_locks l ON l.objid = o.id::oid "
+    "WHERE l.locktype = 'advisory' AND l.classid = ?::oid AND l.objsubid = 2 AND l.granted"
+)
+
+
+def _owners_table(db: Connection) -> None:
+    db.execute(_OWNERS)
+    db.execute(_OWNERS_EMBEDDER)
+
+
+def refuse_other_embedders(url: str, embedder: str) -> None:
+    """Raise EmbedderMismatch naming both models when a live replica on this database embeds with another
+    model than `embedder`: one collection would get vectors of two models."""
+    db = Connection(url, "owners")
+    try:
+        _owners_table(db)
+        live = db.execute(_LIVE_OWNERS, (_OWNER_LOCKS,)).fetchall()
+    finally:
+        db.close()
+    others = sorted({model for _, model in live if model and model != embedder})
+    if others:
+        raise EmbedderMismatch(
+            f"a running replica on the PostgreSQL database at {shown_url(url)} embeds with {', '.join(others)}, "
+            f"this one with {embedder}: give every replica the same RAG_EMBED_MODEL (stop the others to change it)"
+        )
 
 
 class PgOwnerLease:
     """`OwnerLease` (rag/store/_lease.py) on PostgreSQL: the same calls, live while the lock is held."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, embedder: str | None = None) -> None:
         self.url = url
         self.token = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self._db = Connection(url, "owners")
-        self._db.execute(_OWNERS)
-        (row,) = self._db.execute("INSERT INTO owners (token) VALUES (?) RETURNING id", (self.token,)).fetchall()
+        _owners_table(self._db)
+        (row,) = self._db.execute(
+            "INSERT INTO owners (token, embedder) VALUES (?, ?) RETURNING id", (self.token, embedder)
+        ).fetchall()
         self._id = int(row[0])
         # Taken on every (re)connection: a PostgreSQL restart drops the lock, the next `keep()` takes it again.
         self._held = Connection(url, "owners", on_connect=self._take)
@@ -247,12 +277,7 @@ class PgOwnerLease:
             return False
         if token == self.token:
             return True
-        row = self._db.execute(
-            "SELECT count(*) FROM pg_locks l JOIN owners o ON l.objid = o.id::oid "
-            "WHERE l.locktype = 'advisory' AND l.classid = ?::oid AND l.objsubid = 2 AND l.granted AND o.token = ?",
-            (_OWNER_LOCKS, token),
-        ).fetchone()
-        return bool(row and row[0])
+        return self._db.execute(f"{_LIVE_OWNERS} AND o.token = ?", (_OWNER_LOCKS, token)).fetchone() is not None
 
     def held_elsewhere(self, token: str | None) -> bool:
         return token != self.token and self.is_live(token)
