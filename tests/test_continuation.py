@@ -51,3 +51,21 @@ def test_the_key_is_the_user_turns_in_their_collection_and_filter() -> None:
     assert key == questions_so_far_key("default", None, ["q1", "q2"])
     assert key != questions_so_far_key("other", None, turns)
     assert key != questions_so_far_key("default", ["doc"], turns)
+
+
+def test_replicas_of_one_database_share_what_the_last_prompt_sent(database_url: str) -> None:
+    """The first turn went through one replica, the follow-up through another: it still finds the order
+    and the cut of the previous prompt's sources (in PostgreSQL)."""
+    import asyncio
+
+    from rag.answering.shared_sent import SharedSentSources
+
+    first, second = SharedSentSources(database_url), SharedSentSources(database_url)
+    cut = len("One sentence.")
+    asyncio.run(first.keep("k", [Sent("b"), Sent("a", cut_chars=cut)]))
+    ordered = asyncio.run(second.recall("k", [hit("a"), hit("c"), hit("b")]))
+    assert [h.chunk_id for h in ordered.hits] == ["b", "a", "c"] and ordered.kept == 2
+    assert ordered.texts[1] == "One sentence."
+    asyncio.run(second.keep("k", [Sent("c")]))  # the conversation's newer turn, through the second replica
+    assert asyncio.run(first.recall("k", [hit("a"), hit("c")])).kept == 1
+    assert asyncio.run(first.recall("unknown", [hit("a")])).kept == 0

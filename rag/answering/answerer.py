@@ -46,6 +46,7 @@ from rag.answering.prompt import (
 from rag.answering.query import ChatQuery, Clock, Searcher, cut_off, split_question
 from rag.answering.retrieval import relevance, relevance_floor
 from rag.answering.shared_gate import SharedGenerationGate
+from rag.answering.shared_sent import SharedSentSources
 from rag.clients.backends import LLMBackend
 from rag.clients.llm import ServerProps
 from rag.core.config import Settings
@@ -75,7 +76,8 @@ class Answerer:
         self._props_at = 0.0
         self.style_choice = choose_style(settings.llm_prompt_style, [settings.llm_model_path])
         self._example_tokens: dict[str, set[int]] = {}  # per language of the examples
-        self.sent = SentSources()  # what each conversation's last prompt sent, so a follow-up extends it
+        # What each conversation's last prompt sent, so a follow-up extends it (every replica's, on PostgreSQL).
+        self.sent = SharedSentSources(settings.database_url) if settings.database_url else SentSources()
 
     async def example_ban(self, prompt: str) -> list[list[int | bool]]:
         """llama-server `logit_bias` entries that forbid the example answers' tokens absent from the
@@ -171,13 +173,13 @@ class Answerer:
         query = self.with_defaults(asked)  # the style may be known only now, from llama-server's model path
         turns = user_turns(query.messages)
         before = questions_so_far_key(query.collection, query.doc_ids, turns[:-1]) if history else None
-        ordered = self.sent.order(before, good)  # a follow-up's sources start as its previous prompt's did
+        ordered = await self.sent.recall(before, good)  # a follow-up's sources start as its previous prompt's did
         by_id = {f"S{i}": hit for i, hit in enumerate(ordered.hits, 1)}
         candidates = [
             Candidate(sid, h.chunk_id, text, h.metadata) for (sid, h), text in zip(by_id.items(), ordered.texts)
         ]
         packed = await self.pack(query, history, question, candidates, props.n_ctx)
-        self.sent.remember(
+        await self.sent.keep(
             questions_so_far_key(query.collection, query.doc_ids, turns),
             [Sent(c.candidate.chunk_id, _cut_chars(c.text, by_id[c.source_id].text)) for c in packed.chunks],
         )

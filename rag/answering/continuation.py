@@ -14,7 +14,8 @@ order and drops from the end, so the sources block starts as it did before.
 
 Only chunks this request retrieved itself are reordered (its own collection and filters), and a cut is
 a length applied to the chunk's own text: the map is a hint about order, never a source of text. Two conversations that asked the same questions share an entry, which orders
-the same retrieved chunks alike. The map lives in one API process; with several it is a per-process hint.
+the same retrieved chunks alike. The map lives in each API process; on PostgreSQL (RAG_DATABASE_URL) every
+replica shares it (rag.answering.shared_sent), so a follow-up sent through another replica finds it too.
 """
 
 from __future__ import annotations
@@ -73,6 +74,14 @@ class SentSources:
 
     def previous(self, key: str) -> list[Sent]:
         return list(self._sent.get(key, ()))
+
+    async def recall(self, key: str | None, hits: Sequence[Hit]) -> Ordered:
+        """`order`, where the memory may be another process's (the shared one asks the database)."""
+        return self.order(key, hits)
+
+    async def keep(self, key: str, sent: Sequence[Sent]) -> None:
+        """`remember`, where the memory may be another process's."""
+        self.remember(key, sent)
 
     def order(self, key: str | None, hits: Sequence[Hit]) -> Ordered:
         """`hits` (rank order) with the previous prompt's sources first, in its order and cut as it was."""
