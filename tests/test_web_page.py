@@ -387,6 +387,30 @@ def test_dropped_files_upload_one_by_one_with_reasons_empty_collection_and_delet
 
 
 @integration
+def test_an_upload_cancelled_while_it_is_indexed_stops_and_nothing_of_it_is_indexed(context, api, tmp_path):
+    page, errors = open_page(context, api)
+    report = tmp_path / "harbour-log.txt"
+    report.write_text(
+        "\n\n".join(
+            f"Entry {i}: the ferry from pier {i % 40} left at {i % 24}:{i % 60:02d} with {i * 3} passengers."
+            for i in range(20_000)
+        )
+    )
+    page.set_input_files("#file-input", str(report))
+    row = page.locator(".upload", has_text=report.name).first
+    expect(row).to_have_attribute("data-status", "indexing", timeout=UPLOAD_TIMEOUT_MS)
+    row.locator(".upload-cancel").click()
+    expect(row).to_have_attribute("data-status", "cancelled", timeout=60_000)
+    expect(row.locator(".upload-status")).to_have_text("Cancelled")
+    expect(row.locator(".upload-cancel")).to_be_hidden()
+    listed = httpx.get(f"{api.url}/v1/documents").json()["documents"]
+    assert [d["state"] for d in listed if d["source"] == report.name] != ["indexed"], listed
+    page.click("#clear-uploads")
+    expect(page.locator("#uploads li")).to_have_count(0)
+    assert not errors
+
+
+@integration
 def test_markup_in_documents_and_answers_never_runs(context, api, tmp_path):
     page, errors = open_page(context, api)
     requests: list[str] = []

@@ -1,11 +1,12 @@
 // The document side: the collection selector, uploads (one file per request, with progress) and the list.
 
-import { apiJson, apiKey, authHeaders, describeError, errorFromBody, keyAfter401 } from "./api.js";
+import { apiFetch, apiJson, apiKey, authHeaders, describeError, errorFromBody, keyAfter401 } from "./api.js";
 import { formatNumber, known, t } from "./i18n.js";
 
 const PAGE = 50;
 const COLLECTION_STORAGE = "rag.collection";
-const FINISHED = ".upload[data-status=indexed], .upload[data-status=unchanged], .upload[data-status=failed]";
+const FINISHED = [".upload[data-status=indexed]", ".upload[data-status=unchanged]", ".upload[data-status=failed]",
+  ".upload[data-status=cancelled]"].join(", ");
 const COLLECTION_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{1,510}[A-Za-z0-9]$/;
 
 const $ = (id) => document.getElementById(id);
@@ -246,15 +247,48 @@ function uploadRow(file) {
   const status = document.createElement("span");
   status.className = "upload-status";
   status.textContent = t("upload.waiting");
-  item.append(name, progress, status);
+  const cancel = document.createElement("button");
+  cancel.type = "button";
+  cancel.className = "upload-cancel";
+  cancel.textContent = t("upload.cancel");
+  cancel.setAttribute("aria-label", t("upload.cancelLabel", { name: file.name }));
+  item.append(name, progress, status, cancel);
   $("uploads").append(item);
-  return { item, progress, status };
+  // The job's own id, so that a cancel reaches the server while it indexes the file.
+  const row = { item, progress, status, cancel, jobId: jobId(), cancelled: false, xhr: null };
+  cancel.addEventListener("click", () => cancelUpload(row));
+  return row;
+}
+
+function jobId() {
+  return `page-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 12)}`;
+}
+
+// Waiting: it never starts. Sending: the request is aborted. Indexing: the server stops the job (the file
+// being read is rolled back); the upload's own answer then ends the row.
+async function cancelUpload(row) {
+  if (row.cancelled) return;
+  row.cancelled = true;
+  row.cancel.disabled = true;
+  if (row.item.dataset.status === "indexing") {
+    row.status.textContent = t("upload.cancelling");
+    try {
+      await apiFetch(`/v1/jobs/${row.jobId}`, { method: "DELETE" });
+    } catch {
+      // Ended meanwhile (409) or the server is away: the upload's own answer says which.
+    }
+  } else if (row.xhr) {
+    row.xhr.abort();
+  }
 }
 
 async function uploadOne(file, collection, row) {
   for (;;) {
+    if (row.cancelled) return finish(row, file, "cancelled", t("upload.cancelled"));
     const sentKey = apiKey();
     const { status, body } = await send(file, collection, row);
+    // Aborted while sending (0), or stopped while indexing (409); one that ended first keeps its result.
+    if (row.cancelled && (status === 0 || status === 409)) return finish(row, file, "cancelled", t("upload.cancelled"));
     if (status === 401) {
       const error = errorFromBody(status, body);
       if (await keyAfter401(sentKey)) continue;
@@ -273,7 +307,8 @@ async function uploadOne(file, collection, row) {
 function send(file, collection, row) {
   return new Promise((resolve) => {
     const xhr = new XMLHttpRequest();
-    xhr.open("POST", "/v1/documents");
+    row.xhr = xhr;
+    xhr.open("POST", `/v1/documents?job_id=${encodeURIComponent(row.jobId)}`);
     for (const [name, value] of Object.entries(authHeaders())) xhr.setRequestHeader(name, value);
     xhr.upload.addEventListener("progress", (event) => {
       if (!event.lengthComputable) return;
@@ -297,7 +332,8 @@ function send(file, collection, row) {
 
 function finish(row, file, status, text) {
   row.item.dataset.status = status;
-  row.progress.value = status === "failed" ? 0 : 100;
+  row.cancel.hidden = true;
+  row.progress.value = status === "failed" || status === "cancelled" ? 0 : 100;
   row.status.textContent = status === "failed" ? t("upload.failed", { reason: text }) : text;
   $("clear-uploads").hidden = false;
   announce(t("upload.announce", { name: file.name, status: row.status.textContent }));
