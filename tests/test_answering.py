@@ -275,6 +275,56 @@ def test_a_bare_numeral_next_to_the_questions_terms_is_supported(question: str, 
     assert sentence.sources == ["S1"] and sentence.support == 1.0
 
 
+SERVICES_SOURCE = (
+    "| service | port | protocol | aliases |\n| --- | --- | --- | --- |\n| ldap | 389/tcp | tcp | |\n"
+    "| https | 443/tcp | tcp | |\n| postgresql | 5432/tcp | tcp | postgres |"
+)
+BZIP2_SOURCE = (
+    "bzip2 compresses files using the Burrows-Wheeler block sorting text compression algorithm. Compression "
+    "is generally considerably better than that achieved by more conventional LZ77/LZ78-based compressors, "
+    "and approaches the performance of the PPM family of statistical compressors. The command-line options "
+    "are deliberately very similar to those of GNU gzip, but they are not identical. Huffman coding is "
+    "applied in a later stage of the block."
+)
+
+
+@pytest.mark.parametrize(
+    ("question", "answer", "source"),
+    [
+        ("Which service uses port 5432?", "port 5432", SERVICES_SOURCE),  # the question given back
+        ("In /etc/shadow, what does an empty expiration field mean?", "an empty expiration field", SHADOW_SOURCE),
+        # Words of the source, but nowhere near what the question asks about.
+        ("Which algorithm does bzip2 use to compress files?", "PPM family", BZIP2_SOURCE),
+    ],
+)
+def test_an_answer_that_adds_nothing_to_the_question_or_stands_far_from_it_is_not_supported(
+    question: str, answer: str, source: str
+):
+    from rag.answering.citations import attribute
+
+    sentence = attribute(answer, {"S1": source}, question).sentences[0]
+    assert sentence.sources == [] and not sentence.supported, sentence
+
+
+@pytest.mark.parametrize(
+    ("question", "answer", "source"),
+    [
+        ("Which service uses port 5432?", "postgresql", SERVICES_SOURCE),
+        ("Which algorithm does bzip2 use to compress files?", "Burrows-Wheeler", BZIP2_SOURCE),
+        (
+            "Which algorithm does bzip2 use to compress files?",
+            "the Burrows-Wheeler block sorting algorithm",
+            BZIP2_SOURCE,
+        ),
+    ],
+)
+def test_a_short_answer_standing_by_the_questions_terms_is_supported(question: str, answer: str, source: str):
+    from rag.answering.citations import attribute
+
+    sentence = attribute(answer, {"S1": source}, question).sentences[0]
+    assert sentence.sources == ["S1"] and sentence.support == 1.0, sentence
+
+
 @dataclass
 class _Hit:
     chunk_id: str

@@ -47,7 +47,8 @@ STOPWORDS = frozenset(
 QUESTION_WORDS = frozenset(
     "what which who whom whose when where why how many much does do did can could name 什 么 哪 几 多 少 谁 吗 呢 怎 样 何 的 是 了 在 有".split()
 )
-NEAR = 8  # words between a bare answer and a term of the question, at most, for it to count as supported
+NEAR = 8  # words between a short answer and a term of the question, at most, for it to count as supported
+SHORT = 3  # an answer adding this many words or fewer must stand near the question's terms in its source
 
 
 class CitedChunk(Protocol):
@@ -165,12 +166,21 @@ class _Source:
         return cls(words, frozenset(words), " ".join(words))
 
     def support(self, sentence: str, terms: Collection[str]) -> float:
-        """The share of the sentence's content words found here; 0 for a bare answer that stands
-        nowhere near a term of the question, or that repeats one ("1" to a question about ASN.1)."""
+        """The share of what the sentence adds to the question (its content words that are no term of
+        the question) found here. 0 when it adds nothing ("port 5432" to "Which service uses port
+        5432?"); 0 for a short answer (SHORT words added at most) none of whose words stands near a term
+        of the question here, and for a bare one that repeats a term ("1" to a question about ASN.1)."""
         wanted = content_words(strip_ids(sentence))
-        if is_bare(wanted) and (wanted[0] in terms or not self.near(wanted[0], terms)):
+        if not wanted:
             return 0.0
-        return sum(w in self.found for w in wanted) / len(wanted) if wanted else 0.0
+        if is_bare(wanted) and wanted[0] in terms:
+            return 0.0
+        added = [w for w in wanted if w not in terms] if terms else wanted
+        if not added:
+            return 0.0
+        if terms and len(added) <= SHORT and not any(self.near(w, terms) for w in added):
+            return 0.0
+        return sum(w in self.found for w in added) / len(added)
 
     def near(self, word: str, terms: Collection[str]) -> bool:
         """Whether `word` stands within NEAR words of one of `terms`."""
