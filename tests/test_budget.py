@@ -326,3 +326,51 @@ def test_the_prompt_sent_never_exceeds_n_ctx_minus_max_tokens(
         assert original.startswith(c.text.strip())
         if c.cut:
             assert any(original[:end].rstrip() == c.text for end in sentence_ends(original)), "cut at a sentence end"
+
+
+def _follow_up_of(first, sources, counter, room, share=0.25):
+    """The follow-up as the API packs it: the first prompt's sources first, as it sent them, then the rest."""
+    sent = [Candidate(c.source_id, c.candidate.chunk_id, c.text, c.candidate.metadata) for c in first.chunks]
+    rest = [s for s in sources if s.chunk_id not in {c.chunk_id for c in sent}]
+    history = [{"role": "user", "content": "What is it?"}, {"role": "assistant", "content": "It is a tower [S1]."}]
+    return run(
+        PromptBudget(counter).pack(
+            question="When was it built?",
+            candidates=sent + rest,
+            history=history,
+            n_ctx=400,
+            reserve=10,
+            history_share=share,
+            followup_room=room,
+        )
+    )
+
+
+def test_a_first_turn_leaves_its_follow_up_room_and_the_follow_up_packs_the_same_sources():
+    counter = WordCounter()
+    sources = [chunk(i, SENTENCES * 3) for i in range(1, 9)]
+
+    def first_turn(room, share=0.25):
+        return run(
+            PromptBudget(counter).pack(
+                question="What is it?",
+                candidates=sources,
+                n_ctx=400,
+                reserve=10,
+                history_share=share,
+                followup_room=room,
+            )
+        )
+
+    first = first_turn(60)
+    assert first.dropped and first.followup_room_held == 60 - first.question
+    assert first.used <= first.limit - first.followup_room_held
+    second = _follow_up_of(first, sources, counter, 60)
+    assert second.kept_turns == 1 and second.used <= second.limit
+    assert [c.text for c in second.chunks] == [c.text for c in first.chunks]  # the first prompt, extended
+    # Without the room the sources fill the budget and the follow-up's turn pair cuts them earlier.
+    full = first_turn(0)
+    assert full.followup_room_held == 0 and sum(c.tokens for c in full.chunks) > sum(c.tokens for c in first.chunks)
+    assert [c.text for c in _follow_up_of(full, sources, counter, 0).chunks] != [c.text for c in full.chunks]
+    # The room is at most the latest turn pair's share of the limit.
+    assert first_turn(60, share=0.1).followup_room_held == int(0.1 * first.limit) - first.question

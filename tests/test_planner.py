@@ -114,10 +114,13 @@ def test_shipped_profile_fits_the_v100_and_the_field_recipe_does_not() -> None:
 def test_planner_derives_the_shipped_profile() -> None:
     candidates = {q: production(q)[0] for q in ("Q4_K_M", "Q4_K_S", "IQ4_XS")}
     extra = {q: production(q)[1] for q in candidates}
-    # As many slots of 4,096 tokens as fit (up to 4): two, with -ub 256.
+    # As many slots of 4,096 tokens as fit (up to 4): two, with -ub 256, and a logical batch of the whole
+    # context (both users' prompts in one step: neither decodes beside the other's prefill).
     quant, flags, result = tune(candidates, V100, ctx=4096, extra_weight_bytes=extra, max_slots=4)
     shipped = PROFILES["v100-16g"]
-    assert (flags.parallel, flags.ctx, flags.n_ubatch) == (2, 8192, 256)
+    assert (flags.parallel, flags.ctx, flags.batch, flags.n_ubatch) == (2, 8192, 8192, 256)
+    args = shipped.flags()
+    assert args[args.index("-b") : args.index("-b") + 4] == ["-b", "8192", "-ub", "256"]
     assert shipped.model == f"qwen3.6-27b-{quant.lower()}"
     derived = flags.profile(shipped.name, shipped.description, model=shipped.model)
     assert derived.flags() == shipped.flags()
@@ -397,7 +400,7 @@ def test_users_that_fit_the_v100_and_why_not_one_more() -> None:
     assert served.next_needs_mib is not None and served.next_needs_mib > 0  # a third slot is over the margin
     assert served.per_user_tok_s is not None and 29 < served.per_user_tok_s[0] < served.per_user_tok_s[1] < 35
     result = CliRunner().invoke(plan_command, ["qwen3.6-27b:Q4_K_S", "--gpu", "v100-16g"])
-    assert "users         2 at once, 4,096 tokens each (-c 8192 -np 2 -ub 256)" in result.output
+    assert "users         2 at once, 4,096 tokens each (-c 8192 -np 2 -b 8192 -ub 256)" in result.output
     assert "one more slot would need" in result.output
 
 
@@ -413,6 +416,21 @@ def test_two_slots_in_the_16gb_emulation_match_the_prediction() -> None:
     assert entry["props"] == {"total_slots": 2, "n_ctx_per_slot": 4096}
     assert entry["alive_after_serving"] and not entry["out_of_memory_lines"]
     assert entry["two_users_summary"]["answers"] == 20 and entry["two_users_summary"]["errors"] == 0
+
+
+def test_a_logical_batch_of_the_whole_context_costs_no_memory_in_the_16gb_emulation() -> None:
+    """The batching runs (bench/gpu/batching.py): the shipped -b 8192 is what was measured, and it left the card
+    the buffers and free memory of -b 512, as the planner predicts."""
+    entries = json.loads(H200_RESULTS.read_text())["batching"]
+    whole, before = entries["b8192-ub256"], entries["b512-ub256"]
+    assert Flags.from_server_args(whole["flags"]) == Flags.from_profile(PROFILES["v100-16g"])
+    assert whole["buffers_mib"] == before["buffers_mib"]
+    assert whole["free_after_load_mib"] == before["free_after_load_mib"]
+    window = replace(get_gpu("h200"), memory_mib=16_160)
+    model = qwen35_model(QWEN36_27B, "Q4_K_S")
+    planned = [plan(model, window, Flags.from_server_args(e["flags"])) for e in (whole, before)]
+    assert planned[0].memory == planned[1].memory and planned[0].fits
+    assert whole["alive_after_serving"] and whole["summary"]["errors"] == 0
 
 
 def test_prefill_prediction_reproduces_its_anchor_and_adds_dequantization_on_volta() -> None:

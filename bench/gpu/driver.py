@@ -166,7 +166,7 @@ class Server:
 
 
 def stream_completion(
-    url: str, prompt: list[int], n_predict: int, *, cache_prompt: bool
+    url: str, prompt: list[int], n_predict: int, *, cache_prompt: bool, extra: dict[str, Any] | None = None
 ) -> tuple[float, float, int, dict[str, Any]]:
     """Stream one greedy `/completion` of token ids: (time to first token s, total s, chunks, the server's timings)."""
     body = {
@@ -176,6 +176,7 @@ def stream_completion(
         "stream": True,
         "cache_prompt": cache_prompt,
         "temperature": 0.0,
+        **(extra or {}),
     }
     started = time.perf_counter()
     first = None
@@ -210,6 +211,25 @@ def complete(server: Server, n_prompt: int, n_predict: int, n_vocab: int, seed: 
         "predicted_n": timings.get("predicted_n"),
         "decode_tok_s": round(timings.get("predicted_per_second", 0.0), 2),
     }
+
+
+def model_step_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The arguments of a step that serves one model file (pool.py, batching.py)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bin", required=True)
+    parser.add_argument("--model", required=True, type=Path)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--deadline", type=float, default=None)
+    parser.add_argument("--dry-run", action="store_true")
+    return parser
+
+
+def model_step_run(args: argparse.Namespace) -> Run:
+    return Run(
+        argparse.Namespace(
+            bin=args.bin, models=str(args.model.parent), out=args.out, deadline=args.deadline, dry_run=args.dry_run
+        )
+    )
 
 
 # --- phases --------------------------------------------------------------------------------------

@@ -25,14 +25,23 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE))
 
-from driver import V100_MIB, Run, Server, holder, holder_free, holder_stop, vocab_size  # noqa: E402
+from driver import (  # noqa: E402
+    V100_MIB,
+    Run,
+    Server,
+    holder,
+    holder_free,
+    holder_stop,
+    model_step_parser,
+    model_step_run,
+    vocab_size,
+)
 
 from rag.clients.llm import StreamEnd  # noqa: E402
 from rag.clients.llm_pool import LlamaServerPool  # noqa: E402
@@ -128,12 +137,7 @@ async def measure(run: Run, args: argparse.Namespace, urls: list[str]) -> list[d
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bin", required=True)
-    parser.add_argument("--model", required=True, type=Path)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--deadline", type=float, default=None)
-    parser.add_argument("--dry-run", action="store_true")
+    parser = model_step_parser(__doc__)
     parser.add_argument("--users", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--prompt", type=int, default=3000, help="prompt tokens of each answer")
@@ -142,11 +146,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.dry_run:
         args.prompt, args.predict = min(args.prompt, 200), min(args.predict, 16)
-    run = Run(
-        SimpleNamespace(
-            bin=args.bin, models=str(args.model.parent), out=args.out, deadline=args.deadline, dry_run=args.dry_run
-        )
-    )
+    run = model_step_run(args)
     flags = SHIPPED
     wanted = args.configs.split(",")
     if "np2_whole_card" in wanted:

@@ -7,10 +7,11 @@
 #      profiles load and serve a full 4,096-token context, against `rag plan`'s verdicts;
 #   4. sweep flags with llama-bench, then time llama-server (TTFT, decode) under each flag set;
 #   5. `stage` + `stack`: the whole stack (bench/gpu/stack.py) in front of the GPU llama-server;
-#   6. `pool`: one llama-server with -np 2 against two sharing the card behind one pool (bench/gpu/pool.py).
+#   6. `pool`: one llama-server with -np 2 against two sharing the card behind one pool (bench/gpu/pool.py);
+#   7. `batching`: -b / -ub for two users on the 16 GB emulation of the GPU profile (bench/gpu/batching.py).
 #
 #   bench/gpu/run.sh [PHASE...]    PHASE: build models probe emulate bench server (default: all, in order),
-#                                  stage stack pool (only when named)
+#                                  stage stack pool batching (only when named)
 #
 # The machine has no network and lacks the stack's Python packages: `stage` installs the wheels in $WHEELS
 # (cp312 manylinux, `pip download` here; see bench/README.md) into $WORK/site, or unpacks $SITE_XZ there
@@ -132,11 +133,11 @@ if want stage; then
 fi
 # START_ONLY=1: start the build and the models, stage, and return (the next call waits for them).
 [ "${START_ONLY:-0}" = 1 ] && { log "started; not waiting"; exit 0; }
-if want build || want stack || want pool; then await build || exit 1; fi
+if want build || want stack || want pool || want batching; then await build || exit 1; fi
 bin_dir=$(dirname "$(tail -1 "$WORK/build.log")")
 log "binaries: $bin_dir"
 "$bin_dir/llama-server" --version > "$WORK/logs/version.txt" 2>&1
-if want models || want stack || want pool; then await models || exit 1; fi
+if want models || want stack || want pool || want batching; then await models || exit 1; fi
 cp "$WORK/models.log" "$WORK/logs/models.log" 2>/dev/null
 
 driver_phases=()
@@ -171,5 +172,14 @@ if want pool; then
     python3 bench/gpu/pool.py --bin "$bin_dir" --model "$WORK/models/qwen3.6-27b-shape-$quant.gguf" \
     --out "$WORK" --deadline "$deadline" --configs "${POOL_CONFIGS:-np2_whole_card,two_servers,np2_16g}" \
     ${POOL_ARGS:-} "${dry[@]}" 2>&1 | tee -a "$WORK/logs/run.log"  # POOL_ARGS: e.g. "--rounds 1 --predict 128"
+fi
+if want batching; then
+  quant=${BATCHING_QUANT:-Q4_K_S}
+  dry=(); [ "$DRY_RUN" = 1 ] && dry=(--dry-run)
+  settings=(); [ -n "${BATCHING_SETTINGS:-}" ] && settings=(--settings "$BATCHING_SETTINGS")
+  log "batching ($(left) s left)"
+  PYTHONUNBUFFERED=1 timeout "$(( $(left) + 60 ))" python3 bench/gpu/batching.py --bin "$bin_dir" \
+    --model "$WORK/models/qwen3.6-27b-shape-$quant.gguf" --out "$WORK" --deadline "$deadline" "${settings[@]}" \
+    "${dry[@]}" 2>&1 | tee -a "$WORK/logs/run.log"
 fi
 log "done"

@@ -224,6 +224,7 @@ class Answerer:
             ceiling=self.settings.context_budget,
             correction=correction,
             history_share=self.settings.history_share,
+            followup_room=self.settings.followup_room,
             style=self.style_for(question),
         )
 

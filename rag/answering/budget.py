@@ -13,6 +13,16 @@ the fixed system prompt; the latest turn pair, when it costs at most `history_sh
 follow-up must see what it follows); then the chunks in rank order (the first that does not fit is cut
 at a sentence boundary, or dropped, and every lower-ranked one is dropped); then the older history,
 newest turn first, whole turns only (the oldest go first).
+
+The conversation's room (`followup_room`, at most `history_share` of the limit): the chunks never take
+the last `followup_room` tokens of the limit, which are the question's and the history's. A first turn whose sources fill the budget so leaves
+its follow-up room for the turn pair it adds (the answer and the next question): the follow-up, whose
+question and latest turn pair fit in that room, packs the same sources into the same space, so its
+prompt is the first one extended and llama-server reuses all of it. Without the room, the follow-up's
+turn pair pushes the last source's cut back; on a hybrid (recurrent) model llama-server can only roll
+back to a checkpoint it made one micro-batch (`-ub`) and 4 tokens before the end of the previous prompt
+(and at the start of its first user message), so a cut further back than that processes everything after
+the system prompt again (reuse 0.10 on an H200 machine at -ub 256, bench/README.md).
 """
 
 from __future__ import annotations
@@ -91,6 +101,7 @@ class PackedPrompt:
     repacked: bool = False
     kept_turns: int = 0
     latest_turn_reserved: int = 0  # tokens held for the latest turn pair before the sources (0: none)
+    followup_room_held: int = 0  # tokens of the conversation's room the chunks left free for its next turn
     style: str = "chat"
 
     def in_prompt(self) -> set[str]:
@@ -114,6 +125,7 @@ class PackedPrompt:
             dropped_turns=self.dropped_turns,
             kept_turns=self.kept_turns,
             latest_turn_reserved=self.latest_turn_reserved,
+            followup_room_held=self.followup_room_held,
             rounds=self.rounds,
             repacked=self.repacked,
             style=self.style,
@@ -254,16 +266,23 @@ class PromptBudget:
         ceiling: int | None = None,
         correction: int = 0,
         history_share: float = 0.0,
+        followup_room: int = 0,
         style: PromptStyle = CHAT,
     ) -> PackedPrompt:
         """Pack the prompt. `ceiling` caps the context we use; `correction` lowers the limit further;
-        `history_share` of the limit may be held for the latest turn pair before the sources."""
+        `history_share` of the limit may be held for the latest turn pair before the sources;
+        `followup_room` tokens of the limit (at most `history_share` of it) are the question's and the
+        history's, never the chunks'."""
         limits = _limits(n_ctx, reserve, ceiling, correction)
         pieces = await self._measure(question, candidates, split_turns(history), style, limits)
         latest = await self._latest_turn_reserve(pieces, history_share, limits.limit)
+        # The room the question and the latest turn pair do not use yet is held from the chunks too; it is
+        # at most the latest turn pair's share (a smaller context than configured holds proportionally less).
+        room = min(followup_room, int(history_share * limits.limit))
+        held = max(0, room - pieces.question_tokens - latest)
         target = limits.limit
         for round_no in range(1, MAX_ROUNDS + 1):
-            packed = await self._pack_round(pieces, target - latest, latest, limits)
+            packed = await self._pack_round(pieces, target - latest, latest, limits, held)
             packed.rounds = round_no
             if packed.used <= limits.limit:
                 return packed
@@ -320,13 +339,16 @@ class PromptBudget:
         fits = 0 < latest <= min(int(history_share * limit), limit - pieces.base - pieces.wrapper)
         return latest if fits else 0
 
-    async def _pack_round(self, pieces: _Pieces, room: int, latest: int, limits: _Limits) -> PackedPrompt:
+    async def _pack_round(
+        self, pieces: _Pieces, room: int, latest: int, limits: _Limits, held: int = 0
+    ) -> PackedPrompt:
         """One round: chunks, then older turns, into `room` (the latest turn pair's `latest` is held
-        apart); the assembled prompt is counted exactly."""
+        apart, and `held` more from the chunks alone); the assembled prompt is counted exactly."""
         style = pieces.style
         chunks, dropped, room = await self._pack_chunks(
-            pieces.candidates, pieces.chunk_tokens, room - pieces.base - pieces.wrapper, style
+            pieces.candidates, pieces.chunk_tokens, room - pieces.base - pieces.wrapper - held, style
         )
+        room += held  # what the chunks left, and the held room, are the older history's
         dropped += [Dropped(chunk_id=c.chunk_id, reason="style_limit") for c in pieces.over_style]
         older = pieces.turns[:-1] if latest else pieces.turns
         kept_turns, history_tokens = await self._pack_history(older, room, pieces.per_message)
@@ -348,6 +370,7 @@ class PromptBudget:
             dropped_turns=len(pieces.turns) - len(kept_turns),
             kept_turns=len(kept_turns),
             latest_turn_reserved=latest,
+            followup_room_held=held,
             style=style.name,
         )
 

@@ -111,6 +111,7 @@ class Budget(Event):
     dropped_turns: int = 0
     kept_turns: int = 0
     latest_turn_reserved: int = 0
+    followup_room_held: int = 0
     rounds: int = 0
     repacked: bool = False
     style: str = "chat"

@@ -215,6 +215,10 @@ class Settings(BaseSettings):
     # the share of the prompt budget kept for the latest turn pair before sources fill the rest.
     followup_rewrite: Literal["off", "rule", "generator"] = "rule"
     history_share: float = Field(default=0.25, ge=0, le=0.9)
+    # Tokens of the prompt budget the sources never take: the question's and the history's. A first turn
+    # whose sources fill the budget leaves them to its follow-up's turn pair, so the follow-up extends the
+    # first prompt and llama-server reuses it (rag/answering/budget.py). At most history_share of the limit.
+    followup_room: int = Field(default=512, ge=0)
 
     # Ingestion.
     chunk_tokens: int = Field(default=200, ge=16)
@@ -306,6 +310,11 @@ class Settings(BaseSettings):
         if self.answer_reserve >= self.context_budget:
             raise ValueError(
                 f"answer_reserve ({self.answer_reserve}) must be smaller than context_budget ({self.context_budget})"
+            )
+        if self.followup_room >= self.context_budget - self.answer_reserve:
+            raise ValueError(
+                f"followup_room ({self.followup_room}) must be smaller than context_budget - answer_reserve "
+                f"({self.context_budget - self.answer_reserve})"
             )
         if self.chunk_overlap >= self.chunk_tokens:
             raise ValueError(

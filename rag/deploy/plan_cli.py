@@ -134,7 +134,7 @@ def render_users(u: Users) -> str:
     if u.flags is None:
         return f"  users         none: one slot of {u.per_slot_ctx:,} tokens needs {u.next_needs_mib:,.0f} MiB more"
     f = u.flags
-    line = f"  users         {u.slots} at once, {u.per_slot_ctx:,} tokens each (-c {f.ctx} -np {f.parallel} -ub {f.n_ubatch})"
+    line = f"  users         {u.slots} at once, {u.per_slot_ctx:,} tokens each (-c {f.ctx} -np {f.parallel} -b {f.batch} -ub {f.n_ubatch})"
     if u.per_user_tok_s:
         low, high = u.per_user_tok_s
         line += (

@@ -8,9 +8,14 @@ counts both per slot; this module asks it how many fit, and what each user then 
 
 Decode with N users at once: one step reads every weight once for all N tokens, plus each slot's KV cache
 and state, so per user it runs at bandwidth / (weights + N x (KV + 2 x state)) times the card's measured
-share of its ceiling. On an H200 machine (16 GB emulation, two slots) each of two users got 0.80x of one
-user's rate while the other's prompt was processed beside it (bench/gpu/results-h200.json, "slots"); the
-bandwidth model is the upper end.
+share of its ceiling. On an H200 machine (16 GB emulation, two slots) each of two users asking at once got
+0.87x of one user's rate with a logical batch (-b) of the whole context, 0.83x with -b 512, where the first
+user's decode shared each step with the other's prompt batches (bench/gpu/results-h200.json, "batching");
+the bandwidth model is the upper end.
+
+Several slots get a logical batch of the whole context (-b = -c): prompts that arrive together go into one
+step, so no slot starts decoding while another's prompt is still being processed beside it (it costs no
+GPU memory: the compute buffer follows the micro-batch, -ub).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from rag.deploy._specs import ModelSpec
 from rag.deploy.gpus import GPU
 
 MAX_SLOTS = 8
-MEASURED_PER_USER = 0.80  # two users at once on the H200 machine, each against one user alone
+MEASURED_PER_USER = 0.87  # two users at once on the H200 machine (-b 8192 -ub 256), each against one user alone
 
 
 @dataclass(frozen=True)
@@ -40,8 +45,10 @@ class Users:
 
 
 def with_slots(flags: Flags, slots: int, per_slot_ctx: int) -> Flags:
-    """`flags` for `slots` slots of `per_slot_ctx` tokens each (-c split evenly, no unified cache)."""
-    return replace(flags, parallel=slots, ctx=per_slot_ctx * slots, kv_unified=False)
+    """`flags` for `slots` slots of `per_slot_ctx` tokens each (-c split evenly, no unified cache; with
+    several, -b the whole context: prompts arriving together are processed in one step)."""
+    batch = per_slot_ctx * slots if slots > 1 else flags.batch
+    return replace(flags, parallel=slots, ctx=per_slot_ctx * slots, kv_unified=False, batch=batch)
 
 
 def _free(model: ModelSpec, arch: Architecture, flags: Flags, gpu: GPU) -> int:
