@@ -48,6 +48,21 @@ def dimension_mismatch(collection: str, expected: int, got: int) -> UpstreamErro
     )
 
 
+def unknown_collection(name: str, known: list[str]) -> NotFound:
+    """The 404 of a collection no store holds, naming a few that exist."""
+    # A few names only: a store of thousands must not answer every unknown name with all of them.
+    shown = ", ".join(known[:SHOWN_COLLECTIONS]) or "none yet"
+    more = (
+        f" and {len(known) - SHOWN_COLLECTIONS:,} more (GET /v1/collections)" if len(known) > SHOWN_COLLECTIONS else ""
+    )
+    return NotFound(
+        f"no collection {name[:100]!r}; the collections are: {shown}{more}",
+        collection=name[:100],
+        collections=known[:SHOWN_COLLECTIONS],
+        total=len(known),
+    )
+
+
 @contextmanager
 def _widths_checked(collection: str) -> Iterator[None]:
     """Chroma's refusal of a vector of another width, as `dimension_mismatch`."""
@@ -185,20 +200,7 @@ class ChunkStore:
         return self._collections[name]
 
     def _unknown(self, name: str) -> NotFound:
-        known = self.names()
-        # A few names only: a store of thousands must not answer every unknown name with all of them.
-        shown = ", ".join(known[:SHOWN_COLLECTIONS]) or "none yet"
-        more = (
-            f" and {len(known) - SHOWN_COLLECTIONS:,} more (GET /v1/collections)"
-            if len(known) > SHOWN_COLLECTIONS
-            else ""
-        )
-        return NotFound(
-            f"no collection {name[:100]!r}; the collections are: {shown}{more}",
-            collection=name[:100],
-            collections=known[:SHOWN_COLLECTIONS],
-            total=len(known),
-        )
+        return unknown_collection(name, self.names())
 
     def names(self) -> list[str]:
         """The collections that exist in Chroma."""

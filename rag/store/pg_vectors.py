@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from rag.core.errors import NotFound, StoreDamaged
-from rag.store.chunks import HNSW, SHOWN_COLLECTIONS, StoredChunk, dimension_mismatch
+from rag.store.chunks import HNSW, StoredChunk, dimension_mismatch, unknown_collection
 from rag.store.postgres import Connection, PgStep, migrate, require_pgvector, shown_url
 from rag.store.record import Vectors
 from rag.store.sqlite import write_transaction
@@ -130,19 +130,7 @@ class PgVectorStore:
         return table, dimensions
 
     def _unknown(self, name: str) -> NotFound:
-        known = self.names()
-        shown = ", ".join(known[:SHOWN_COLLECTIONS]) or "none yet"
-        more = (
-            f" and {len(known) - SHOWN_COLLECTIONS:,} more (GET /v1/collections)"
-            if len(known) > SHOWN_COLLECTIONS
-            else ""
-        )
-        return NotFound(
-            f"no collection {name[:100]!r}; the collections are: {shown}{more}",
-            collection=name[:100],
-            collections=known[:SHOWN_COLLECTIONS],
-            total=len(known),
-        )
+        return unknown_collection(name, self.names())
 
     def collection(self, name: str, *, create: bool = False) -> str:
         """The table of collection `name`; only writes create it (at their vectors' width)."""

@@ -260,13 +260,7 @@ def _fill_vectors(
     progress: Progress,
 ) -> None:
     """Give every indexed chunk of the record a vector: from the old Chroma if it opens, else embedded."""
-    indexed = set(catalog.indexed_chunks(name))
-    missing = [
-        (cid, did, text)
-        for batch in lexical.records(name)
-        for cid, did, text, _, vec in batch
-        if vec is None and did in indexed
-    ]
+    missing = _without_vectors(name, catalog, lexical)
     if not missing:
         return
     if name in probe.counts and probe.counts[name] and not lexical.reindexing(name):  # not the old model's
@@ -275,9 +269,33 @@ def _fill_vectors(
         lexical.set_vectors(name, found)
         progress(f"{name}: vectors from Chroma", len(found), len(found))
         missing = [m for m in missing if m[0] not in salvaged]
+    _embed_missing(name, missing, catalog, lexical, embed, progress, "Chroma")
+
+
+def _without_vectors(name: str, catalog: DocumentCatalog, lexical: LexicalIndex) -> list[tuple[str, str, str]]:
+    """(chunk id, doc id, text) of the record's indexed chunks that have no vector."""
+    indexed = set(catalog.indexed_chunks(name))
+    return [
+        (cid, did, text)
+        for batch in lexical.records(name)
+        for cid, did, text, _, vec in batch
+        if vec is None and did in indexed
+    ]
+
+
+def _embed_missing(
+    name: str,
+    missing: list[tuple[str, str, str]],
+    catalog: DocumentCatalog,
+    lexical: LexicalIndex,
+    embed: Embed | None,
+    progress: Progress,
+    vectors_from: str,
+) -> None:
+    """Embed the (chunk id, doc id, text) chunks that neither the record nor the vector store had a vector of."""
     if missing and embed is None:
         raise StoreUnavailable(
-            f"{len(missing):,} chunks of {name!r} have no stored vector and Chroma cannot give them: "
+            f"{len(missing):,} chunks of {name!r} have no stored vector and {vectors_from} cannot give them: "
             "start the embedding server (rag serve-embeddings) and run the repair again"
         )
     names = {d: catalog.get(name, d) for d in {did for _, did, _ in missing}}
@@ -447,13 +465,7 @@ def _fill_from(
     progress: Progress,
 ) -> None:
     """Give every indexed chunk of the record a vector: the store's own where it holds one, else embedded."""
-    indexed = set(catalog.indexed_chunks(name))
-    missing = [
-        (cid, did, text)
-        for b in lexical.records(name)
-        for cid, did, text, _, vec in b
-        if vec is None and did in indexed
-    ]
+    missing = _without_vectors(name, catalog, lexical)
     if missing and store.exists(name) and not lexical.reindexing(name):  # not the old model's
         salvaged = {
             cid: vector
@@ -463,20 +475,7 @@ def _fill_from(
         lexical.set_vectors(name, [(cid, salvaged[cid], None) for cid, _, _ in missing if cid in salvaged])
         progress(f"{name}: vectors from the store", len(salvaged), len(salvaged))
         missing = [m for m in missing if m[0] not in salvaged]
-    if missing and embed is None:
-        raise StoreUnavailable(
-            f"{len(missing):,} chunks of {name!r} have no stored vector and the vector store cannot give them: "
-            "start the embedding server (rag serve-embeddings) and run the repair again"
-        )
-    names = {d: catalog.get(name, d) for d in {did for _, did, _ in missing}}
-    for start in range(0, len(missing), BATCH):
-        part = missing[start : start + BATCH]
-        assert embed is not None
-        vectors = embed([text for _, _, text in part])
-        lexical.set_vectors(
-            name, [(cid, v, _fallback_metadata(cid, did, names[did])) for (cid, did, _), v in zip(part, vectors)]
-        )
-        progress(f"{name}: embedding", start + len(part), len(missing))
+    _embed_missing(name, missing, catalog, lexical, embed, progress, "the vector store")
 
 
 def _make_like_record(
