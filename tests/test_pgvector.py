@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from rag.cli import cli
 from rag.core.config import Settings
-from rag.core.errors import NotFound, UpstreamError
+from rag.core.errors import NotFound, StoreUnavailable, UpstreamError
 from rag.store.backend import open_vectors
 from rag.store.chunks import ChunkStore, persistent_client
 from rag.store.pg_vectors import PgVectorStore
@@ -128,10 +128,19 @@ def _cli(args: list[str], env: dict[str, str]) -> Any:
     return CliRunner().invoke(cli, args, env=env, catch_exceptions=False)
 
 
-def test_upload_search_delete_check_and_repair_through_the_api_on_pgvector(
-    backend_settings: Settings, database_url: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("vectors", ["pgvector", "Chroma server"])
+def test_upload_search_delete_check_and_repair_through_the_api_on_postgresql(
+    vectors: str, backend_settings: Settings, database_url: str, request: pytest.FixtureRequest
 ) -> None:
-    settings = changed(backend_settings, database_url=database_url, vector_store="pgvector")
+    """The API on PostgreSQL with its vectors in pgvector (or a Chroma server): an upload is found, a
+    deleted document is not; with the API stopped, a vector lost from the store is what `rag store check`
+    reports, and `rag store repair` writes it again from the record."""
+    env = {"RAG_DATABASE_URL": database_url, "RAG_DATA_DIR": str(backend_settings.data_dir)}
+    if vectors == "pgvector":
+        env["RAG_VECTOR_STORE"] = "pgvector"
+    else:
+        env.update(RAG_CHROMA_MODE="server", RAG_CHROMA_URL=request.getfixturevalue("chroma_server").url)
+    settings = changed(backend_settings, **{k[4:].lower(): v for k, v in env.items()})
     with serve(settings) as url:
         results = upload(url, DOCS)["results"]
         doc_of = {r["filename"]: r["document_id"] for r in results}
@@ -140,28 +149,39 @@ def test_upload_search_delete_check_and_repair_through_the_api_on_pgvector(
         assert answer.status_code == 200, answer.text
         assert answer.json()["sources"][0]["doc_id"] == doc_of["bakery.txt"]
         health = httpx.get(f"{url}/health", timeout=30).json()["backends"]["store"]
-        assert health["mode"] == "pgvector" and "postgresql://" in health["location"]
+        assert health["mode"] == ("pgvector" if vectors == "pgvector" else "server"), health
         gone = httpx.delete(f"{url}/v1/documents/{doc_of['bakery.txt']}", timeout=60)
         assert gone.status_code == 204
         answer = httpx.post(f"{url}/v1/chat", json={**ask, "max_tokens": 1, "top_k": 3}, timeout=120)
         assert doc_of["bakery.txt"] not in {s["doc_id"] for s in answer.json()["sources"]}
         report = httpx.get(f"{url}/v1/store/check", timeout=60).json()
-        assert report["consistent"] and report["vector_store"] == "pgvector", report
-    store = PgVectorStore(database_url)
+        assert report["consistent"] and report["vector_store"] == vectors.split()[0], report
+    store = open_vectors(settings)
     assert store.count("default") == sum(r["chunks"] for r in results if r["filename"] != "bakery.txt")
-    assert not (settings.data_dir / "chroma").exists()  # nothing went to Chroma
+    assert not (settings.data_dir / "chroma").exists()  # nothing went to an embedded Chroma
     lost = sorted(store.ids("default"))[0]
     store.delete_ids("default", [lost])
 
-    env = {"RAG_DATA_DIR": str(settings.data_dir), "RAG_DATABASE_URL": database_url, "RAG_VECTOR_STORE": "pgvector"}
     env["RAG_EMBED_URL"] = settings.embed_url
     checked = _cli(["store", "check", "--json"], env)
     assert checked.exit_code == 1
     (problem,) = json.loads(checked.output)["collections"][0]["problems"]
-    assert problem == f"1 indexed chunks have no vector in pgvector (such as {lost!r})"
+    assert problem == f"1 indexed chunks have no vector in {vectors.split()[0]} (such as {lost!r})"
     repaired = _cli(["store", "repair"], env)
     assert repaired.exit_code == 0, repaired.output
     assert "repaired in place" in repaired.output
     checked = _cli(["store", "check"], env)
     assert checked.exit_code == 0 and checked.output.rstrip().endswith("consistent"), checked.output
     assert lost in store.ids("default")
+
+
+def test_repair_is_refused_while_an_api_holds_the_database(backend_settings: Settings, database_url: str) -> None:
+    settings = changed(backend_settings, database_url=database_url, vector_store="pgvector")
+    env = {"RAG_DATA_DIR": str(settings.data_dir), "RAG_DATABASE_URL": database_url, "RAG_VECTOR_STORE": "pgvector"}
+    with serve(settings) as url:
+        upload(url, {"orchard.txt": DOCS["orchard.txt"]})
+        refused = CliRunner().invoke(cli, ["store", "repair"], env=env)
+        checked = _cli(["store", "check"], env)  # a check reads beside it
+    assert isinstance(refused.exception, StoreUnavailable), refused.output
+    assert "(an API replica or `ingest`) work on this database: stop them" in refused.exception.message
+    assert checked.exit_code == 0, checked.output
