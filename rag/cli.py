@@ -335,7 +335,8 @@ def _check_through_api(settings: Settings, held: str) -> dict[str, Any]:
 def _print_check(report: dict[str, Any], title: str) -> None:
     click.echo(title)
     click.echo(
-        f"{'collection':<24} {'documents':>9} {'failed':>6} {'catalog':>9} {'record':>9} {'vectors':>9} {'chroma':>9}  state"
+        f"{'collection':<24} {'documents':>9} {'failed':>6} {'catalog':>9} {'record':>9} {'vectors':>9} "
+        f"{report.get('vector_store', 'Chroma').lower():>9}  state"
     )
     for c in report["collections"]:
         chroma = "-" if c["chroma"] is None else f"{c['chroma']:,}"
