@@ -36,6 +36,7 @@ from rag.answering.retrieval import Retriever, fuse
 from rag.core.config import MULTILINGUAL_E5, Settings
 from rag.store.chunks import ChunkStore
 from rag.store.lexical import LexicalIndex, Tokenizer
+from rag.store.vectors import VectorStore
 
 DATASETS = ("squad", "cmrc")
 COLLECTION = "bench"
@@ -64,6 +65,7 @@ class Runs:
     """Each question's candidate lists, (chunk_id, score) best first."""
 
     dense: list[list[tuple[str, float]]] = field(default_factory=list)
+    dense_pgvector: list[list[tuple[str, float]]] = field(default_factory=list)  # with --pgvector
     lexical: dict[str, list[list[tuple[str, float]]]] = field(default_factory=dict)
 
 
@@ -213,6 +215,7 @@ def build_indexes(
     workdir: Path,
     variants: dict[str, tuple[Tokenizer, bool]],
     database_url: str | None = None,
+    pgvector: bool = False,
 ):
     import chromadb
     from chromadb.config import Settings as ChromaSettings
@@ -224,6 +227,14 @@ def build_indexes(
     ids = list(corpus.chunks)
     metadatas = [{"doc_id": corpus.chunks[i][0], "chunk_index": int(i.rsplit(":", 1)[1])} for i in ids]
     store.upsert(COLLECTION, ids, vectors.tolist(), [corpus.chunks[i][1] for i in ids], metadatas)
+    pg_store = None
+    if pgvector:  # the same vectors in pgvector (rag/store/pg_vectors.py), in RAG_DATABASE_URL's database
+        from rag.store.pg_vectors import PgVectorStore
+
+        assert database_url is not None
+        pg_store = PgVectorStore(database_url)
+        pg_store.delete_collection(COLLECTION)
+        pg_store.upsert(COLLECTION, ids, vectors, [corpus.chunks[i][1] for i in ids], metadatas)
     lexicals = {}
     for name, (tokenizer, with_title) in variants.items():
         rows = [(i, d, text, corpus.titles[d] if with_title else "") for i, (d, text) in corpus.chunks.items()]
@@ -238,16 +249,23 @@ def build_indexes(
             lexicals[name] = LexicalIndex(workdir / f"lexical-{name}.sqlite", tokenizer)
         lexicals[name].add(COLLECTION, rows)
         print(f"  lexical {name}: indexed {len(rows)} chunks in {time.perf_counter() - started:.1f} s", file=sys.stderr)
-    return store, lexicals
+    return store, lexicals, pg_store
 
 
 def collect_runs(
-    corpus: Corpus, qvectors: np.ndarray, store: ChunkStore, lexicals: dict[str, LexicalIndex], depth: int
+    corpus: Corpus,
+    qvectors: np.ndarray,
+    store: ChunkStore,
+    lexicals: dict[str, LexicalIndex],
+    depth: int,
+    pg_store: VectorStore | None = None,
 ) -> Runs:
     runs = Runs(lexical={name: [] for name in lexicals})
     for question, vector in zip(corpus.questions, qvectors):
         hits = store.query(COLLECTION, vector.tolist(), depth)
         runs.dense.append([(h.id, h.score) for h in hits])
+        if pg_store is not None:
+            runs.dense_pgvector.append([(h.id, h.score) for h in pg_store.query(COLLECTION, vector.tolist(), depth)])
         for name, index in lexicals.items():
             runs.lexical[name].append([(h.chunk_id, h.score) for h in index.search(COLLECTION, question.text, depth)])
     return runs
@@ -286,7 +304,7 @@ class _AllIndexed:
 async def production_check(
     corpus: Corpus,
     qvectors: np.ndarray,
-    store: ChunkStore,
+    store: VectorStore,
     lexical: LexicalIndex,
     weights: tuple[float, float],
     subset: Sequence[int],
@@ -340,9 +358,9 @@ def run_dataset(name: str, args: argparse.Namespace, split, encode, prompts: dic
         fused_over += ("stem+stop+title" + POSTGRES,)
     with tempfile.TemporaryDirectory(prefix="rag-bench-") as tmp:
         workdir = Path(tmp)
-        store, lexicals = build_indexes(corpus, vectors, workdir, variants, args.postgres)
+        store, lexicals, pg_store = build_indexes(corpus, vectors, workdir, variants, args.postgres, args.pgvector)
         started = time.perf_counter()
-        runs = collect_runs(corpus, qvectors, store, lexicals, args.depth)
+        runs = collect_runs(corpus, qvectors, store, lexicals, args.depth, pg_store)
         print(f"  retrieved in {time.perf_counter() - started:.1f} s", file=sys.stderr)
         everyone = range(len(corpus.questions))
         tune = [i for i in everyone if int(_hash(corpus.questions[i].qid), 16) % 2 == 0]
@@ -366,6 +384,12 @@ def run_dataset(name: str, args: argparse.Namespace, split, encode, prompts: dic
                 methods[f"hybrid w={w:.2f}, {lex}"] = lambda i, w=w, lex=lex: [
                     c for c, _ in fuse(runs.dense[i], runs.lexical[lex][i], w)
                 ]
+            if pg_store is not None:
+                methods[f"hybrid w={fixed:.2f}, {lex}, pgvector"] = lambda i, w=fixed, lex=lex: [
+                    c for c, _ in fuse(runs.dense_pgvector[i], runs.lexical[lex][i], w)
+                ]
+        if pg_store is not None:
+            methods[f"dense ({args.embedder}, pgvector cosine)"] = lambda i: [c for c, _ in runs.dense_pgvector[i]]
         for part, subset in (("tuning half", tune), ("held-out half", held), ("all", list(everyone))):
             print(f"\n{name}: {part} ({len(subset)} questions)\n{table_header()}")
             for method, ranked in methods.items():
@@ -377,6 +401,10 @@ def run_dataset(name: str, args: argparse.Namespace, split, encode, prompts: dic
             check = asyncio.run(production_check(corpus, qvectors, store, lexicals[lex], weights, held, workdir))
             results["production_check_held_out"][lex] = check
             print(row(f"Retriever.search held-out, {lex}", check))
+            if pg_store is not None:
+                check = asyncio.run(production_check(corpus, qvectors, pg_store, lexicals[lex], weights, held, workdir))
+                results["production_check_held_out"][f"{lex}, pgvector"] = check
+                print(row(f"Retriever.search held-out, {lex}, pgvector", check))
         for lex, (best, table) in tuned.items():
             print(f"\n  dense weight sweep, {lex}, tuning half (R@1 / R@5); best {best:.2f}:")
             print("  " + "  ".join(f"{w:.2f}:{m['R@1']:.3f}/{m['R@5']:.3f}" for w, m in table.items()))
@@ -414,8 +442,15 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="also run BM25 from PostgreSQL (a postgresql:// URL; its collection of this name is replaced)",
     )
+    parser.add_argument(
+        "--pgvector",
+        action="store_true",
+        help="with --postgres: also search the same vectors in pgvector there (RAG_VECTOR_STORE=pgvector)",
+    )
     datasets.add_options(parser, "squad", "cmrc")
     args = parser.parse_args(argv)
+    if args.pgvector and not args.postgres:
+        parser.error("--pgvector needs --postgres URL")
     datasets.use(args)
     print(header(), flush=True)
 

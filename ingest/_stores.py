@@ -7,9 +7,10 @@ from ingest._lexical_context import lexical_context
 from ingest._records import ChunkRecord
 from ingest.originals import Originals
 from rag.store.catalog import DocumentCatalog
-from rag.store.chunks import ChunkStore, store_errors
+from rag.store.chunks import store_errors
 from rag.store.lexical import LexicalIndex
 from rag.store.record import EmbedderIdentity, Vectors, rounded
+from rag.store.vectors import VectorStore
 
 
 class DocumentStores:
@@ -17,7 +18,7 @@ class DocumentStores:
 
     def __init__(
         self,
-        store: ChunkStore,
+        store: VectorStore,
         lexical: LexicalIndex,
         catalog: DocumentCatalog,
         embed_model: str,

@@ -86,9 +86,9 @@ class LocalBackend:
         self.catalog: Any = None
 
     async def __aenter__(self) -> LocalBackend:
-        from rag.store.catalog import DocumentCatalog
+        from rag.store.backend import open_catalog
 
-        self.catalog = DocumentCatalog(self.settings.data_dir / "catalog.sqlite")
+        self.catalog = open_catalog(self.settings)
         self._stack.callback(self.catalog.close)
         if not self.read_only:
             try:
@@ -106,29 +106,28 @@ class LocalBackend:
     def _lock_store(self) -> None:
         from rag.store.chunks import StoreLock
 
-        if self.settings.chroma_mode == "embedded":
+        if self.settings.embedded_chroma:
             lock = StoreLock(self.settings.data_dir)
             lock.acquire("the ingest CLI")
             self._stack.callback(lock.release)
 
     def _open_store(self) -> None:
         from rag.clients.embedding_pool import embedding_client
-        from rag.store.catalog import OwnerLease
-        from rag.store.chunks import ChunkStore
-        from rag.store.lexical import LexicalIndex
+        from rag.store.backend import open_lease, open_lexical, open_vectors
 
         from .pipeline import IngestPipeline
 
-        store = DeferredStore(ChunkStore.open, self.settings)
-        lexical = LexicalIndex(self.settings.data_dir / "lexical.sqlite")
+        store = DeferredStore(open_vectors, self.settings)
+        self._stack.callback(lambda: store.close())
+        lexical = open_lexical(self.settings)
         self._stack.callback(lexical.close)
-        lease = OwnerLease(self.settings.data_dir / "owners")
+        lease = open_lease(self.settings)
         self._stack.callback(lease.release)
         embedder = embedding_client(
             self.settings.embed_urls, model=self.settings.embed_model, stall_s=self.settings.probe_timeout_s
         )
         self._stack.push_async_callback(embedder.aclose)
-        self.pipeline = IngestPipeline(self.settings, embedder, store, lexical, self.catalog, lease)  # type: ignore[arg-type]
+        self.pipeline = IngestPipeline(self.settings, embedder, store, lexical, self.catalog, lease)
         self.pipeline.recover()
 
     async def __aexit__(self, *exc: object) -> None:
@@ -344,7 +343,7 @@ async def choose_api(settings: Settings, server: str | None, say: Callable[[str]
     if server:
         say(f"{who}: via the API at {server} (--server)")
         return server
-    found = await find_api(settings) if settings.chroma_mode == "embedded" else None
+    found = await find_api(settings) if settings.embedded_chroma else None
     if found is None:
         return None
     mine = settings.data_dir.expanduser().resolve()

@@ -46,9 +46,10 @@ from ingest.originals import Originals
 from rag.core.config import Settings
 from rag.core.errors import BackendUnavailable
 from rag.store.catalog import DocumentCatalog, DocumentRecord, OwnerLease
-from rag.store.chunks import ChunkStore, store_errors
+from rag.store.chunks import store_errors
 from rag.store.lexical import LexicalIndex
 from rag.store.record import check_embedder_of
+from rag.store.vectors import VectorStore
 
 __all__ = [
     "ChunkRecord",
@@ -77,7 +78,7 @@ class IngestPipeline:
         self,
         settings: Settings,
         embedder: Embedder,
-        store: ChunkStore,
+        store: VectorStore,
         lexical: LexicalIndex,
         catalog: DocumentCatalog,
         lease: OwnerLease,

@@ -264,15 +264,20 @@ def store() -> None:
 @store.command("check")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def store_check(as_json: bool) -> None:
-    """Compare the catalog, the record, Chroma and the BM25 index; exit 1 when they disagree. While the
-    API holds the store, it asks the API to check (read-only, through the API's own Chroma client)."""
-    import json
-
+    """Compare the catalog, the record, Chroma (or pgvector) and the BM25 index; exit 1 when they disagree.
+    While the API holds an embedded store, it asks the API to check (read-only, through the API's own
+    Chroma client); a store in PostgreSQL (RAG_DATABASE_URL) is read directly, beside running APIs."""
     from rag.core.errors import StoreLocked
     from rag.store.chunks import StoreLock
-    from rag.store.repair import check_store
+    from rag.store.repair import check_database, check_store
 
     settings = load_settings()
+    if settings.database_url:  # PostgreSQL serves every reader at once: checked here, beside the APIs
+        report = check_database(settings).to_dict()
+        _report_check(
+            report, f"database {_shown(settings.database_url)} (vectors in {report['vector_store']})", None, as_json
+        )
+        return
     lock = StoreLock(settings.data_dir)
     via: str | None = None  # the API that checked, when it holds the store
     try:
@@ -285,14 +290,29 @@ def store_check(as_json: bool) -> None:
             report = check_store(settings.data_dir, settings.chroma_path).to_dict()
         finally:
             lock.release()
+    _report_check(
+        report, f"store {settings.data_dir}" + (f" (checked by the API at {via})" if via else ""), via, as_json
+    )
+
+
+def _shown(url: str) -> str:
+    from rag.store.postgres import shown_url
+
+    return shown_url(url)
+
+
+def _report_check(report: dict[str, Any], title: str, via: str | None, as_json: bool) -> None:
+    """Print a check (its table, or JSON) and exit 1 when the store is not consistent."""
+    import json
+
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
-        _print_check(report, f"store {settings.data_dir}" + (f" (checked by the API at {via})" if via else ""))
+        _print_check(report, title)
         if report["consistent"]:
             click.echo("consistent")
-        elif via:
-            click.echo("fix: stop the API, then run `rag store repair`")
+        elif via or report.get("vector_store") == "pgvector":
+            click.echo("fix: stop the APIs, then run `rag store repair`")
         else:  # this check held the store's lock, so no API runs on it: the repair can start at once
             click.echo("fix: run `rag store repair` (no API holds this store now)")
     if not report["consistent"]:
@@ -319,7 +339,8 @@ def _check_through_api(settings: Settings, held: str) -> dict[str, Any]:
 def _print_check(report: dict[str, Any], title: str) -> None:
     click.echo(title)
     click.echo(
-        f"{'collection':<24} {'documents':>9} {'failed':>6} {'catalog':>9} {'record':>9} {'vectors':>9} {'chroma':>9}  state"
+        f"{'collection':<24} {'documents':>9} {'failed':>6} {'catalog':>9} {'record':>9} {'vectors':>9} "
+        f"{report.get('vector_store', 'Chroma').lower():>9}  state"
     )
     for c in report["collections"]:
         chroma = "-" if c["chroma"] is None else f"{c['chroma']:,}"
@@ -338,10 +359,21 @@ def _print_check(report: dict[str, Any], title: str) -> None:
 def store_repair() -> None:
     """Rebuild Chroma from the record; resumable. Chunks without a stored vector take theirs from the
     old Chroma where it still opens, else from the embedding server (RAG_EMBED_URL; started for the run
-    when none answers there)."""
-    from rag.store.repair import repair_store
+    when none answers there). A store in PostgreSQL (RAG_DATABASE_URL) is repaired in place, its vectors
+    (pgvector or a Chroma server) made the record's; stop its APIs first."""
+    from rag.store.repair import repair_database, repair_store, vectors_name
 
     settings = load_settings()
+    if settings.database_url:
+        written = _with_embedder(
+            settings,
+            "rag store repair",
+            lambda embed, progress: repair_database(settings, embed=embed, progress=progress),
+        )
+        for name, n in written.items():
+            click.echo(f"{name}: {n:,} vectors in {vectors_name(settings)}")
+        click.echo("repaired in place: every indexed chunk of the record has its vector, and nothing else is held")
+        return
     written = _with_embedder(
         settings,
         "rag store repair",
@@ -384,22 +416,26 @@ def store_migrate(url: str) -> None:
 def store_reindex(collection: str) -> None:
     """Embed a collection again from the record's texts with the embedder now served (after a model
     change), then rebuild Chroma. Resumable; stop the API first."""
-    from rag.store.repair import reindex_collection
+    from rag.store.repair import reindex_collection, reindex_database, vectors_name
 
     settings = load_settings()
-    written = _with_embedder(
-        settings,
-        "rag store reindex",
-        lambda embed, progress: reindex_collection(
+
+    def work(embed: Any, progress: Any) -> dict[str, int]:
+        if settings.database_url:
+            return reindex_database(settings, collection, model=settings.embed_model, embed=embed, progress=progress)
+        return reindex_collection(
             settings.data_dir,
             settings.chroma_path,
             collection,
             model=settings.embed_model,
             embed=embed,
             progress=progress,
-        ),
+        )
+
+    written = _with_embedder(settings, "rag store reindex", work)
+    click.echo(
+        f"{collection}: {written.get(collection, 0):,} vectors of {settings.embed_model} in {vectors_name(settings)}"
     )
-    click.echo(f"{collection}: {written.get(collection, 0):,} vectors of {settings.embed_model} in Chroma")
 
 
 @store.command("backup")

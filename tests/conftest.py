@@ -155,6 +155,22 @@ def postgres_server() -> Iterator[Any]:
 
 
 @pytest.fixture
+def chroma_server(tmp_path: Path) -> Iterator[Server]:
+    """A real `chroma run` server over this test's tmp dir."""
+    import sys
+
+    from tests.servers import free_port, start_server
+
+    port = free_port()
+    command = [str(Path(sys.executable).with_name("chroma")), "run", "--path", str(tmp_path / "chroma-server")]
+    server = start_server(
+        "chroma", [*command, "--host", "127.0.0.1", "--port", str(port)], port, tmp_path, ready_path="/api/v2/heartbeat"
+    )
+    yield server
+    server.stop()
+
+
+@pytest.fixture
 def database_url(postgres_server: Any) -> str:
     """RAG_DATABASE_URL of a new, empty database on the session's PostgreSQL."""
     from tests.postgres import new_database

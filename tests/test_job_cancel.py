@@ -15,7 +15,7 @@ import pytest
 from ingest.jobs import Job, JobRegistry
 from rag.core.errors import Conflict
 from tests.servers import Server, free_port, start_api
-from tests.test_replicas import _replica, _text, chroma_server  # noqa: F401  # a fixture
+from tests.test_replicas import _replica, _text
 
 pytestmark = pytest.mark.integration
 
@@ -90,7 +90,7 @@ def test_a_background_job_cancelled_keeps_the_files_done_and_reads_no_more(
 
 @pytest.mark.timeout(400)
 def test_a_job_is_cancelled_from_another_replica_than_the_one_running_it(
-    chroma_server: Server,  # noqa: F811
+    chroma_server: Server,
     database_url: str,
     ingest_env: dict[str, str],
     tmp_path: Path,

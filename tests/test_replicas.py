@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +30,6 @@ def _text(i: int) -> bytes:
         for s in range(80)
     ]
     return "\n\n".join(lines).encode()
-
-
-@pytest.fixture
-def chroma_server(tmp_path: Path) -> Iterator[Server]:
-    port = free_port()
-    command = [str(Path(sys.executable).with_name("chroma")), "run", "--path", str(tmp_path / "chroma")]
-    server = start_server(
-        "chroma", [*command, "--host", "127.0.0.1", "--port", str(port)], port, tmp_path, ready_path="/api/v2/heartbeat"
-    )
-    yield server
-    server.stop()
 
 
 def _replica(port: int, env: dict[str, str], log_dir: Path) -> Server:

@@ -29,9 +29,9 @@ from rag.clients.rerank import RerankClient
 from rag.core.config import Settings
 from rag.core.embeddings_api import InputType
 from rag.core.errors import BackendUnavailable, InvalidRequest, UpstreamError
-from rag.store.chunks import ChunkStore
 from rag.store.lexical import LexicalIndex, cjk_fraction
 from rag.store.record import Vectors, check_embedder_of
+from rag.store.vectors import VectorStore
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ class Retriever:
     def __init__(
         self,
         embedder: Embedder,
-        store: ChunkStore,
+        store: VectorStore,
         lexical: LexicalIndex,
         catalog: Catalog,
         settings: Settings,

@@ -19,12 +19,13 @@ from rag.clients.embedding_pool import embedding_client
 from rag.clients.llm_pool import llm_client
 from rag.core.config import Settings
 from rag.core.errors import BackendUnavailable, NotFound
-from rag.store.backend import open_catalog, open_keys, open_lease, open_lexical
+from rag.store.backend import open_catalog, open_keys, open_lease, open_lexical, open_vectors
 from rag.store.catalog import DocumentCatalog
 from rag.store.chunks import REPAIR_HINT, ChunkStore, StoreLock
 from rag.store.keys import KeyStore
 from rag.store.lexical import LexicalIndex
 from rag.store.probe import probe_chroma
+from rag.store.vectors import VectorStore
 
 log = logging.getLogger("rag.api")
 
@@ -36,7 +37,7 @@ class Services:
     settings: Settings
     llm: LLMBackend
     embedder: EmbeddingBackend
-    store: ChunkStore
+    store: VectorStore
     lexical: LexicalIndex
     catalog: DocumentCatalog
     store_lock: StoreLock | None = None
@@ -93,6 +94,7 @@ class Services:
         await self.embedder.aclose()
         self.lexical.close()
         self.catalog.close()
+        self.store.close()
         if self.keys:
             self.keys.close()
         if self.queue:
@@ -106,7 +108,7 @@ class Services:
 def build_services(settings: Settings, *, owner: str = "the rag API") -> Services:
     """Open the clients and the store. The embedded store is locked to this process."""
     lock = None
-    if settings.chroma_mode == "embedded":
+    if settings.embedded_chroma:
         lock = StoreLock(settings.data_dir)
         lock.acquire(owner)
     try:
@@ -143,11 +145,11 @@ def build_services(settings: Settings, *, owner: str = "the rag API") -> Service
     return services
 
 
-def open_store(settings: Settings) -> ChunkStore:
-    """Chroma, probed first in a child process when embedded: a damaged collection is reported and
-    never opened here, since opening it can crash the process."""
-    if settings.chroma_mode != "embedded":
-        return ChunkStore.open(settings)
+def open_store(settings: Settings) -> VectorStore:
+    """The chunk store; an embedded Chroma is probed first in a child process: a damaged collection is
+    reported and never opened here, since opening it can crash the process."""
+    if not settings.embedded_chroma:
+        return open_vectors(settings)
     probe = probe_chroma(settings.chroma_path)
     for name, reason in probe.damaged.items():
         log.error("Chroma's collection %r is damaged (%s); %s", name, reason, REPAIR_HINT)
@@ -173,12 +175,13 @@ def find_lost_vectors(services: Services) -> None:
         expected = sum(indexed.values())
         try:
             held = store.count(name)
-            if held > expected and services.settings.chroma_mode == "embedded":  # no other writer
+            if held > expected and services.settings.embedded_chroma:  # no other writer
                 held -= remove_orphans(services, name, indexed)
         except (BackendUnavailable, NotFound):
             held = 0
         if held < expected:
-            store.out_of_step[name] = f"Chroma holds {held:,} vectors for {expected:,} indexed chunks"
+            where = "pgvector" if services.settings.vector_store == "pgvector" else "Chroma"
+            store.out_of_step[name] = f"{where} holds {held:,} vectors for {expected:,} indexed chunks"
             log.error("collection %r is out of step: %s; %s", name, store.out_of_step[name], REPAIR_HINT)
 
 
@@ -198,7 +201,7 @@ def remove_leftover_uploads(settings: Settings) -> None:
 
     With a Chroma server several APIs may share a data dir, so only the embedded store's owner cleans up.
     """
-    if settings.chroma_mode != "embedded":
+    if not settings.embedded_chroma:
         return
     for folder in sorted((settings.data_dir / "uploads").glob("upload-*")):
         log.warning("removing the upload folder %s left by a stopped process", folder.name)

@@ -184,6 +184,9 @@ class Settings(BaseSettings):
     database_url: str | None = None
     job_lease_s: float = Field(default=20.0, ge=2)
 
+    # Where the chunk vectors live: Chroma (the default; embedded on disk, or a `chroma run` server), or
+    # pgvector tables in the PostgreSQL database of RAG_DATABASE_URL, beside the catalog and the record.
+    vector_store: Literal["chroma", "pgvector"] = "chroma"
     # Chroma: embedded on disk (the default) or a `chroma run` server.
     chroma_mode: Literal["embedded", "server"] = "embedded"
     chroma_url: str | None = None
@@ -322,6 +325,11 @@ class Settings(BaseSettings):
             )
         if self.chroma_mode == "server" and not self.chroma_url:
             raise ValueError("chroma_mode=server needs RAG_CHROMA_URL")
+        if self.vector_store == "pgvector" and not self.database_url:
+            raise ValueError(
+                "vector_store=pgvector keeps the vectors in PostgreSQL: set RAG_DATABASE_URL=postgresql://... "
+                "(or use RAG_VECTOR_STORE=chroma)"
+            )
         bundled = BUNDLED_GENERATORS[self.generator]
         if "llm_model" not in self.model_fields_set:
             self.llm_model = bundled.served_name
@@ -353,6 +361,11 @@ class Settings(BaseSettings):
     @property
     def chroma_path(self) -> Path:
         return self.data_dir / "chroma"
+
+    @property
+    def embedded_chroma(self) -> bool:
+        """The vectors are in an embedded Chroma under the data dir, which one process at a time may open."""
+        return self.vector_store == "chroma" and self.chroma_mode == "embedded"
 
     @property
     def llm_urls(self) -> list[str]:

@@ -46,14 +46,18 @@ def with_replicas(parts: list[Part], settings: Settings, replicas: int) -> list[
 
 
 def replica_parts(settings: Settings, replicas: int, logs: Path) -> list[Part]:
-    """The Chroma server (unless one is configured), the API replicas and the balancer, in start order."""
+    """The Chroma server (unless one is configured, or the vectors are in pgvector), the API replicas and
+    the balancer, in start order."""
     if not settings.database_url:
         raise LaunchError("API replicas share a PostgreSQL database: RAG_DATABASE_URL is not set")
     host = settings.api_host
     ports = [settings.api_port + i for i in range(1, replicas + 1)]
     parts = []
     chroma_url = settings.chroma_url
-    if settings.chroma_mode != "server" or not chroma_url:
+    shared: dict[str, str] = {"RAG_DATABASE_URL": settings.database_url}
+    if settings.vector_store == "pgvector":
+        shared["RAG_VECTOR_STORE"] = "pgvector"
+    elif settings.chroma_mode != "server" or not chroma_url:
         chroma_port = settings.api_port + replicas + 1
         chroma_url = f"http://127.0.0.1:{chroma_port}"
         chroma = str(Path(sys.executable).with_name("chroma"))
@@ -78,7 +82,8 @@ def replica_parts(settings: Settings, replicas: int, logs: Path) -> list[Part]:
                 logs / "chroma.log",
             )
         )
-    shared = {"RAG_DATABASE_URL": settings.database_url, "RAG_CHROMA_MODE": "server", "RAG_CHROMA_URL": chroma_url}
+    if settings.vector_store != "pgvector":
+        shared.update(RAG_CHROMA_MODE="server", RAG_CHROMA_URL=str(chroma_url))
     database = urlparse(settings.database_url)
     where = database.hostname or dict(p.split("=", 1) for p in database.query.split("&") if "=" in p).get("host", "")
     for i, port in enumerate(ports, 1):

@@ -1,5 +1,6 @@
 """Which backend holds the catalog, the chunk record, the keys and the owner lease: SQLite files in the data
-dir (the default), or the PostgreSQL database of RAG_DATABASE_URL that several API replicas share."""
+dir (the default), or the PostgreSQL database of RAG_DATABASE_URL that several API replicas share; and
+which holds the vectors: Chroma (the default), or pgvector in that database (RAG_VECTOR_STORE)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from rag.store.catalog import DocumentCatalog
 from rag.store.keys import FILE as KEYS_FILE
 from rag.store.keys import KeyStore
 from rag.store.lexical import LexicalIndex
+from rag.store.vectors import VectorStore
 
 
 def open_catalog(settings: Settings) -> DocumentCatalog:
@@ -41,3 +43,15 @@ def open_keys(settings: Settings) -> KeyStore:
 
         return PgKeyStore(settings.database_url)
     return KeyStore(settings.data_dir / KEYS_FILE)
+
+
+def open_vectors(settings: Settings) -> VectorStore:
+    """The chunk store, unprobed: pgvector in RAG_DATABASE_URL's database, else Chroma (embedded or a server)."""
+    if settings.vector_store == "pgvector":
+        from rag.store.pg_vectors import PgVectorStore
+
+        assert settings.database_url is not None  # Settings refuses pgvector without it
+        return PgVectorStore(settings.database_url, settings.collection)
+    from rag.store.chunks import ChunkStore
+
+    return ChunkStore.open(settings)

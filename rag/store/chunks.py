@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -10,10 +11,18 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import numpy as np
 from filelock import FileLock, Timeout
 
 from rag.core.config import Settings
-from rag.core.errors import BackendUnavailable, NotFound, StoreDamaged, StoreLocked, StoreUnavailable
+from rag.core.errors import (
+    BackendUnavailable,
+    NotFound,
+    StoreDamaged,
+    StoreLocked,
+    StoreUnavailable,
+    UpstreamError,
+)
 from rag.store.record import Vectors
 
 # sync_threshold 1: Chroma writes its HNSW files after every write. At its default (1000) the last
@@ -25,6 +34,47 @@ REPAIR_HINT = "stop the API and run `rag store repair`"
 # Document ids in one Chroma `$in` filter: SQLite refuses a statement with more than 32,766 variables.
 FILTER_BATCH = 5000
 SHOWN_COLLECTIONS = 5  # names in the 404 of an unknown collection
+_CHROMA_WIDTH = re.compile(r"expecting embedding with dimension of (\d+), got (\d+)")
+
+
+def dimension_mismatch(collection: str, expected: int, got: int) -> UpstreamError:
+    """A vector of another width than the collection's, from either store: the embedder is not the one
+    that built the collection (the recorded-embedder check catches most of these before the store)."""
+    return UpstreamError(
+        f"collection {collection!r} holds {expected}-dimensional vectors; got a {got}-dimensional one: serve the "
+        f"embedder that built it, or re-embed it with `rag store reindex --collection {collection}`",
+        dimensions=got,
+        expected=expected,
+    )
+
+
+def unknown_collection(name: str, known: list[str]) -> NotFound:
+    """The 404 of a collection no store holds, naming a few that exist."""
+    # A few names only: a store of thousands must not answer every unknown name with all of them.
+    shown = ", ".join(known[:SHOWN_COLLECTIONS]) or "none yet"
+    more = (
+        f" and {len(known) - SHOWN_COLLECTIONS:,} more (GET /v1/collections)" if len(known) > SHOWN_COLLECTIONS else ""
+    )
+    return NotFound(
+        f"no collection {name[:100]!r}; the collections are: {shown}{more}",
+        collection=name[:100],
+        collections=known[:SHOWN_COLLECTIONS],
+        total=len(known),
+    )
+
+
+@contextmanager
+def _widths_checked(collection: str) -> Iterator[None]:
+    """Chroma's refusal of a vector of another width, as `dimension_mismatch`."""
+    from chromadb.errors import InvalidArgumentError
+
+    try:
+        yield
+    except InvalidArgumentError as exc:
+        found = _CHROMA_WIDTH.search(str(exc))
+        if found is None:
+            raise
+        raise dimension_mismatch(collection, int(found[1]), int(found[2])) from exc
 
 
 @dataclass
@@ -150,20 +200,7 @@ class ChunkStore:
         return self._collections[name]
 
     def _unknown(self, name: str) -> NotFound:
-        known = self.names()
-        # A few names only: a store of thousands must not answer every unknown name with all of them.
-        shown = ", ".join(known[:SHOWN_COLLECTIONS]) or "none yet"
-        more = (
-            f" and {len(known) - SHOWN_COLLECTIONS:,} more (GET /v1/collections)"
-            if len(known) > SHOWN_COLLECTIONS
-            else ""
-        )
-        return NotFound(
-            f"no collection {name[:100]!r}; the collections are: {shown}{more}",
-            collection=name[:100],
-            collections=known[:SHOWN_COLLECTIONS],
-            total=len(known),
-        )
+        return unknown_collection(name, self.names())
 
     def names(self) -> list[str]:
         """The collections that exist in Chroma."""
@@ -194,6 +231,9 @@ class ChunkStore:
     def max_batch_size(self) -> int:
         return int(self._client.get_max_batch_size())
 
+    def close(self) -> None:
+        """Nothing to close: Chroma's client lives as long as the process (its system cache holds it)."""
+
     def heartbeat(self) -> bool:
         if self._client is None:
             return False
@@ -216,12 +256,13 @@ class ChunkStore:
             step = min(self.max_batch_size(), 1000)
             for start in range(0, len(ids), step):
                 end = start + step
-                coll.upsert(
-                    ids=ids[start:end],
-                    embeddings=embeddings[start:end],
-                    documents=documents[start:end],
-                    metadatas=metadatas[start:end],
-                )
+                with _widths_checked(collection):
+                    coll.upsert(
+                        ids=ids[start:end],
+                        embeddings=embeddings[start:end],
+                        documents=documents[start:end],
+                        metadatas=metadatas[start:end],
+                    )
 
     def delete_document(self, collection: str, doc_id: str) -> None:
         with self._writing():
@@ -242,6 +283,20 @@ class ChunkStore:
         for offset in range(0, int(coll.count()), step):
             found.update(coll.get(limit=step, offset=offset, include=[])["ids"])
         return found
+
+    def dimensions(self, name: str) -> int | None:
+        """The width of the collection's vectors; None when it holds none."""
+        if not self.exists(name):
+            return None
+        got = self.collection(name).get(limit=1, include=["embeddings"])["embeddings"]
+        return None if got is None or len(got) == 0 else len(got[0])
+
+    def vectors_of(self, collection: str, ids: list[str]) -> dict[str, Any]:
+        """The vectors the collection holds of some chunk ids (what a repair compares with the record)."""
+        if not ids or not self.exists(collection):
+            return {}
+        got = self.collection(collection).get(ids=ids, include=["embeddings"])
+        return {i: np.asarray(v, dtype=np.float32) for i, v in zip(got["ids"], got["embeddings"])}
 
     def delete_ids(self, collection: str, ids: list[str]) -> None:
         with self._writing():
@@ -274,6 +329,12 @@ class ChunkStore:
         coll = self._readable(collection)
         if coll is None:
             return []
+        with _widths_checked(collection):
+            return self._query(coll, embedding, k, doc_ids, texts)
+
+    def _query(
+        self, coll: Any, embedding: list[float], k: int, doc_ids: list[str] | None, texts: bool
+    ) -> list[StoredChunk]:
         if not doc_ids:
             return _hits(coll, embedding, k, None, texts)
         # A long filter goes in parts (one SQL statement each), their hits merged by score.

@@ -293,3 +293,17 @@ class PgOwnerLease:
             pass  # the server is away: the lock went with the connection
         self._held.close()
         self._db.close()
+
+
+def live_owners(url: str) -> int:
+    """How many processes (API replicas, `ingest`) hold an owner lease on the database at `url`."""
+    db = Connection(url, "owners")
+    try:
+        row = db.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = ?::oid AND objsubid = 2 "
+            "AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            (_OWNER_LOCKS,),
+        ).fetchone()
+    finally:
+        db.close()
+    return int(row[0]) if row else 0

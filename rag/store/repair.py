@@ -24,11 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rag.core.config import Settings
 from rag.core.errors import StoreUnavailable
+from rag.store.backend import open_catalog, open_lexical, open_vectors
 from rag.store.catalog import DocumentCatalog, DocumentCounts
-from rag.store.chunks import HNSW, ChunkStore, persistent_client
+from rag.store.chunks import HNSW, persistent_client
 from rag.store.lexical import LexicalIndex
 from rag.store.probe import ChromaProbe, chroma_ids, export_vectors, probe_chroma
+from rag.store.vectors import VectorStore
 
 REPAIR_COMMAND = "rag store repair"
 BATCH = 500
@@ -51,26 +54,28 @@ class CollectionCheck:
     # Chroma's ids against the record's indexed chunks; None when Chroma's ids could not be read.
     orphans: list[str] | None = None  # vectors of no indexed chunk
     missing: list[str] | None = None  # indexed chunks with no vector
+    vectors: str = "Chroma"  # the store that holds the vectors (its name in the problems)
 
     @property
     def problems(self) -> list[str]:
         out = []
+        where = self.vectors
         if self.chroma_state == "damaged":
-            out.append("Chroma cannot open this collection")
+            out.append(f"{where} cannot open this collection")
         elif self.orphans or self.missing:
             if self.orphans:
                 out.append(
-                    f"Chroma holds {len(self.orphans):,} vectors of no indexed chunk (such as {self.orphans[0]!r})"
+                    f"{where} holds {len(self.orphans):,} vectors of no indexed chunk (such as {self.orphans[0]!r})"
                 )
             if self.missing:
                 out.append(
-                    f"{len(self.missing):,} indexed chunks have no vector in Chroma (such as {self.missing[0]!r})"
+                    f"{len(self.missing):,} indexed chunks have no vector in {where} (such as {self.missing[0]!r})"
                 )
         elif self.chroma is not None and self.chroma != self.catalog_chunks:
             # More is as wrong as fewer: vectors of no indexed chunk (a write cut short) are found by search.
-            out.append(f"Chroma holds {self.chroma:,} vectors for {self.catalog_chunks:,} indexed chunks")
+            out.append(f"{where} holds {self.chroma:,} vectors for {self.catalog_chunks:,} indexed chunks")
         elif self.chroma_state == "missing" and self.catalog_chunks:
-            out.append("Chroma has no such collection")
+            out.append(f"{where} has no such collection")
         if self.not_in_record:
             out.append(f"{len(self.not_in_record)} indexed documents are missing from the record: upload them again")
         return out
@@ -97,6 +102,7 @@ class StoreCheck:
     lexical_record: int  # chunks in the record, all collections
     lexical_index: int  # chunks in the BM25 index
     probe: ChromaProbe
+    vectors: str = "Chroma"
 
     @property
     def consistent(self) -> bool:
@@ -105,6 +111,7 @@ class StoreCheck:
     def to_dict(self) -> dict[str, Any]:
         return {
             "consistent": self.consistent,
+            "vector_store": self.vectors,
             "chroma_unreadable": self.probe.unreadable,
             "lexical": {"record": self.lexical_record, "index": self.lexical_index},
             "collections": [c.to_dict() for c in self.collections],
@@ -124,29 +131,62 @@ def check_store(
     catalog = DocumentCatalog(data_dir / "catalog.sqlite")
     lexical = LexicalIndex(data_dir / "lexical.sqlite")
     try:
-        names = sorted(
-            {n for n, _ in catalog.collections()} | set(lexical.collections()) | set(probe.counts) | set(probe.damaged)
-        )
         if chroma_held is None:
             chroma_held = chroma_ids(chroma_path, sorted(probe.counts), data_dir / ".check-ids.jsonl")
-        held = chroma_held or {}
-        checks = [_check_collection(name, catalog, lexical, probe, held.get(name)) for name in names]
-        return StoreCheck(checks, lexical.total(), lexical.search_count(), probe)
+        return _check(catalog, lexical, probe, chroma_held)
     finally:
         lexical.close()
         catalog.close()
 
 
-def check_open_store(data_dir: Path, store: ChunkStore) -> StoreCheck:
-    """The same check on the store a running API holds, through its own Chroma client (read-only;
-    uploads running meanwhile may show as a passing difference)."""
+def check_open_store(
+    store: VectorStore, catalog: DocumentCatalog, lexical: LexicalIndex, vectors: str = "Chroma"
+) -> StoreCheck:
+    """The same check through a store that is open already: a running API's own Chroma client (read-only;
+    uploads running meanwhile may show as a passing difference), a Chroma server, or pgvector."""
     healthy = [n for n in store.names() if n not in store.damaged] if store.unreadable is None else []
     probe = ChromaProbe({n: store.count(n) for n in healthy}, dict(store.damaged), store.unreadable)
-    return check_store(data_dir, Path(), probe, {n: store.ids(n) for n in healthy})
+    return _check(catalog, lexical, probe, {n: store.ids(n) for n in healthy}, vectors)
+
+
+def check_database(settings: Settings) -> StoreCheck:
+    """The check of a store whose catalog and record are in PostgreSQL (RAG_DATABASE_URL), its vectors in
+    pgvector or a Chroma server: every process reads them at once, so it runs beside the APIs."""
+    catalog, lexical, store = open_catalog(settings), open_lexical(settings), open_vectors(settings)
+    try:
+        return check_open_store(store, catalog, lexical, vectors_name(settings))
+    finally:
+        store.close()
+        lexical.close()
+        catalog.close()
+
+
+def vectors_name(settings: Settings) -> str:
+    return "pgvector" if settings.vector_store == "pgvector" else "Chroma"
+
+
+def _check(
+    catalog: DocumentCatalog,
+    lexical: LexicalIndex,
+    probe: ChromaProbe,
+    held_ids: dict[str, set[str]] | None,
+    vectors: str = "Chroma",
+) -> StoreCheck:
+    names = sorted(
+        {n for n, _ in catalog.collections()} | set(lexical.collections()) | set(probe.counts) | set(probe.damaged)
+    )
+    held = held_ids or {}
+    checks = [_check_collection(name, catalog, lexical, probe, held.get(name), vectors) for name in names]
+    return StoreCheck(checks, lexical.total(), lexical.search_count(), probe, vectors)
 
 
 def _check_collection(
-    name: str, catalog: DocumentCatalog, lexical: LexicalIndex, probe: ChromaProbe, held: set[str] | None
+    name: str,
+    catalog: DocumentCatalog,
+    lexical: LexicalIndex,
+    probe: ChromaProbe,
+    held: set[str] | None,
+    vectors: str = "Chroma",
 ) -> CollectionCheck:
     indexed = catalog.indexed_chunks(name)
     in_record = lexical.document_counts(name)
@@ -169,6 +209,7 @@ def _check_collection(
         not_in_record=not_in_record,
         orphans=orphans,
         missing=missing,
+        vectors=vectors,
     )
 
 
@@ -219,13 +260,7 @@ def _fill_vectors(
     progress: Progress,
 ) -> None:
     """Give every indexed chunk of the record a vector: from the old Chroma if it opens, else embedded."""
-    indexed = set(catalog.indexed_chunks(name))
-    missing = [
-        (cid, did, text)
-        for batch in lexical.records(name)
-        for cid, did, text, _, vec in batch
-        if vec is None and did in indexed
-    ]
+    missing = _without_vectors(name, catalog, lexical)
     if not missing:
         return
     if name in probe.counts and probe.counts[name] and not lexical.reindexing(name):  # not the old model's
@@ -234,9 +269,33 @@ def _fill_vectors(
         lexical.set_vectors(name, found)
         progress(f"{name}: vectors from Chroma", len(found), len(found))
         missing = [m for m in missing if m[0] not in salvaged]
+    _embed_missing(name, missing, catalog, lexical, embed, progress, "Chroma")
+
+
+def _without_vectors(name: str, catalog: DocumentCatalog, lexical: LexicalIndex) -> list[tuple[str, str, str]]:
+    """(chunk id, doc id, text) of the record's indexed chunks that have no vector."""
+    indexed = set(catalog.indexed_chunks(name))
+    return [
+        (cid, did, text)
+        for batch in lexical.records(name)
+        for cid, did, text, _, vec in batch
+        if vec is None and did in indexed
+    ]
+
+
+def _embed_missing(
+    name: str,
+    missing: list[tuple[str, str, str]],
+    catalog: DocumentCatalog,
+    lexical: LexicalIndex,
+    embed: Embed | None,
+    progress: Progress,
+    vectors_from: str,
+) -> None:
+    """Embed the (chunk id, doc id, text) chunks that neither the record nor the vector store had a vector of."""
     if missing and embed is None:
         raise StoreUnavailable(
-            f"{len(missing):,} chunks of {name!r} have no stored vector and Chroma cannot give them: "
+            f"{len(missing):,} chunks of {name!r} have no stored vector and {vectors_from} cannot give them: "
             "start the embedding server (rag serve-embeddings) and run the repair again"
         )
     names = {d: catalog.get(name, d) for d in {did for _, did, _ in missing}}
@@ -263,23 +322,9 @@ def reindex_collection(
 
     Resumable: the old vectors are dropped once, at the start; a second run embeds only what is left.
     """
-    from rag.store.record import EmbedderIdentity
-
     lexical = LexicalIndex(data_dir / "lexical.sqlite")
     try:
-        lexical.begin_reindex(collection)
-        missing = [
-            (cid, text) for batch in lexical.records(collection) for cid, _, text, _, vec in batch if vec is None
-        ]
-        total = sum(n for n, _ in lexical.document_counts(collection).values())
-        done = total - len(missing)
-        for start in range(0, len(missing), BATCH):
-            part = missing[start : start + BATCH]
-            vectors = embed([text for _, text in part])
-            lexical.set_vectors(collection, [(cid, v, None) for (cid, _), v in zip(part, vectors)])
-            if lexical.embedder(collection) is None:
-                lexical.set_embedder(collection, EmbedderIdentity.of(model, part[0][1], vectors[0]))
-            progress(f"{collection}: embedding", done + start + len(part), total)
+        _reembed(lexical, collection, model, embed, progress)
     finally:
         lexical.close()
     written = repair_store(data_dir, chroma_path, embed=embed, progress=progress)
@@ -289,6 +334,23 @@ def reindex_collection(
     finally:
         lexical.close()
     return written
+
+
+def _reembed(lexical: LexicalIndex, collection: str, model: str, embed: Embed, progress: Progress) -> None:
+    """Give the record's chunks of `collection` vectors of `model`; the old ones are dropped once, at the start."""
+    from rag.store.record import EmbedderIdentity
+
+    lexical.begin_reindex(collection)
+    missing = [(cid, text) for batch in lexical.records(collection) for cid, _, text, _, vec in batch if vec is None]
+    total = sum(n for n, _ in lexical.document_counts(collection).values())
+    done = total - len(missing)
+    for start in range(0, len(missing), BATCH):
+        part = missing[start : start + BATCH]
+        vectors = embed([text for _, text in part])
+        lexical.set_vectors(collection, [(cid, v, None) for (cid, _), v in zip(part, vectors)])
+        if lexical.embedder(collection) is None:
+            lexical.set_embedder(collection, EmbedderIdentity.of(model, part[0][1], vectors[0]))
+        progress(f"{collection}: embedding", done + start + len(part), total)
 
 
 def _fallback_metadata(chunk_id: str, doc_id: str, row: Any) -> dict[str, Any]:
@@ -337,3 +399,115 @@ def _swap(chroma_path: Path, rebuilt: Path) -> None:
     if chroma_path.exists():
         chroma_path.rename(chroma_path.with_name(f"{chroma_path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"))
     rebuilt.rename(chroma_path)
+
+
+# The store in PostgreSQL (RAG_DATABASE_URL), its vectors in pgvector or a Chroma server: repaired in
+# place, since another process serves that store (nothing to swap a folder under) and a second copy of
+# every vector would double the database. Each collection's vectors are made the record's: an indexed
+# chunk without a vector, or with another one (a model's old vectors), is written from the record, a
+# vector of no indexed chunk is deleted, a collection of no record goes. Resumable: a second run writes
+# only what is still wrong.
+
+
+def repair_database(
+    settings: Settings, *, embed: Embed | None = None, progress: Progress = lambda *a: None
+) -> dict[str, int]:
+    """Make the vectors of a PostgreSQL store the record's; the vectors held per collection after it.
+    Refused while an API or `ingest` works on the store (their owner leases are live)."""
+    from rag.store.postgres import live_owners
+
+    assert settings.database_url is not None
+    running = live_owners(settings.database_url)
+    if running:
+        raise StoreUnavailable(
+            f"{running} process(es) (an API replica or `ingest`) work on this database: stop them, then run "
+            f"`{REPAIR_COMMAND}` (`rag store check` runs beside them)"
+        )
+    catalog, lexical, store = open_catalog(settings), open_lexical(settings), open_vectors(settings)
+    try:
+        names = sorted({n for n, _ in catalog.collections()} | set(lexical.collections()))
+        for name in names:
+            _fill_from(store, name, catalog, lexical, embed, progress)
+        written = {name: _make_like_record(store, name, catalog, lexical, progress) for name in names}
+        for gone in sorted(set(store.names()) - set(names)):
+            store.delete_collection(gone)
+        return written
+    finally:
+        store.close()
+        lexical.close()
+        catalog.close()
+
+
+def reindex_database(
+    settings: Settings, collection: str, *, model: str, embed: Embed, progress: Progress = lambda *a: None
+) -> dict[str, int]:
+    """`reindex_collection` for a store in PostgreSQL: re-embed the record's texts, then repair in place."""
+    lexical = open_lexical(settings)
+    try:
+        _reembed(lexical, collection, model, embed, progress)
+    finally:
+        lexical.close()
+    written = repair_database(settings, embed=embed, progress=progress)
+    lexical = open_lexical(settings)
+    try:
+        lexical.end_reindex(collection)
+    finally:
+        lexical.close()
+    return written
+
+
+def _fill_from(
+    store: VectorStore,
+    name: str,
+    catalog: DocumentCatalog,
+    lexical: LexicalIndex,
+    embed: Embed | None,
+    progress: Progress,
+) -> None:
+    """Give every indexed chunk of the record a vector: the store's own where it holds one, else embedded."""
+    missing = _without_vectors(name, catalog, lexical)
+    if missing and store.exists(name) and not lexical.reindexing(name):  # not the old model's
+        salvaged = {
+            cid: vector
+            for start in range(0, len(missing), BATCH)
+            for cid, vector in store.vectors_of(name, [m[0] for m in missing[start : start + BATCH]]).items()
+        }
+        lexical.set_vectors(name, [(cid, salvaged[cid], None) for cid, _, _ in missing if cid in salvaged])
+        progress(f"{name}: vectors from the store", len(salvaged), len(salvaged))
+        missing = [m for m in missing if m[0] not in salvaged]
+    _embed_missing(name, missing, catalog, lexical, embed, progress, "the vector store")
+
+
+def _make_like_record(
+    store: VectorStore, name: str, catalog: DocumentCatalog, lexical: LexicalIndex, progress: Progress
+) -> int:
+    """Write the record's indexed chunks that the store lacks or holds another vector of; delete the rest."""
+    import numpy as np
+
+    identity = lexical.embedder(name)
+    if identity is not None and store.exists(name) and store.dimensions(name) not in (None, identity.dimensions):
+        store.delete_collection(name)  # vectors of another model's width: a table of the new width
+    indexed = catalog.indexed_chunks(name)
+    total, done, expected = sum(indexed.values()), 0, set[str]()
+    progress(f"{name}: vectors", 0, total)
+    for batch in lexical.records(name, BATCH):
+        rows = [r for r in batch if r[1] in indexed and r[4] is not None]
+        expected.update(r[0] for r in rows)
+        held = store.vectors_of(name, [r[0] for r in rows]) if rows and store.exists(name) else {}
+        todo = [
+            r for r in rows if r[0] not in held or not np.allclose(held[r[0]], np.asarray(r[4], np.float32), atol=1e-4)
+        ]
+        if todo:
+            store.upsert(
+                name,
+                ids=[r[0] for r in todo],
+                embeddings=np.asarray([r[4] for r in todo], dtype=np.float32),
+                documents=[r[2] for r in todo],
+                metadatas=[r[3] or {"doc_id": r[1]} for r in todo],
+            )
+        done += len(rows)
+        progress(f"{name}: vectors", done, total)
+    orphans = sorted(store.ids(name) - expected) if store.exists(name) else []
+    if orphans:
+        store.delete_ids(name, orphans)
+    return store.count(name) if store.exists(name) else 0

@@ -110,8 +110,13 @@ async def _embedder_state(services: ServicesDep) -> dict[str, Any]:
 
 def _store_state(services: ServicesDep, caller: Access | None, alive: bool) -> StoreState:
     store = services.store
-    mode = services.settings.chroma_mode
-    where = services.settings.chroma_url if mode == "server" else str(services.settings.chroma_path)
+    settings = services.settings
+    mode: str = settings.chroma_mode
+    where = settings.chroma_url if mode == "server" else str(settings.chroma_path)
+    if settings.vector_store == "pgvector" and settings.database_url:
+        from rag.store.postgres import shown_url
+
+        mode, where = "pgvector", shown_url(settings.database_url)
     state: dict[str, Any] = {
         "state": "ok" if alive else "down",
         "mode": mode,

@@ -9,7 +9,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel
 
 from rag.api.deps import AccessDep, ServicesDep
-from rag.store.repair import check_open_store
+from rag.store.repair import check_open_store, vectors_name
 
 router = APIRouter()
 
@@ -39,6 +39,7 @@ class StoreReport(BaseModel):
     """`consistent` when every part agrees; else `fix` names the command that repairs the store."""
 
     consistent: bool
+    vector_store: str  # where the vectors are: Chroma or pgvector
     chroma_unreadable: str | None
     lexical: LexicalCounts
     collections: list[CollectionCounts]
@@ -49,5 +50,7 @@ class StoreReport(BaseModel):
 async def store_check(services: ServicesDep, access: AccessDep) -> StoreReport:
     """Per collection, the catalog's, the record's, Chroma's and the BM25 index's counts; `consistent`."""
     access.require_admin("the store check")
-    report = await asyncio.to_thread(check_open_store, services.settings.data_dir, services.store)
+    report = await asyncio.to_thread(
+        check_open_store, services.store, services.catalog, services.lexical, vectors_name(services.settings)
+    )
     return StoreReport.model_validate(report.to_dict())

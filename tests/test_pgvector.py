@@ -1,0 +1,187 @@
+"""The chunk store on pgvector (`RAG_VECTOR_STORE=pgvector`) against a real PostgreSQL 18 with pgvector
+0.8.5: the same answers as the Chroma store for the same calls, the API's upload, search and delete on
+it, `rag store check` and `rag store repair` finding and putting back a lost vector, and the same top 10
+after the database restarts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from rag.cli import cli
+from rag.core.config import Settings
+from rag.core.errors import NotFound, StoreUnavailable, UpstreamError
+from rag.store.backend import open_vectors
+from rag.store.chunks import ChunkStore, persistent_client
+from rag.store.pg_vectors import PgVectorStore
+from rag.store.vectors import VectorStore
+from tests.chat_helpers import changed, serve, upload
+
+DOCS = {
+    "lighthouse.txt": "The lighthouse keeper lit the lamp at dusk; its beam swept the granite quay and the ferry.",
+    "bakery.txt": "The bakery on Mill Street bakes rye bread before dawn and sells it warm to the fishermen.",
+    "orchard.txt": "Apple trees in the orchard blossom in April; the cider press runs through October.",
+}
+
+
+def _vectors(n: int, dim: int, seed: int = 0) -> np.ndarray:
+    """Unit vectors in clusters (as chunks of a few topics are), float32."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(max(n // 50, 1), dim))
+    points = centres[rng.integers(0, len(centres), n)] + 0.6 * rng.normal(size=(n, dim))
+    return (points / np.linalg.norm(points, axis=1, keepdims=True)).astype(np.float32)
+
+
+def _fill(store: VectorStore, collection: str, vectors: np.ndarray, per_doc: int = 10) -> list[str]:
+    ids = [f"doc{i // per_doc}:{i % per_doc}" for i in range(len(vectors))]
+    metadatas = [
+        {"doc_id": f"doc{i // per_doc}", "chunk_index": i % per_doc, "source": "a.txt"} for i in range(len(ids))
+    ]
+    store.upsert(collection, ids, vectors, [f"chunk {i}" for i in range(len(ids))], metadatas)
+    return ids
+
+
+def _top(store: VectorStore, collection: str, queries: np.ndarray, k: int = 10, **kw: Any) -> list[list[str]]:
+    return [[h.id for h in store.query(collection, q.tolist(), k, **kw)] for q in queries]
+
+
+@pytest.fixture
+def stores(database_url: str, tmp_path: Path) -> tuple[ChunkStore, PgVectorStore]:
+    return ChunkStore(persistent_client(tmp_path / "chroma")), PgVectorStore(database_url)
+
+
+def test_chroma_stays_the_default_and_pgvector_needs_postgresql(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path)
+    assert settings.vector_store == "chroma" and isinstance(open_vectors(settings), ChunkStore)
+    with pytest.raises(ValueError, match="vector_store=pgvector keeps the vectors in PostgreSQL: set RAG_DATABASE_URL"):
+        Settings(data_dir=tmp_path, vector_store="pgvector")
+
+
+def test_pgvector_answers_as_chroma_does(stores: tuple[ChunkStore, PgVectorStore]) -> None:
+    """The same 600 chunks in both: the same top 10 with the same scores, unfiltered and within some
+    documents, the same counts, texts and metadata, and the same after a document is deleted."""
+    vectors, queries = _vectors(600, 32), _vectors(20, 32, seed=1)
+    for store in stores:
+        _fill(store, "harbour", vectors)
+    chroma, pg = stores
+    for kw in ({}, {"doc_ids": ["doc3", "doc17", "doc40"]}, {"doc_ids": ["doc5"], "texts": False}):
+        assert _top(pg, "harbour", queries, **kw) == _top(chroma, "harbour", queries, **kw), kw
+    q = queries[0].tolist()
+    assert [round(h.score, 5) for h in pg.query("harbour", q, 10)] == [
+        round(h.score, 5) for h in chroma.query("harbour", q, 10)
+    ]
+    assert pg.get("harbour", ["doc2:3", "doc9:0", "nope:1"]) == chroma.get("harbour", ["doc2:3", "doc9:0", "nope:1"])
+    assert pg.get("harbour", ["doc2:3"])[0].metadata == {"doc_id": "doc2", "chunk_index": 3, "source": "a.txt"}
+    for store in stores:
+        store.delete_document("harbour", "doc3")
+        store.delete_ids("harbour", ["doc4:0", "doc4:1"])
+    assert pg.count("harbour") == chroma.count("harbour") == 588
+    assert pg.ids("harbour") == chroma.ids("harbour")
+    assert pg.count_document("harbour", "doc4") == chroma.count_document("harbour", "doc4") == 8
+    assert _top(pg, "harbour", queries) == _top(chroma, "harbour", queries)
+    assert pg.names() == chroma.names() == ["harbour"]
+    for store in stores:
+        with pytest.raises(NotFound, match="no collection 'elsewhere'; the collections are: harbour"):
+            store.query("elsewhere", q, 3)
+        assert store.query("default", q, 3) == []  # the default collection before its first document
+        store.delete_collection("harbour")
+        assert not store.exists("harbour") and store.names() == []
+
+
+@pytest.mark.parametrize("kind", ["chroma", "pgvector"])
+def test_a_vector_of_another_width_is_one_clear_error_on_either_store(
+    kind: str, stores: tuple[ChunkStore, PgVectorStore]
+) -> None:
+    store: VectorStore = stores[0] if kind == "chroma" else stores[1]
+    _fill(store, "harbour", _vectors(20, 16))
+    message = r"collection 'harbour' holds 16-dimensional vectors; got a 8-dimensional one: serve the embedder"
+    with pytest.raises(UpstreamError, match=message) as caught:
+        _fill(store, "harbour", _vectors(10, 8))
+    assert caught.value.status == 502 and caught.value.detail == {"dimensions": 8, "expected": 16}
+    with pytest.raises(UpstreamError, match=message):
+        store.query("harbour", [0.1] * 8, 5)
+    assert store.count("harbour") == 20
+
+
+def test_a_restart_of_postgresql_keeps_the_top_10(postgres_server: Any, database_url: str) -> None:
+    """2,000 chunks: every query's top 10, in order, is the same from a new store after PostgreSQL
+    stopped and started again, and it is the exact top 10 (HNSW at ef_search 200 misses nothing here)."""
+    vectors, queries = _vectors(2000, 64), _vectors(30, 64, seed=2)
+    store = PgVectorStore(database_url)
+    ids = _fill(store, "scale", vectors)
+    before = _top(store, "scale", queries)
+    exact = [[ids[i] for i in np.argsort(-(vectors @ q), kind="stable")[:10]] for q in queries]
+    assert before == exact
+    store.close()
+    postgres_server._stop()
+    postgres_server.ensure_postgres_running()
+    assert _top(PgVectorStore(database_url), "scale", queries) == before
+
+
+def _cli(args: list[str], env: dict[str, str]) -> Any:
+    return CliRunner().invoke(cli, args, env=env, catch_exceptions=False)
+
+
+@pytest.mark.parametrize("vectors", ["pgvector", "Chroma server"])
+def test_upload_search_delete_check_and_repair_through_the_api_on_postgresql(
+    vectors: str, backend_settings: Settings, database_url: str, request: pytest.FixtureRequest
+) -> None:
+    """The API on PostgreSQL with its vectors in pgvector (or a Chroma server): an upload is found, a
+    deleted document is not; with the API stopped, a vector lost from the store is what `rag store check`
+    reports, and `rag store repair` writes it again from the record."""
+    env = {"RAG_DATABASE_URL": database_url, "RAG_DATA_DIR": str(backend_settings.data_dir)}
+    if vectors == "pgvector":
+        env["RAG_VECTOR_STORE"] = "pgvector"
+    else:
+        env.update(RAG_CHROMA_MODE="server", RAG_CHROMA_URL=request.getfixturevalue("chroma_server").url)
+    settings = changed(backend_settings, **{k[4:].lower(): v for k, v in env.items()})
+    with serve(settings) as url:
+        results = upload(url, DOCS)["results"]
+        doc_of = {r["filename"]: r["document_id"] for r in results}
+        ask = {"messages": [{"role": "user", "content": "when does the bakery bake rye bread?"}], "stream": False}
+        answer = httpx.post(f"{url}/v1/chat", json={**ask, "max_tokens": 1, "top_k": 2}, timeout=120)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["sources"][0]["doc_id"] == doc_of["bakery.txt"]
+        health = httpx.get(f"{url}/health", timeout=30).json()["backends"]["store"]
+        assert health["mode"] == ("pgvector" if vectors == "pgvector" else "server"), health
+        gone = httpx.delete(f"{url}/v1/documents/{doc_of['bakery.txt']}", timeout=60)
+        assert gone.status_code == 204
+        answer = httpx.post(f"{url}/v1/chat", json={**ask, "max_tokens": 1, "top_k": 3}, timeout=120)
+        assert doc_of["bakery.txt"] not in {s["doc_id"] for s in answer.json()["sources"]}
+        report = httpx.get(f"{url}/v1/store/check", timeout=60).json()
+        assert report["consistent"] and report["vector_store"] == vectors.split()[0], report
+    store = open_vectors(settings)
+    assert store.count("default") == sum(r["chunks"] for r in results if r["filename"] != "bakery.txt")
+    assert not (settings.data_dir / "chroma").exists()  # nothing went to an embedded Chroma
+    lost = sorted(store.ids("default"))[0]
+    store.delete_ids("default", [lost])
+
+    env["RAG_EMBED_URL"] = settings.embed_url
+    checked = _cli(["store", "check", "--json"], env)
+    assert checked.exit_code == 1
+    (problem,) = json.loads(checked.output)["collections"][0]["problems"]
+    assert problem == f"1 indexed chunks have no vector in {vectors.split()[0]} (such as {lost!r})"
+    repaired = _cli(["store", "repair"], env)
+    assert repaired.exit_code == 0, repaired.output
+    assert "repaired in place" in repaired.output
+    checked = _cli(["store", "check"], env)
+    assert checked.exit_code == 0 and checked.output.rstrip().endswith("consistent"), checked.output
+    assert lost in store.ids("default")
+
+
+def test_repair_is_refused_while_an_api_holds_the_database(backend_settings: Settings, database_url: str) -> None:
+    settings = changed(backend_settings, database_url=database_url, vector_store="pgvector")
+    env = {"RAG_DATA_DIR": str(settings.data_dir), "RAG_DATABASE_URL": database_url, "RAG_VECTOR_STORE": "pgvector"}
+    with serve(settings) as url:
+        upload(url, {"orchard.txt": DOCS["orchard.txt"]})
+        refused = CliRunner().invoke(cli, ["store", "repair"], env=env)
+        checked = _cli(["store", "check"], env)  # a check reads beside it
+    assert isinstance(refused.exception, StoreUnavailable), refused.output
+    assert "(an API replica or `ingest`) work on this database: stop them" in refused.exception.message
+    assert checked.exit_code == 0, checked.output
