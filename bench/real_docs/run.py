@@ -143,10 +143,9 @@ def answer(client: httpx.Client, q: Question) -> Verdict:
 
 
 def pick(questions: Sequence[Question], kinds: set[str] | None, limit: int | None) -> list[Question]:
-    """The questions of `kinds`; with `limit`, the first of each kind in turn, so every kind is seen."""
+    """The questions of `kinds`, the first of each kind in turn (so a run cut short by `limit` or the time
+    budget has seen every kind), at most `limit` of them."""
     chosen = [q for q in questions if kinds is None or q.kind in kinds]
-    if limit is None:
-        return chosen
     by_kind: dict[str, list[Question]] = defaultdict(list)
     for q in chosen:
         by_kind[q.kind].append(q)
@@ -165,6 +164,8 @@ def report_text(result: dict[str, Any]) -> str:
         for r in ing.get("results", [])
         if r.get("status") == "failed"
     ]
+    if result["not_asked"]:
+        lines.append(f"# {result['asked']} questions asked; not asked (time budget): {len(result['not_asked'])}")
     lines += ["", table(result["summary"])]
     return "\n".join(lines) + "\n"
 
@@ -175,6 +176,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, help="ask this many questions only, taken from every kind in turn")
     parser.add_argument("--kinds", help=f"comma-separated kinds to ask ({', '.join(KINDS)})")
     parser.add_argument("--out", type=Path, help="results prefix (default bench/results/real_docs-GENERATOR)")
+    parser.add_argument(
+        "--time-budget", type=float, help="seconds of asking; the questions left then are reported as not asked"
+    )
     parser.add_argument("--data-dir", type=Path, help="a new data dir for the stack (default: a temporary one)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary data dir")
     parser.add_argument("--start-timeout", type=float, default=1800.0)
@@ -192,6 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(header(), f"\n# {len(questions)} questions, data dir {data_dir}", flush=True)
     stack = Stack(data_dir, args.generator)
     verdicts: list[Verdict] = []
+    not_asked: list[str] = []
     health: dict[str, Any] = {}
     ingested: dict[str, Any] = {}
     try:
@@ -200,7 +205,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         ingested = ingest(stack)
         print(f"# ingest: files {ingested.get('files')}, {ingested.get('chunks')} chunks", flush=True)
         with httpx.Client(base_url=stack.url, timeout=REQUEST_TIMEOUT_S) as client:
+            asking = time.monotonic()
             for n, q in enumerate(questions, 1):
+                if args.time_budget is not None and time.monotonic() - asking > args.time_budget:
+                    not_asked = [q.id for q in questions[n - 1 :]]
+                    print(f"# time budget spent: {len(not_asked)} questions not asked", flush=True)
+                    break
                 v = answer(client, q)
                 verdicts.append(v)
                 print(
@@ -221,6 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "load_start": [round(x, 2) for x in load_start],
         "load_end": [round(x, 2) for x in os.getloadavg()],
         "ingest": ingested,
+        "asked": len(verdicts),
+        "not_asked": not_asked,
         "summary": summary(verdicts),
         "questions": [v.as_json() for v in verdicts],
     }
