@@ -189,6 +189,7 @@ class Verdict:
     answer_in_sources: bool
     source_rank: int | None
     sources: list[str]
+    top_source: str  # the first source's text, cut at 400 characters: what the generator read first
     cited: list[str]
     seconds: float
     finish_reason: str | None
@@ -226,6 +227,7 @@ def judge(q: Question, reply: dict[str, Any], seconds: float, history: list[dict
         answer_in_sources=rank is not None,
         source_rank=rank,
         sources=[str(s.get("source")) for s in sources],
+        top_source=str(sources[0].get("text", ""))[:400] if sources else "",
         cited=cited,
         seconds=round(seconds, 2),
         finish_reason=reply.get("done", {}).get("finish_reason"),
@@ -249,6 +251,7 @@ def failed(q: Question, error: str, seconds: float) -> Verdict:
         answer_in_sources=False,
         source_rank=None,
         sources=[],
+        top_source="",
         cited=[],
         seconds=round(seconds, 2),
         finish_reason=None,
