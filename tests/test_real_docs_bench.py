@@ -91,3 +91,11 @@ def test_an_expected_list_needs_every_word_and_chinese_is_matched_by_character()
     both = Question("t-5", "man-en", "man/en/shadow.5.gz", "?", (("never", "expire"),))
     assert judge(both, _reply("It will never expire.", []), 1.0).right
     assert not judge(both, _reply("It will expire.", []), 1.0).right
+
+
+def test_a_limited_run_asks_every_kind_before_a_second_question_of_any():
+    from bench.real_docs.run import pick
+
+    quick = pick(read_questions(), None, len(KINDS))
+    assert [q.kind for q in quick] == list(KINDS)
+    assert [q.id for q in pick(read_questions(), {"uncovered"}, 3)] == ["uncovered-01", "uncovered-02", "uncovered-03"]
