@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from bench._provenance import header, write_json
+from bench._provenance import header, provenance, write_json
 from bench._servers import server_env
 from bench.real_docs.scoring import DOCS, KINDS, Question, Verdict, failed, judge, read_questions, summary, table
 
@@ -193,6 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="real-docs-"))
     command = shlex.join([Path(sys.executable).name, "-m", "bench.real_docs.run", *(argv or sys.argv[1:])])
     started, load_start, t0 = datetime.now(UTC), os.getloadavg(), time.monotonic()
+    at_start = provenance()  # the file's own provenance is taken when it is written, at the end
     print(header(), f"\n# {len(questions)} questions, data dir {data_dir}", flush=True)
     stack = Stack(data_dir, args.generator)
     verdicts: list[Verdict] = []
@@ -224,6 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = {
         "command": command,
         "generator": args.generator,
+        "provenance_at_start": at_start,
         "health": health,
         "started": started.isoformat(timespec="seconds"),
         "ended": datetime.now(UTC).isoformat(timespec="seconds"),
