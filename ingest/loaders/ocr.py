@@ -6,7 +6,8 @@
 
 The engine is RapidOCR 3.10 (PP-OCRv6 detection and recognition, Chinese and English in one model;
 its 180° line classifier is off, see `make_engine`), run by onnxruntime on one thread; its model files come inside the
-`rapidocr` wheel and are pinned in models.lock. A loader does not call the engine itself: it gets an
+`rapidocr` wheel and are pinned in models.lock. The spaces inside a line that the recogniser ran
+together ("andstored") are put back from the white gaps of the line's image (`word_spaces`). A loader does not call the engine itself: it gets an
 `OcrFn` (an image in, the lines out), which the parser worker forwards to the OCR worker, so the
 OCR of a page has its own time and memory bounds.
 
@@ -37,6 +38,7 @@ from rag.core.cjk import has_cjk, is_cjk
 from ..models import LoadedDocument, TextBox
 from ._builder import DocumentBuilder, clean
 from .tables import TableCarry, grid, markdown_table
+from .word_spaces import spaced
 
 MAX_SIDE = 2000  # pixels on an image's long side that the detector reads (RapidOCR's default): larger is downscaled
 # A page narrower or lower than this holds no line OCR could read: it is not sent (each call costs about
@@ -97,12 +99,13 @@ def make_engine(threads: int = 1) -> Any:
 def recognize(engine: Any, image: Any) -> list[OcrLine]:
     """The lines `engine` reads in `image` (a numpy array), boxes as fractions of the image."""
     height, width = image.shape[:2]
-    result = engine(image)
+    result = engine(image, return_word_box=True, return_single_char_box=True)
     if result.boxes is None or result.txts is None or result.scores is None:
         return []
+    chars = result.word_results if len(result.word_results or ()) == len(result.txts) else [()] * len(result.txts)
     lines = []
-    for box, text, score in zip(result.boxes, result.txts, result.scores, strict=True):
-        text = clean(str(text)).strip()
+    for box, text, score, line_chars in zip(result.boxes, result.txts, result.scores, chars, strict=True):
+        text = clean(spaced(str(text), image, box, line_chars)).strip()
         if not text:
             continue
         xs, ys = [float(p[0]) for p in box], [float(p[1]) for p in box]
