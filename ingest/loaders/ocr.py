@@ -78,8 +78,9 @@ class PageSkipped(Exception):
 OcrFn = Callable[[Any], list[OcrLine]]  # a 2-D uint8 image (grayscale) in, its lines out; may raise PageSkipped
 
 
-def make_engine(threads: int = 1) -> Any:
-    """A RapidOCR engine on the models inside the wheel, `threads` onnxruntime threads, quiet."""
+def make_engine(threads: int = 1, params: Mapping[str, Any] | None = None) -> Any:
+    """A RapidOCR engine on the models inside the wheel, `threads` onnxruntime threads, quiet (`params`:
+    other RapidOCR settings over these, as bench/ocr_speed.py tries them)."""
     from rapidocr import RapidOCR
 
     return RapidOCR(
@@ -90,9 +91,14 @@ def make_engine(threads: int = 1) -> Any:
             # SQuAD page read as garbage, scores ~0.6); without it all 11 read right. Pages come upright
             # (EXIF for photos); an upside-down scan is read badly and flagged by its low scores.
             "Global.use_cls": False,
+            # One line a batch: a batch pads every line to the widest of them (RapidOCR's default is 6),
+            # and on rough two-column pages one line at a time cost 15% less CPU for the same text
+            # (bench/ocr_speed.py, bench/README.md).
+            "Rec.rec_batch_num": 1,
             "EngineConfig.onnxruntime.intra_op_num_threads": threads,
             "EngineConfig.onnxruntime.inter_op_num_threads": 1,
         }
+        | dict(params or {})
     )
 
 

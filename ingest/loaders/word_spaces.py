@@ -130,11 +130,16 @@ def _straightened(page: Any, quad: np.ndarray) -> np.ndarray | None:
     if width < 2 or height < 2 or height >= 1.5 * width:
         return None  # a vertical line: its characters run top to bottom
     target = np.array([[0, 0], [width, 0], [width, height], [0, height]], dtype=np.float32)
-    matrix = cv2.getPerspectiveTransform(quad, target)
     image = np.asarray(page)
-    if image.ndim == 3:
-        image = cv2.cvtColor(image, cv2.COLOR_RGB2GRAY)
-    return cv2.warpPerspective(image, matrix, (width, height), borderMode=cv2.BORDER_REPLICATE, flags=cv2.INTER_CUBIC)
+    try:
+        matrix = cv2.getPerspectiveTransform(quad, target)
+        if image.ndim == 3:
+            image = cv2.cvtColor(image, cv2.COLOR_RGB2GRAY)
+        return cv2.warpPerspective(
+            image, matrix, (width, height), borderMode=cv2.BORDER_REPLICATE, flags=cv2.INTER_CUBIC
+        )
+    except cv2.error:
+        return None  # a degenerate box (three corners in a line): the line keeps the spaces it was read with
 
 
 def _white_runs(crop: np.ndarray) -> tuple[list[tuple[float, float]], float]:
