@@ -7,9 +7,9 @@
 The engine is RapidOCR 3.10 (PP-OCRv6 detection and recognition, Chinese and English in one model;
 its 180° line classifier is off, see `make_engine`), run by onnxruntime on one thread; its model files come inside the
 `rapidocr` wheel and are pinned in models.lock. The spaces inside a line that the recogniser ran
-together ("andstored") are put back from the white gaps of the line's image (`word_spaces`). A loader does not call the engine itself: it gets an
-`OcrFn` (an image in, the lines out), which the parser worker forwards to the OCR worker, so the
-OCR of a page has its own time and memory bounds.
+together ("andstored") are put back from the white gaps of the line's image (`word_spaces`). A loader
+does not call the engine itself: it gets an `OcrFn` (an image in, the lines out), which the parser
+worker forwards to the OCR worker, so the OCR of a page has its own time and memory bounds.
 
 Reading order, done here because RapidOCR only sorts lines top to bottom: lines that span most of the
 text's width (titles, a one-column body) cut the page into bands; inside a band, lines whose x ranges
