@@ -62,9 +62,16 @@ _WORD = re.compile(r"\w+")
 
 
 def pick(path: Path, pages: int, distractors: int):
-    """`pages` pairs of paragraphs of one article that fit a column each, and `distractors` other
-    paragraphs of those articles: ([(title, left, right, questions)], [(title, text)])."""
+    """`pages` pairs of paragraphs of one article that fit a column each (CMRC's articles have one
+    paragraph each: two articles in a row make one), and `distractors` other paragraphs of those
+    articles: ([(title, left, right, questions)], [(title, text)])."""
     articles = json.loads(path.read_text(encoding="utf-8"))["data"]
+    single = all(len(article["paragraphs"]) == 1 for article in articles)
+    if single:  # CMRC: two articles in a row make a page, and any other article is a distractor
+        articles = [
+            {"title": a.get("title", ""), "paragraphs": a["paragraphs"] + b["paragraphs"]}
+            for a, b in zip(articles[::2], articles[1::2], strict=False)
+        ]
     chosen, others = [], []
     for round_ in range(0, 40, 2):
         for article in articles:
@@ -91,7 +98,7 @@ def pick(path: Path, pages: int, distractors: int):
     for article in articles:
         title = article.get("title", "").replace("_", " ")
         for p in article["paragraphs"]:
-            if title in titles and p["context"] not in used and len(others) < distractors:
+            if (single or title in titles) and p["context"] not in used and len(others) < distractors:
                 others.append((title, p["context"]))
     return chosen, others
 

@@ -8,8 +8,9 @@ answers then miss the words. The ink still shows the gap. So the line is cut out
 recogniser saw it (the detector's box, straightened), its runs of columns without ink are found, and each
 space the recogniser did read takes the run it stands on; a run left over between two characters (their
 positions from RapidOCR's box of each, `return_single_char_box`) that is about as wide as the line's own
-spaces is a space too. Never inside a number, never between Chinese characters nor next to one (Chinese
-has no spaces; "16名" stays one word), nor before closing punctuation or after opening punctuation.
+spaces is a space too. Never inside a number, nor before closing punctuation or after opening
+punctuation; a line with Chinese in it is left as read (Chinese has no spaces, "16名" stays one word, and
+its full-width punctuation has white inside the glyph: bench/scanned_rough.py --sets cmrc lost answers to it).
 
 RapidOCR's own word boxes (`return_word_box`) do not help: it cuts words at the spaces it read and at gaps
 of more than 5 decoder steps (some 40 pixels of a 48-pixel-high line), far wider than a word space.
@@ -23,7 +24,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from rag.core.cjk import is_cjk
+from rag.core.cjk import has_cjk, is_cjk
 
 # Word gaps against letter gaps, as shares of the line's ink height. Measured on DejaVu Sans and Serif at 150
 # and 200 dpi, blurred, tilted and JPEG-compressed (bench/scanned_rough.py): letter gaps reach 0.25 (DejaVu
@@ -41,8 +42,11 @@ _NO_SPACE_AFTER = frozenset("([{‘“")
 def spaced(text: str, page: Any, box: Any, chars: Sequence[tuple[str, float, Any]]) -> str:
     """`text` with a space wherever the line's image has a word gap between two characters run together."""
     letters = [c for c in text if not c.isspace()]
-    if len(letters) < 2 or len(letters) != len(chars):
-        return text  # the characters' boxes do not match the text: leave it as read
+    if len(letters) < 2 or len(letters) != len(chars) or has_cjk(text):
+        # The characters' boxes do not match the text, or the line is Chinese: its full-width
+        # punctuation carries white inside the glyph ("。2013年" is not "。 2013年"), and the Latin
+        # words in it are measured against no spaces of its own. Left as read.
+        return text
     quad = np.asarray(box, dtype=np.float32)
     crop = _straightened(page, quad)
     if crop is None:
