@@ -1,5 +1,6 @@
-"""Scanned-looking pages made here: text rendered with Pillow (DejaVu Sans, Noto Sans CJK SC), then
-tilted, speckled and JPEG-compressed like a scanner's or a phone's output, as images or image-only PDFs.
+"""Scanned-looking pages made here: text rendered with Pillow (DejaVu Sans or Serif, Noto Sans CJK SC), then
+tilted, speckled and JPEG-compressed like a scanner's or a phone's output, as images or image-only PDFs;
+`two_columns` and `rough` make the pages of a printed report as an office scanner gives them back.
 
 Shared by the OCR tests and bench/scanned.py; needs Debian's fonts-dejavu-core and fonts-noto-cjk.
 """
@@ -15,17 +16,18 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
 LATIN_FONT = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
+SERIF_FONT = Path("/usr/share/fonts/truetype/dejavu/DejaVuSerif.ttf")
 CJK_FONT = Path("/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc")
 _CJK_SC = 2  # the face of the collection drawn with simplified Chinese glyphs
 _CJK = re.compile(r"[\u3000-\u9fff\uff00-\uffef]")
 A4_INCHES = (8.27, 11.69)
 
 
-def font(text: str, pixels: int) -> ImageFont.FreeTypeFont:
-    """Noto Sans CJK SC for text with Chinese in it, DejaVu Sans otherwise."""
+def font(text: str, pixels: int, serif: bool = False) -> ImageFont.FreeTypeFont:
+    """Noto Sans CJK SC for text with Chinese in it, DejaVu Sans (or Serif) otherwise."""
     if _CJK.search(text):
         return ImageFont.truetype(str(CJK_FONT), pixels, index=_CJK_SC)
-    return ImageFont.truetype(str(LATIN_FONT), pixels)
+    return ImageFont.truetype(str(SERIF_FONT if serif else LATIN_FONT), pixels)
 
 
 def wrap(text: str, face: ImageFont.FreeTypeFont, width: float) -> list[str]:
@@ -62,6 +64,51 @@ def render_page(paragraphs: list[str], dpi: int = 200, point_size: float = 11.0)
             y += round(pixels * 1.5)
         y += pixels
     return page
+
+
+def two_columns(
+    left: str,
+    right: str,
+    header: str,
+    number: str,
+    dpi: int = 200,
+    point_size: float = 10.0,
+    serif: bool = False,
+) -> Image.Image:
+    """A white A4 page of two columns (`left`, then `right`), a running `header` over them and the page
+    `number` centred under them, 0.8 inch margins, at `dpi`; ValueError when a column overflows."""
+    width, height = (round(side * dpi) for side in A4_INCHES)
+    page = Image.new("L", (width, height), 255)
+    draw = ImageDraw.Draw(page)
+    pixels = round(point_size * dpi / 72)
+    margin, gutter = round(0.8 * dpi), round(0.3 * dpi)
+    column = (width - 2 * margin - gutter) // 2
+    for n, text in enumerate((left, right)):
+        face = font(text, pixels, serif)
+        y = margin + pixels * 2
+        for line in wrap(text, face, column):
+            if y + pixels * 1.4 > height - margin:
+                raise ValueError("the column does not fit on the page")
+            draw.text((margin + n * (column + gutter), y), line, font=face, fill=0)
+            y += round(pixels * 1.4)
+    small = font(header + number, round(pixels * 0.85), serif)
+    draw.text((margin, round(margin * 0.6)), header, font=small, fill=0)
+    draw.text(((width - small.getlength(number)) / 2, height - round(margin * 0.6)), number, font=small, fill=0)
+    return page
+
+
+def rough(page: Image.Image, seed: int, skew: float = 1.5) -> Image.Image:
+    """`page` as a worn office scanner gives it back: tilted up to `skew` degrees, blurred (0.5-1.1 px),
+    grey noise and dark speckle, JPEG at quality 60-75 (each drawn from `seed`)."""
+    rng = random.Random(seed)
+    tilted = page.rotate(rng.uniform(-skew, skew), resample=Image.Resampling.BICUBIC, fillcolor=255)
+    soft = tilted.filter(ImageFilter.GaussianBlur(rng.uniform(0.5, 1.1)))
+    noise = np.random.default_rng(seed)
+    pixels = np.asarray(soft, dtype=np.float32) + noise.normal(0, 12, (soft.height, soft.width))
+    pixels[noise.random(pixels.shape) < 0.002] = rng.uniform(0, 90)  # toner specks and dust
+    buffer = io.BytesIO()
+    Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(buffer, "JPEG", quality=rng.randint(60, 75))
+    return Image.open(io.BytesIO(buffer.getvalue()))
 
 
 def scanned(
@@ -133,4 +180,14 @@ def furnished(page: Image.Image, header: str, footer: str, dpi: int = 200, point
     face = font(header + footer, pixels)
     draw.text((dpi, round(dpi * 0.4)), header, font=face, fill=0)
     draw.text(((page.width - face.getlength(footer)) / 2, page.height - round(dpi * 0.5)), footer, font=face, fill=0)
+    return page
+
+
+def lines_page(lines: list[tuple[str, bool]], dpi: int = 200, point_size: float = 11.0) -> Image.Image:
+    """A white page, 8.27 inches wide, with one line of text per (text, serif) in `lines`, 2 line heights apart."""
+    pixels = round(point_size * dpi / 72)
+    page = Image.new("L", (round(A4_INCHES[0] * dpi), dpi + 2 * pixels * len(lines)), 255)
+    draw = ImageDraw.Draw(page)
+    for n, (text, serif) in enumerate(lines):
+        draw.text((dpi // 2, dpi // 2 + 2 * pixels * n), text, font=font(text, pixels, serif), fill=0)
     return page

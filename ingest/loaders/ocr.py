@@ -6,9 +6,10 @@
 
 The engine is RapidOCR 3.10 (PP-OCRv6 detection and recognition, Chinese and English in one model;
 its 180° line classifier is off, see `make_engine`), run by onnxruntime on one thread; its model files come inside the
-`rapidocr` wheel and are pinned in models.lock. A loader does not call the engine itself: it gets an
-`OcrFn` (an image in, the lines out), which the parser worker forwards to the OCR worker, so the
-OCR of a page has its own time and memory bounds.
+`rapidocr` wheel and are pinned in models.lock. The spaces inside a line that the recogniser ran
+together ("andstored") are put back from the white gaps of the line's image (`word_spaces`). A loader
+does not call the engine itself: it gets an `OcrFn` (an image in, the lines out), which the parser
+worker forwards to the OCR worker, so the OCR of a page has its own time and memory bounds.
 
 Reading order, done here because RapidOCR only sorts lines top to bottom: lines that span most of the
 text's width (titles, a one-column body) cut the page into bands; inside a band, lines whose x ranges
@@ -37,6 +38,7 @@ from rag.core.cjk import has_cjk, is_cjk
 from ..models import LoadedDocument, TextBox
 from ._builder import DocumentBuilder, clean
 from .tables import TableCarry, grid, markdown_table
+from .word_spaces import spaced
 
 MAX_SIDE = 2000  # pixels on an image's long side that the detector reads (RapidOCR's default): larger is downscaled
 # A page narrower or lower than this holds no line OCR could read: it is not sent (each call costs about
@@ -76,8 +78,9 @@ class PageSkipped(Exception):
 OcrFn = Callable[[Any], list[OcrLine]]  # a 2-D uint8 image (grayscale) in, its lines out; may raise PageSkipped
 
 
-def make_engine(threads: int = 1) -> Any:
-    """A RapidOCR engine on the models inside the wheel, `threads` onnxruntime threads, quiet."""
+def make_engine(threads: int = 1, params: Mapping[str, Any] | None = None) -> Any:
+    """A RapidOCR engine on the models inside the wheel, `threads` onnxruntime threads, quiet (`params`:
+    other RapidOCR settings over these, as bench/ocr_speed.py tries them)."""
     from rapidocr import RapidOCR
 
     return RapidOCR(
@@ -88,21 +91,27 @@ def make_engine(threads: int = 1) -> Any:
             # SQuAD page read as garbage, scores ~0.6); without it all 11 read right. Pages come upright
             # (EXIF for photos); an upside-down scan is read badly and flagged by its low scores.
             "Global.use_cls": False,
+            # One line a batch: a batch pads every line to the widest of them (RapidOCR's default is 6),
+            # and on rough two-column pages one line at a time cost 15% less CPU for the same text
+            # (bench/ocr_speed.py, bench/README.md).
+            "Rec.rec_batch_num": 1,
             "EngineConfig.onnxruntime.intra_op_num_threads": threads,
             "EngineConfig.onnxruntime.inter_op_num_threads": 1,
         }
+        | dict(params or {})
     )
 
 
 def recognize(engine: Any, image: Any) -> list[OcrLine]:
     """The lines `engine` reads in `image` (a numpy array), boxes as fractions of the image."""
     height, width = image.shape[:2]
-    result = engine(image)
+    result = engine(image, return_word_box=True, return_single_char_box=True)
     if result.boxes is None or result.txts is None or result.scores is None:
         return []
+    chars = result.word_results if len(result.word_results or ()) == len(result.txts) else [()] * len(result.txts)
     lines = []
-    for box, text, score in zip(result.boxes, result.txts, result.scores, strict=True):
-        text = clean(str(text)).strip()
+    for box, text, score, line_chars in zip(result.boxes, result.txts, result.scores, chars, strict=True):
+        text = clean(spaced(str(text), image, box, line_chars)).strip()
         if not text:
             continue
         xs, ys = [float(p[0]) for p in box], [float(p[1]) for p in box]
