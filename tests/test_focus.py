@@ -1,0 +1,89 @@
+"""What the extractive prompt shows of a source: the rows a question names, the sentence holding its terms,
+and which sources go in (rag.answering.focus, rag.answering.prompt.take_sources). Pure text logic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rag.answering.focus import focus, named_rows, sentence_first
+from rag.answering.prompt import CompletionStyle, take_sources
+
+SERVICES = """socks\t\t1080/tcp\t\t\t# socks proxy server
+imap2\t\t143/tcp\t\timap\t\t# Interim Mail Access P 2 and 4
+imaps\t\t993/tcp\t\t\t\t# IMAP over SSL
+pop3s\t\t995/tcp\t\t\t\t# POP-3 over SSL
+openvpn\t\t1194/tcp
+"""
+TABLE = (
+    "Table 1: Ports\n| Service | Port | Description |\n| --- | --- | --- |\n"
+    "| socks | 1080/tcp | socks proxy |\n| imaps | 993/tcp | IMAP over SSL |\n| pop3s | 995/tcp | POP-3 over SSL |"
+)
+SHADOW = (
+    "The date of expiration of the account, expressed as the number of days since Jan 1, 1970. "
+    "An empty field means that the account never expires. The value 0 should not be used."
+)
+
+
+def test_a_listing_shows_the_line_the_question_names():
+    assert named_rows(SERVICES, "imaps port?") == "imaps\t\t993/tcp\t\t\t\t# IMAP over SSL"
+
+
+def test_a_markdown_table_shows_the_named_row_with_each_cell_under_its_header():
+    assert named_rows(TABLE, "imaps port?") == "Service: imaps; Port: 993/tcp; Description: IMAP over SSL"
+    assert (
+        named_rows(TABLE, "Which service is on 995/tcp?")
+        == "Service: pop3s; Port: 995/tcp; Description: POP-3 over SSL"
+    )
+
+
+def test_a_question_naming_no_row_leaves_the_table_whole():
+    assert named_rows(TABLE, "What is the caption of the table?") is None
+    assert focus(TABLE, "What does the table list?", "rows") == TABLE
+
+
+def test_a_table_beside_prose_is_not_cut_to_its_rows():
+    prose = " ".join(["The services below are the ones the mail gateway runs."] * 3)
+    text = f"{prose}\n{prose}\n{prose}\n{prose}\n{prose}\n{TABLE}"
+    assert named_rows(text, "imaps port?") is None
+
+
+def test_wrapped_prose_is_no_listing():
+    wrapped = "\n".join(["An empty field means that the account never expires and can be used"] * 6)
+    assert named_rows(wrapped, "What does an empty field mean?") is None
+
+
+def test_prose_shows_the_sentence_holding_the_questions_terms_first():
+    first = sentence_first(SHADOW, "empty account-expiry field means?")
+    assert first.startswith("An empty field means that the account never expires.")
+    assert sorted(first.split(". ")) == sorted(SHADOW.split(". "))  # nothing lost, only moved
+
+
+def test_a_chinese_question_or_a_one_sentence_text_is_left_as_it_is():
+    assert sentence_first(SHADOW, "空字段是什么意思？") == SHADOW
+    assert sentence_first("One sentence only.", "What sentence?") == "One sentence only."
+
+
+def test_the_completion_prompt_shows_the_focused_source_on_one_line():
+    style = CompletionStyle(1).for_question("imaps port?")
+    assert style.render_source("S1", TABLE, {}) == "[S1] Service: imaps; Port: 993/tcp; Description: IMAP over SSL\n"
+    assert CompletionStyle(1, focus="off").for_question("imaps port?").render_source("S1", "a\nb", {}) == "[S1] a b\n"
+
+
+@dataclass
+class Hit:
+    name: str
+    coverage: float
+
+
+def test_a_weak_first_source_brings_the_best_covering_one_after_it():
+    hits = [Hit("S1", 0.3), Hit("S2", 0.35), Hit("S3", 0.9), Hit("S4", 0.6)]
+    taken, left = take_sources(hits, 1, 1)
+    assert [h.name for h in taken] == ["S1", "S3"] and [h.name for h in left] == ["S2", "S4"]
+
+
+def test_a_first_source_covering_the_question_comes_alone():
+    hits = [Hit("S1", 0.8), Hit("S2", 0.85), Hit("S3", 0.5)]
+    taken, left = take_sources(hits, 1, 1)
+    assert [h.name for h in taken] == ["S1"] and len(left) == 2
+    assert take_sources(hits, None, 1) == (hits, [])  # no limit: every source that fits
+    assert [h.name for h in take_sources(hits, 1, 0)[0]] == ["S1"]
