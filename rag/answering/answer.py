@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import anyio
 
-from rag.answering.budget import Candidate, PackedPrompt, PromptBudget
+from rag.answering.budget import Candidate, PackedPrompt, PromptBudget, sentence_ends
 from rag.answering.citations import citations_event
 from rag.answering.events import (
     Budget,
@@ -26,7 +26,7 @@ from rag.answering.events import (
 )
 from rag.answering.followup import SearchQuery
 from rag.answering.gate import Permit
-from rag.answering.no_answer import ANSWER_LINE_GRAMMAR, no_answer_text, usable
+from rag.answering.no_answer import ANSWER_LINE_GRAMMAR, echoes, no_answer_text, usable, within
 from rag.answering.prompt import (
     COMPLETION_STOP,
     ChatStyle,
@@ -101,6 +101,7 @@ class Answer:
         self.text_parts: list[str] = []
         self.no_answer = False
         self.retried = False
+        self.echoed: str | None = None  # an attempt's answer that only repeated the question
 
     def close(self) -> None:
         """Give the generation slot back (idempotent; events() does it too)."""
@@ -175,20 +176,30 @@ class Answer:
             return self._never_blank(
                 [
                     lambda: self._answer_line(llm, prompt),
-                    lambda: self._answer_line(llm, prompt, grammar=ANSWER_LINE_GRAMMAR),
-                ]
+                    lambda: self._answer_line(llm, prompt, grammar=ANSWER_LINE_GRAMMAR, avoid=self.echoed),
+                ],
+                question=self.question,
             )
         max_tokens, temperature = self.query.max_tokens, self.query.temperature
         assert max_tokens is not None and temperature is not None  # chat_query fills them in
+        sentences = self.answerer.settings.chat_max_sentences or 0
         return self._never_blank(
-            [lambda: llm.stream_chat(prompt, max_tokens=max_tokens, temperature=temperature, affinity=self.affinity)]
+            [
+                lambda: _until_sentences(
+                    llm.stream_chat(prompt, max_tokens=max_tokens, temperature=temperature, affinity=self.affinity),
+                    sentences,
+                    self.packed.used,
+                )
+            ]
         )
 
     async def _never_blank(
-        self, attempts: list[Callable[[], AsyncIterator[StreamDelta | StreamEnd]]]
+        self, attempts: list[Callable[[], AsyncIterator[StreamDelta | StreamEnd]]], question: str | None = None
     ) -> AsyncIterator[StreamDelta | StreamEnd]:
         """The first attempt whose text is usable, its unusable start held back until it is; if none is,
-        the fixed no-answer line naming the sources."""
+        the fixed no-answer line naming the sources. With the `question`, an answer that only repeats it
+        counts as unusable too (rag.answering.no_answer.echoes): held back while it is a piece of the
+        question, and the next attempt may not start as it did (`echoed`)."""
         end = StreamEnd(None)
         for number, attempt in enumerate(attempts):
             self.retried = number > 0
@@ -200,7 +211,7 @@ class Answer:
                         end = item
                     elif held is None:
                         yield item
-                    elif usable(text := "".join([*held, item.text])):
+                    elif self._shown(text := "".join([*held, item.text]), question):
                         held = None
                         yield StreamDelta(text)
                     else:
@@ -210,22 +221,41 @@ class Answer:
             if held is None:
                 yield end
                 return
+            text = "".join(held)
+            if question is not None and usable(text) and not echoes(text, question):
+                yield StreamDelta(text)  # a short piece of the question, a choice's answer: no echo
+                yield end
+                return
+            self.echoed = text if question is not None and echoes(text, question) else None
         self.no_answer = True
         yield StreamDelta(no_answer_text(c.candidate.metadata.get("source", "") for c in self.packed.chunks))
         yield end
 
+    @staticmethod
+    def _shown(text: str, question: str | None) -> bool:
+        """Whether text held back so far may be shown: it has a letter or digit and, checked against the
+        question, is no longer a piece of it."""
+        return usable(text) and (question is None or not within(text, question))
+
     def _answer_line(
-        self, llm: LLMBackend, prompt: str, grammar: str | None = None
+        self, llm: LLMBackend, prompt: str, grammar: str | None = None, avoid: str | None = None
     ) -> AsyncIterator[StreamDelta | StreamEnd]:
-        """One completion attempt: its text without the leading blank, ended where it starts to loop."""
-        line = _lstripped(self._complete(llm, prompt, grammar))
+        """One completion attempt: its text without the leading blank, ended where it starts to loop;
+        `avoid`: an earlier attempt's echo of the question, whose first token this one may not write."""
+        line = _lstripped(self._complete(llm, prompt, grammar, avoid))
         return _until_loop(line, self.packed.used) if self.answerer.settings.completion_stop_loops else line
 
     async def _complete(
-        self, llm: LLMBackend, prompt: str, grammar: str | None = None
+        self, llm: LLMBackend, prompt: str, grammar: str | None = None, avoid: str | None = None
     ) -> AsyncIterator[StreamDelta | StreamEnd]:
         assert self.query.max_tokens is not None and self.query.temperature is not None
         ban = await self.answerer.example_ban(prompt)
+        if avoid:  # the first token either way the line may begin it ("Answer:" then " 1", or "1")
+            firsts: set[int] = set()
+            for form in (avoid, f" {avoid}"):
+                if tokens := await llm.tokenize(form):
+                    firsts.add(tokens[0])
+            ban = [*ban, *([token, False] for token in sorted(firsts))]
         extra = ({"logit_bias": ban} if ban else {}) | ({"grammar": grammar} if grammar else {})
         stream = llm.stream_completion(
             prompt,
@@ -351,6 +381,55 @@ async def _until_loop(
         yield StreamDelta(rest)
     if end is not None:
         yield end
+
+
+async def _until_sentences(
+    stream: AsyncIterator[StreamDelta | StreamEnd], limit: int, prompt_tokens: int
+) -> AsyncIterator[StreamDelta | StreamEnd]:
+    """The chat answer up to the end of its `limit`-th sentence, or to a blank line after some text
+    (0: all of it); generation is then stopped and the end says `stop`, with the tokens generated so far."""
+    if limit <= 0:
+        async for item in stream:
+            yield item
+        return
+    text, shown, generated = "", 0, 0
+    try:
+        async for item in stream:
+            if isinstance(item, StreamEnd):
+                if rest := text[shown:]:
+                    yield StreamDelta(rest)
+                yield item
+                return
+            generated += 1
+            text += item.text
+            cut = _answer_end(text, limit)
+            if cut is None:
+                # Hold back a trailing end-mark and blanks: whether they close a sentence shows only later.
+                safe = len(text.rstrip(".!?。！？；…\n \t\"')]”’"))
+                if safe > shown:
+                    yield StreamDelta(text[shown:safe])
+                    shown = safe
+                continue
+            if cut > shown:
+                yield StreamDelta(text[shown:cut])
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": generated}
+            yield StreamEnd("stop", usage={**usage, "total_tokens": prompt_tokens + generated})
+            return
+    finally:
+        await _close(stream)
+
+
+def _answer_end(text: str, limit: int) -> int | None:
+    """Where an answer of at most `limit` sentences ends in `text`: after its limit-th sentence end that
+    more text has followed, or before a blank line after text; None: not yet."""
+    stripped = text.lstrip()
+    lead = len(text) - len(stripped)
+    blank = stripped.find("\n\n")
+    ends = [e for e in sentence_ends(stripped) if stripped[e:].strip()]
+    candidates = [lead + blank] if blank > 0 else []
+    if len(ends) >= limit:
+        candidates.append(lead + ends[limit - 1])
+    return min(candidates) if candidates else None
 
 
 async def discard(task: asyncio.Future[Any]) -> None:
