@@ -1,6 +1,6 @@
 """The bundled base model (Gemma 3 270M, completion style) answers from the part of a source the question
-points at: the row of a listing or table it names, the sentence holding its terms; and a second source
-reaches the prompt when the first is weak. Real llama-server, real embedder, greedy."""
+points at: the line of a listing it names, the cell of a table at the row and column it names, and a span
+of a source over free text. Real llama-server, real embedder, greedy."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from rag.core.config import Settings
-from tests.chat_helpers import ask, chat_events, serve, upload
+from tests.chat_helpers import ask, changed, chat_events, serve, upload
 
 pytestmark = pytest.mark.integration
 
@@ -30,13 +30,7 @@ SSHD = (
     "| Port | 22 | the port sshd listens on |\n| MaxAuthTries | 6 | authentication attempts per connection |\n"
     "| LoginGraceTime | 120 | seconds a user has to log in |\n| X11Forwarding | no | whether X11 is forwarded |\n"
 )
-SHADOW = (
-    "account expiration date: The date of expiration of the account, expressed as the number of days since "
-    "Jan 1, 1970. Note that an account expiration differs from a password expiration. In case of an account "
-    "expiration, the user shall not be allowed to login. An empty field means that the account never expires. "
-    "The value 0 should not be used as it is interpreted as either an account with no expiration, or as an "
-    "expiration on Jan 1, 1970.\n"
-)
+
 
 
 def answer_of(url: str, question: str) -> tuple[str, dict[str, Any]]:
@@ -56,12 +50,20 @@ def test_a_port_is_read_from_the_line_of_the_service_named(backend_settings: Set
 def test_a_table_cell_is_read_from_the_row_and_column_named(backend_settings: Settings):
     with serve(backend_settings) as url:
         upload(url, {"sshd_config.md": SSHD})
-        text, _ = answer_of(url, "default of MaxAuthTries?")
-    assert text.strip().rstrip(".") == "6"
+        text, data = answer_of(url, "default of MaxAuthTries?")
+    assert text == "6" and data["done"]["finish_reason"] == "table_cell"
+    assert [c["id"] for c in data["citations"]["citations"]] == ["S1"]
 
 
-def test_the_sentence_holding_the_questions_terms_answers_it(backend_settings: Settings):
-    with serve(backend_settings) as url:
-        upload(url, {"shadow.txt": SHADOW})
-        text, _ = answer_of(url, "empty account-expiry field means?")
-    assert "never" in text and text.strip() != "0"
+def test_an_answer_that_is_no_span_of_a_source_is_asked_again_for_a_span(
+    forced_llama_server, backend_settings: Settings
+):
+    # Every first attempt is forced to "8080" (what the model wrote for the socks line, which says 1080);
+    # the retry's span grammar overrides the server's.
+    forced = forced_llama_server("8080")
+    with serve(changed(backend_settings, llm_url=forced.url)) as url:
+        upload(url, {"services.txt": SERVICES})
+        text, data = answer_of(url, "What port is the socks proxy server on?")
+    assert data["done"]["retried"] is True and data["done"]["retry_reason"] == "off_span"
+    assert text.strip() and " ".join(text.split()) in " ".join(SERVICES.split())  # words of the listing, as written
+

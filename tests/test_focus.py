@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rag.answering.focus import focus, named_rows, sentence_first
+from rag.answering.focus import focus, named_cell, named_rows, sentence_first
 from rag.answering.prompt import CompletionStyle, take_sources
+from rag.answering.spans import is_span, span_grammar
 
 SERVICES = """socks\t\t1080/tcp\t\t\t# socks proxy server
 imap2\t\t143/tcp\t\timap\t\t# Interim Mail Access P 2 and 4
@@ -87,3 +88,36 @@ def test_a_first_source_covering_the_question_comes_alone():
     assert [h.name for h in taken] == ["S1"] and len(left) == 2
     assert take_sources(hits, None, 1) == (hits, [])  # no limit: every source that fits
     assert [h.name for h in take_sources(hits, 1, 0)[0]] == ["S1"]
+
+
+SSHD = (
+    "sshd_config options\n| Option | Default | Meaning |\n| --- | --- | --- |\n"
+    "| MaxAuthTries | 6 | attempts per connection |\n| LoginGraceTime | 120 | seconds to log in |"
+)
+
+
+def test_a_table_question_naming_a_row_and_a_column_is_answered_by_their_cell():
+    assert named_cell(SSHD, "default of MaxAuthTries?") == "6"
+    assert named_cell(SSHD, "LoginGraceTime default?") == "120"
+
+
+def test_a_question_naming_no_column_or_no_single_row_has_no_cell():
+    assert named_cell(SSHD, "What is MaxAuthTries?") is None  # no column named
+    assert named_cell(SSHD, "default of every option?") is None  # no row named
+    assert named_cell(SERVICES, "imaps port?") is None  # a listing has no header to name
+
+
+def test_an_answer_is_a_span_when_its_words_stand_together_in_a_source():
+    sources = ["socks 1080/tcp # socks proxy server", "it decodes DER data with asn1_der_decoding."]
+    assert is_span("1080/tcp", sources) and is_span("Socks proxy", sources)
+    assert not is_span("8080", sources) and not is_span("der_decoding", sources)
+    assert is_span("山海关", ["长城东起山海关。"]) and not is_span("嘉峪关", ["长城东起山海关。"])
+
+
+def test_the_span_grammar_runs_through_one_source_and_stops_at_its_field_separators():
+    grammar = span_grammar(["Option: MaxAuthTries; Default: 6", "长城"])
+    rules = dict(line.split(" ::= ", 1) for line in grammar.splitlines())
+    assert rules["s0w2"] == '"MaxAuthTries"'  # the ";" after it ends every span
+    assert rules["s0w6"] == '"6"' and rules["s0w4"] == '"Default" (s0w5)?'
+    assert rules["s1w0"] == '"长" (s1w1)?'  # Chinese: character after character, no blank between
+    assert "s0w1 |" not in rules["root"]  # no span starts at the colon

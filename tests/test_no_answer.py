@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from rag.answering.no_answer import echoes, usable, within
+from rag.answering.no_answer import echoes, usable
 from rag.core.config import Settings
 from tests.chat_helpers import ask, changed, chat_events, parse_sse, serve, upload
 
@@ -74,7 +74,7 @@ def test_nothing_usable_is_said_in_words_naming_the_sources_on_every_endpoint(
     ],
 )
 def test_an_answer_that_only_repeats_its_question_is_an_echo(answer: str, question: str):
-    assert echoes(answer, question) and within(answer, question)
+    assert echoes(answer, question)
 
 
 @pytest.mark.parametrize(

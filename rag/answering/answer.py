@@ -7,7 +7,8 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 import anyio
 
@@ -24,11 +25,14 @@ from rag.answering.events import (
     Sources,
     Token,
 )
+from rag.answering.focus import named_cell
 from rag.answering.followup import SearchQuery
 from rag.answering.gate import Permit
-from rag.answering.no_answer import ANSWER_LINE_GRAMMAR, echoes, no_answer_text, usable, within
+from rag.answering.no_answer import ANSWER_LINE_GRAMMAR, echoes, no_answer_text, usable
 from rag.answering.prompt import (
     COMPLETION_STOP,
+    EXAMPLES,
+    EXAMPLES_ZH,
     ChatStyle,
     CompletionStyle,
     Message,
@@ -36,6 +40,7 @@ from rag.answering.prompt import (
 )
 from rag.answering.query import ChatQuery, Clock, Hit, source_entry
 from rag.answering.repetition import LoopGuard
+from rag.answering.spans import is_span, source_lines, span_grammar
 from rag.clients.llm import ServerProps, StreamDelta, StreamEnd
 from rag.clients.llm_pool import LLMBackend, first_question_key
 from rag.core.config import Settings
@@ -67,6 +72,14 @@ class Answering(Protocol):
 log = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Why an answer line was asked again, and the line: `blank`, `echo` (of the question), `off_span`."""
+
+    reason: Literal["blank", "echo", "off_span"]
+    text: str
 
 
 class Answer:
@@ -101,7 +114,7 @@ class Answer:
         self.text_parts: list[str] = []
         self.no_answer = False
         self.retried = False
-        self.echoed: str | None = None  # an attempt's answer that only repeated the question
+        self.retry: Retry | None = None  # why the completion style's first answer line was asked again
 
     def close(self) -> None:
         """Give the generation slot back (idempotent; events() does it too)."""
@@ -173,12 +186,11 @@ class Answer:
         assert self.query.max_tokens is not None and self.query.temperature is not None
         prompt = self.packed.messages
         if isinstance(prompt, str):
+            if (cell := self._table_cell()) is not None:
+                return _told(cell, self.packed.used)
             return self._never_blank(
-                [
-                    lambda: self._answer_line(llm, prompt),
-                    lambda: self._answer_line(llm, prompt, grammar=ANSWER_LINE_GRAMMAR, avoid=self.echoed),
-                ],
-                question=self.question,
+                [lambda: self._answer_line(llm, prompt), lambda: self._retry_line(llm, prompt)],
+                judge=lambda text: self._judge_line(text, prompt),
             )
         max_tokens, temperature = self.query.max_tokens, self.query.temperature
         assert max_tokens is not None and temperature is not None  # chat_query fills them in
@@ -194,12 +206,13 @@ class Answer:
         )
 
     async def _never_blank(
-        self, attempts: list[Callable[[], AsyncIterator[StreamDelta | StreamEnd]]], question: str | None = None
+        self,
+        attempts: list[Callable[[], AsyncIterator[StreamDelta | StreamEnd]]],
+        judge: Callable[[str], Retry | None] | None = None,
     ) -> AsyncIterator[StreamDelta | StreamEnd]:
         """The first attempt whose text is usable, its unusable start held back until it is; if none is,
-        the fixed no-answer line naming the sources. With the `question`, an answer that only repeats it
-        counts as unusable too (rag.answering.no_answer.echoes): held back while it is a piece of the
-        question, and the next attempt may not start as it did (`echoed`)."""
+        the fixed no-answer line naming the sources. With a `judge` (the completion style's one line), each
+        attempt's whole line is held and judged: why it must be asked again (`self.retry`), or None."""
         end = StreamEnd(None)
         for number, attempt in enumerate(attempts):
             self.retried = number > 0
@@ -211,7 +224,7 @@ class Answer:
                         end = item
                     elif held is None:
                         yield item
-                    elif self._shown(text := "".join([*held, item.text]), question):
+                    elif judge is None and usable(text := "".join([*held, item.text])):
                         held = None
                         yield StreamDelta(text)
                     else:
@@ -222,20 +235,48 @@ class Answer:
                 yield end
                 return
             text = "".join(held)
-            if question is not None and usable(text) and not echoes(text, question):
-                yield StreamDelta(text)  # a short piece of the question, a choice's answer: no echo
-                yield end
-                return
-            self.echoed = text if question is not None and echoes(text, question) else None
+            if judge is not None:
+                verdict = judge(text)
+                self.retry = verdict if number == 0 else self.retry
+                last = number == len(attempts) - 1
+                if verdict is None or (last and verdict.reason == "off_span"):
+                    yield StreamDelta(text)
+                    yield end
+                    return
         self.no_answer = True
         yield StreamDelta(no_answer_text(c.candidate.metadata.get("source", "") for c in self.packed.chunks))
         yield end
 
+    def _table_cell(self) -> str | None:
+        """The cell of the first source's table at the row and column the question names, if it names them
+        (rag.answering.focus.named_cell): read, not generated."""
+        if self.answerer.settings.completion_focus == "off" or not self.packed.chunks:
+            return None
+        return named_cell(self.packed.chunks[0].text, self.question)
+
+    def _judge_line(self, text: str, prompt: str) -> Retry | None:
+        """Why an answer line must be asked again: nothing usable, an echo of the question, or (spans on)
+        words that are no span of a source; None: it stands."""
+        if not usable(text):
+            return Retry("blank", text)
+        if echoes(text, self.question):
+            return Retry("echo", text)
+        if self.answerer.settings.completion_spans == "retry" and not is_span(text, self._sources(prompt)):
+            return Retry("off_span", text)
+        return None
+
     @staticmethod
-    def _shown(text: str, question: str | None) -> bool:
-        """Whether text held back so far may be shown: it has a letter or digit and, checked against the
-        question, is no longer a piece of it."""
-        return usable(text) and (question is None or not within(text, question))
+    def _sources(prompt: str) -> list[str]:
+        examples = EXAMPLES_ZH if prompt.startswith(EXAMPLES_ZH.text) else EXAMPLES
+        return source_lines(prompt, examples.text)
+
+    def _retry_line(self, llm: LLMBackend, prompt: str) -> AsyncIterator[StreamDelta | StreamEnd]:
+        """The second attempt: spans of the sources only (or, spans off, any non-blank line); after an echo
+        of the question, not starting as the echo did."""
+        retry = self.retry or Retry("blank", "")
+        spans = self.answerer.settings.completion_spans == "retry"
+        grammar = span_grammar(self._sources(prompt)) if spans else ANSWER_LINE_GRAMMAR
+        return self._answer_line(llm, prompt, grammar=grammar, avoid=retry.text if retry.reason == "echo" else None)
 
     def _answer_line(
         self, llm: LLMBackend, prompt: str, grammar: str | None = None, avoid: str | None = None
@@ -293,7 +334,8 @@ class Answer:
             style=self.packed.style,
             unsupported_sentences=attribution.unsupported,
             no_answer=self.no_answer,  # the model gave nothing usable: the text is our fixed line
-            retried=self.retried,  # its first attempt gave nothing usable
+            retried=self.retried,  # its first attempt was asked again
+            retry_reason=self.retry.reason if self.retried and self.retry else None,
         )
         return citations, done
 
@@ -381,6 +423,12 @@ async def _until_loop(
         yield StreamDelta(rest)
     if end is not None:
         yield end
+
+
+async def _told(text: str, prompt_tokens: int) -> AsyncIterator[StreamDelta | StreamEnd]:
+    """An answer read from a source, not generated: its text, then an end that says `table_cell`."""
+    yield StreamDelta(text)
+    yield StreamEnd("table_cell", usage={"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0})
 
 
 async def _until_sentences(

@@ -109,6 +109,26 @@ def named_rows(text: str, question: str) -> str | None:
     return "\n".join(lines[i] for i in picked)
 
 
+def named_cell(text: str, question: str) -> str | None:
+    """The cell of a markdown table at the one row and the one column the question names ("default of
+    MaxAuthTries?": the MaxAuthTries row's Default cell); None when it names no single row and column."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    found = find_table(lines)
+    if found is None or found[1] < len(lines) * 0.6 or not found[0].rows:
+        return None
+    table, asked = found[0], terms(question)
+    picked, top = _best(asked, [terms(" ".join(row)) for row in table.rows])
+    if len(picked) != 1 or top < 0.5:
+        return None
+    row = table.rows[picked[0]]
+    columns = [
+        j
+        for j, header in enumerate(table.header)
+        if j < len(row) and terms(header) & asked and not terms(row[j]) & asked
+    ]
+    return row[columns[0]] or None if len(columns) == 1 else None
+
+
 def sentence_first(text: str, question: str) -> str:
     """The text with the sentence holding the most of the question's terms moved to the front."""
     if _CJK.search(question):

@@ -10,7 +10,8 @@ best non-blank answer. It runs only when the first attempt gave nothing usable (
 token about 2.5 times here, and almost every answer needs none).
 
 An answer that only repeats its question (all of it, or a number of it: "1" to a question about ASN.1)
-is held back the same way and retried once, its first token forbidden.
+is retried once too, its first token forbidden (rag.answering.answer holds the completion style's whole
+line to judge it).
 
 A reply still without a letter or digit (empty, whitespace, punctuation alone) becomes `no_answer_text`,
 which says so and points at the sources; the `done` event then carries `no_answer: true`.
@@ -38,12 +39,6 @@ def usable(text: str) -> bool:
 
 def _words(text: str) -> str:
     return " ".join(re.findall(r"[^\W_]+", text.casefold()))
-
-
-def within(text: str, question: str) -> bool:
-    """Whether the answer so far is a piece of the question (it may still turn out to echo it)."""
-    words = _words(text)
-    return not words or words in _words(question)
 
 
 def echoes(text: str, question: str) -> bool:
