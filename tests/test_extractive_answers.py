@@ -32,7 +32,6 @@ SSHD = (
 )
 
 
-
 def answer_of(url: str, question: str) -> tuple[str, dict[str, Any]]:
     events = chat_events(url, ask(question, max_tokens=None))
     text = "".join(e.data["text"] for e in events if e.event == "token")
@@ -66,4 +65,3 @@ def test_an_answer_that_is_no_span_of_a_source_is_asked_again_for_a_span(
         text, data = answer_of(url, "What port is the socks proxy server on?")
     assert data["done"]["retried"] is True and data["done"]["retry_reason"] == "off_span"
     assert text.strip() and " ".join(text.split()) in " ".join(SERVICES.split())  # words of the listing, as written
-
