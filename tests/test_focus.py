@@ -121,3 +121,14 @@ def test_the_span_grammar_runs_through_one_source_and_stops_at_its_field_separat
     assert rules["s0w6"] == '"6"' and rules["s0w4"] == '"Default" (s0w5)?'
     assert rules["s1w0"] == '"长" (s1w1)?'  # Chinese: character after character, no blank between
     assert "s0w1 |" not in rules["root"]  # no span starts at the colon
+
+
+def test_a_question_about_a_cells_content_is_no_cell_lookup():
+    fields = (
+        "| Field | Name | Meaning | An empty field means |\n| --- | --- | --- | --- |\n"
+        "| 2 | encrypted password | A password field which starts with an exclamation mark means locked. | - |\n"
+        "| 8 | account expiration date | The date of expiration of the account. | the account will never expire |"
+    )
+    # "field" and "mean" name columns, but the row is named by words of two of its cells: the model reads it.
+    assert named_cell(fields, "What does a password field that starts with an exclamation mark mean?") is None
+    assert named_cell(fields, "What does an empty account expiration date field mean?") is None

@@ -32,7 +32,7 @@ _SENTENCE = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[A-Z0-9\"'(\[])|\n{2,}")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 STOPWORDS = frozenset(
     """a an and are as at be by can could did do does for from has have how in is it its many much of on or
-    that the this to was were what when where which who whom whose why will with means mean""".split()
+    that the this to was were what when where which who whom whose why will with""".split()
 )
 
 
@@ -111,7 +111,9 @@ def named_rows(text: str, question: str) -> str | None:
 
 def named_cell(text: str, question: str) -> str | None:
     """The cell of a markdown table at the one row and the one column the question names ("default of
-    MaxAuthTries?": the MaxAuthTries row's Default cell); None when it names no single row and column."""
+    MaxAuthTries?": the MaxAuthTries row's Default cell). The row must be named by one cell alone (its key:
+    a question whose words are spread over the row's cells asks about their content), and the column by
+    the question's other words, more of them than any other column's header; else None."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     found = find_table(lines)
     if found is None or found[1] < len(lines) * 0.6 or not found[0].rows:
@@ -121,12 +123,15 @@ def named_cell(text: str, question: str) -> str | None:
     if len(picked) != 1 or top < 0.5:
         return None
     row = table.rows[picked[0]]
-    columns = [
-        j
-        for j, header in enumerate(table.header)
-        if j < len(row) and terms(header) & asked and not terms(row[j]) & asked
-    ]
-    return row[columns[0]] or None if len(columns) == 1 else None
+    naming = [j for j, cell in enumerate(row) if terms(cell) & asked]
+    if len(naming) != 1:
+        return None
+    rest = asked - terms(row[naming[0]])
+    counts = [len(terms(h) & rest) if j != naming[0] else 0 for j, h in enumerate(table.header[: len(row)])]
+    best = max(counts, default=0)
+    if best == 0 or counts.count(best) > 1:
+        return None
+    return row[counts.index(best)] or None
 
 
 def sentence_first(text: str, question: str) -> str:
