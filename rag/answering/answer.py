@@ -192,7 +192,10 @@ class Answer:
                 return _told(cell, self.packed.used)
             return self._never_blank(
                 [lambda: self._answer_line(llm, prompt), lambda: self._retry_line(llm, prompt)],
-                judge=lambda text: self._judge_line(text, prompt),
+                # Spans off: the line streams as generated, and only a blank one is asked again.
+                judge=(lambda text: self._judge_line(text, prompt))
+                if self.answerer.settings.completion_spans == "retry"
+                else None,
             )
         max_tokens, temperature = self.query.max_tokens, self.query.temperature
         assert max_tokens is not None and temperature is not None  # chat_query fills them in
