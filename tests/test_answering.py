@@ -422,3 +422,27 @@ def test_the_cut_off_keeps_the_best_and_leaves_non_positive_scores_alone():
     assert cut_off(hits, 0)[1] == []
     logits = [Hit(score=s) for s in (-1.0, -3.0)]
     assert cut_off(logits, 0.35) == (logits, [])
+
+
+def test_an_english_answer_line_that_is_no_span_is_asked_again_under_the_span_grammar():
+    server = ReplayLlamaServer("in the year 1890")  # the source says 1889
+    events, server, _, _ = answer("", server=server, settings=Settings(llm_prompt_style="completion"), max_tokens=None)
+    done = by_name(events)["done"]
+    completions = [r for r in server.requests if "grammar" in r or "prompt" in r]
+    assert done["retried"] is True and done["retry_reason"] == "off_span"
+    assert '"1889"' in completions[-1]["grammar"] and '"1890"' not in completions[-1]["grammar"]
+
+
+def test_a_chinese_answer_line_is_kept_as_written_even_when_no_span():
+    chunks = [("changcheng.txt", "长城，东起山海关，西至嘉峪关。明长城总长度约为八千八百公里。")]
+    server = ReplayLlamaServer("山海关一带")
+    events, server, _, _ = answer(
+        "",
+        "长城，东起哪里？",
+        chunks=chunks,
+        server=server,
+        settings=Settings(llm_prompt_style="completion", min_relevance_cjk=0),
+        max_tokens=None,
+    )
+    assert by_name(events)["done"]["retried"] is False and len(server.prompts) == 1
+    assert "".join(e.data["text"] for e in events if e.name == "token") == "山海关一带"

@@ -41,7 +41,9 @@ def test_the_stream_sends_sources_budget_tokens_citations_done_in_order(api: str
     names = [e.event for e in events]
     assert names[:2] == ["sources", "budget"]
     assert names[-2:] == ["citations", "done"]
-    assert set(names[2:-2]) == {"token"} and len(names) > 5
+    # The completion style's answer line is judged whole (a span of a source? rag.answering.spans) before it
+    # is sent, so it comes as one token event or more.
+    assert set(names[2:-2]) == {"token"} and len(names) >= 5
     data = {e.event: e.data for e in events}
     sources = data["sources"]["sources"]
     assert sources and sources[0]["id"] == "S1" and sources[0]["source"] == "eiffel.txt"
@@ -159,7 +161,8 @@ def test_model_citations_outside_the_prompt_are_invalid_and_the_sentence_is_attr
 ):
     # A grammar makes the real model write a valid [S1] and an [S42] that no prompt holds.
     forced = forced_llama_server("The keeper lives on Skerry Island [S1] [S42].")
-    with serve(changed(backend_settings, llm_url=forced.url)) as url:
+    # Spans off: the forced line, no span of the source, is kept as written (it is the citations under test).
+    with serve(changed(backend_settings, llm_url=forced.url, completion_spans="off")) as url:
         upload(url, LIGHTHOUSE)
         body = httpx.post(
             f"{url}/v1/chat", json=ask("Where does the keeper live?", stream=False, max_tokens=48), timeout=300
@@ -192,7 +195,8 @@ def test_an_echo_of_the_prompt_yields_no_model_citation_and_is_flagged(
 ):
     echo = _echo(style)
     forced = forced_llama_server(echo)
-    with serve(changed(backend_settings, llm_url=forced.url, llm_prompt_style=style)) as url:
+    # Spans off: the forced echo is kept as written (its flagging is under test).
+    with serve(changed(backend_settings, llm_url=forced.url, llm_prompt_style=style, completion_spans="off")) as url:
         upload(url, LIGHTHOUSE)
         body = httpx.post(
             f"{url}/v1/chat", json=ask("Where does the keeper live?", stream=False, max_tokens=48), timeout=300
@@ -325,7 +329,8 @@ def test_a_restarted_llama_server_with_a_smaller_context_gets_a_repacked_prompt(
 def test_a_backend_killed_mid_stream_ends_the_stream_with_an_error_event(
     backend_settings: Settings, private_llama: Server
 ):
-    settings = changed(backend_settings, llm_url=private_llama.url)
+    # Spans off: the line streams as generated (with spans on it is judged whole before it is sent).
+    settings = changed(backend_settings, llm_url=private_llama.url, completion_spans="off")
     with serve(settings) as url:
         upload(url)
         body = ask("Write a very long story about the Eiffel Tower.", max_tokens=400)

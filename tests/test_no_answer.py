@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from rag.answering.no_answer import usable
+from rag.answering.no_answer import echoes, usable
 from rag.core.config import Settings
 from tests.chat_helpers import ask, changed, chat_events, parse_sse, serve, upload
 
@@ -63,3 +63,39 @@ def test_nothing_usable_is_said_in_words_naming_the_sources_on_every_endpoint(
     assert whole["answer"] == NO_ANSWER and whole["done"]["no_answer"] is True
     assert completion["choices"][0]["message"]["content"] == NO_ANSWER
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices")) == NO_ANSWER
+
+
+@pytest.mark.parametrize(
+    ("answer", "question"),
+    [
+        ("1.", "Which ITU-T recommendation specifies ASN.1?"),
+        ("长城东起哪里", "长城东起哪里？"),
+        ("ITU-T recommendation specifies", "which ITU-T recommendation specifies ASN.1?"),
+    ],
+)
+def test_an_answer_that_only_repeats_its_question_is_an_echo(answer: str, question: str):
+    assert echoes(answer, question)
+
+
+@pytest.mark.parametrize(
+    ("answer", "question"),
+    [("X.680", "Which ITU-T recommendation specifies ASN.1?"), ("Paris", "Is the tower in Paris or in Rome?")],
+)
+def test_an_answer_of_the_sources_or_a_choice_is_no_echo(answer: str, question: str):
+    assert not echoes(answer, question)
+
+
+def test_a_completion_that_echoes_the_question_is_tried_again_without_its_first_token(
+    forced_llama_server, backend_settings: Settings
+):
+    # The server's grammar makes every first attempt "1" (what the base model answered from "ASN.1");
+    # the retry's own grammar overrides it, and the token of "1" is forbidden.
+    forced = forced_llama_server("1")
+    docs = {"asn1.txt": "The ASN.1 notation is specified in ITU-T Recommendation X.680; its encoding rules in X.690.\n"}
+    with serve(changed(backend_settings, llm_url=forced.url)) as url:
+        upload(url, docs)
+        events = chat_events(url, ask("Which ITU-T recommendation specifies ASN.1?", max_tokens=16))
+    answer = "".join(e.data["text"] for e in events if e.event == "token")
+    done = next(e.data for e in events if e.event == "done")
+    assert done["retried"] is True and done["no_answer"] is False
+    assert usable(answer) and not answer.startswith("1")

@@ -94,14 +94,17 @@ class Answerer:
     @property
     def style(self) -> PromptStyle:
         """How prompts are written for the served model (rag.answering.prompt)."""
+        s = self.settings
         if self.style_choice.name == "completion":
-            return CompletionStyle(self.settings.completion_max_sources)
-        return ChatStyle()
+            return CompletionStyle(
+                s.completion_max_sources, extra_sources=s.completion_extra_sources, focus=s.completion_focus
+            )
+        return ChatStyle(s.chat_max_sources, s.chat_extra_sources)
 
     def style_for(self, question: str) -> PromptStyle:
-        """The style for one question: a completion prompt takes its examples in the question's script."""
-        style = self.style
-        return style.for_question(question) if isinstance(style, CompletionStyle) else style
+        """The style for one question: a completion prompt takes its examples in the question's script;
+        both render its sources focused on it."""
+        return self.style.for_question(question)
 
     def with_defaults(self, query: ChatQuery) -> ChatQuery:
         """The query with the style's max_tokens and temperature where the request left them out."""
@@ -176,7 +179,8 @@ class Answerer:
         ordered = await self.sent.recall(before, good)  # a follow-up's sources start as its previous prompt's did
         by_id = {f"S{i}": hit for i, hit in enumerate(ordered.hits, 1)}
         candidates = [
-            Candidate(sid, h.chunk_id, text, h.metadata) for (sid, h), text in zip(by_id.items(), ordered.texts)
+            Candidate(sid, h.chunk_id, text, h.metadata, h.coverage)
+            for (sid, h), text in zip(by_id.items(), ordered.texts)
         ]
         packed = await self.pack(query, history, question, candidates, props.n_ctx)
         await self.sent.keep(

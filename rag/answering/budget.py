@@ -68,6 +68,7 @@ class Candidate:
     chunk_id: str
     text: str
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    coverage: float = 0.0  # the IDF-weighted share of the question's terms the chunk holds (retrieval's)
 
 
 @dataclass
@@ -301,7 +302,7 @@ class PromptBudget:
     ) -> _Pieces:
         """Every piece's tokens in one round of concurrent /tokenize calls (remembered pieces cost none);
         refuses a question that with the system prompt alone is over the limit."""
-        kept = list(candidates[: style.max_sources]) if style.max_sources is not None else list(candidates)
+        kept, over = style.take(candidates)
         rendered = [style.render_source(c.source_id, c.text, c.metadata) for c in kept]
         skeleton, question_tokens, chunk_tokens, per_message, wrapper = await asyncio.gather(
             self._skeleton(style),
@@ -314,7 +315,7 @@ class PromptBudget:
             question=question,
             style=style,
             candidates=kept,
-            over_style=list(candidates[len(kept) :]),
+            over_style=over,
             chunk_tokens=chunk_tokens,
             turns=turns,
             skeleton=skeleton,

@@ -164,7 +164,9 @@ class Done(Event):
     ttft_ms: float | None
     invalid_citations: int
     cache_n: int | None
-    finish_reason: str | None  # llama-server's ("stop", "length"), or "repetition": we ended a looping line
+    # llama-server's ("stop", "length"), or "repetition": we ended a looping line; "table_cell": the answer is
+    # the cell of the first source's table at the row and column the question names, read without the model
+    finish_reason: str | None
     retrieval_ms: float
     pack_ms: float
     queue_ms: float
@@ -172,7 +174,9 @@ class Done(Event):
     style: str
     unsupported_sentences: int
     no_answer: bool = False  # the model gave nothing usable: the answer is our fixed line naming the sources
-    retried: bool = False  # the first attempt gave nothing usable, so it was asked once more
+    retried: bool = False  # the first attempt was asked once more: `retry_reason` says why
+    # `blank` (nothing usable), `echo` (it only repeated the question), `off_span` (no span of a source)
+    retry_reason: str | None = None
 
 
 class NoSourcesDone(Event):

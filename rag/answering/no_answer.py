@@ -9,6 +9,10 @@ a llama-server grammar that lets the line end only after a letter or digit, so t
 best non-blank answer. It runs only when the first attempt gave nothing usable (a grammar slows each
 token about 2.5 times here, and almost every answer needs none).
 
+An answer that only repeats its question (all of it, or a number of it: "1" to a question about ASN.1)
+is retried once too, its first token forbidden (rag.answering.answer holds the completion style's whole
+line to judge it).
+
 A reply still without a letter or digit (empty, whitespace, punctuation alone) becomes `no_answer_text`,
 which says so and points at the sources; the `done` event then carries `no_answer: true`.
 """
@@ -31,6 +35,21 @@ ANSWER_LINE_GRAMMAR = f'root ::= junk* good [^\\n]* "\\n"?\njunk ::= [{_JUNK}]\n
 def usable(text: str) -> bool:
     """Whether `text` holds an answer at all: a letter or a digit somewhere."""
     return _USABLE.search(text) is not None
+
+
+def _words(text: str) -> str:
+    return " ".join(re.findall(r"[^\W_]+", text.casefold()))
+
+
+def echoes(text: str, question: str) -> bool:
+    """Whether an extractive answer only repeats its question: all of it, most of it, or one number or
+    character of it ("1" for "Which recommendation specifies ASN.1?"). A short piece ("Paris" for "Paris
+    or Rome?") is no echo: a choice question is answered with one of its own words."""
+    words, asked = _words(text), _words(question)
+    if not words or words not in asked:
+        return False
+    bare = len(words) == 1 or words.isdigit()
+    return bare or len(words) >= 0.5 * len(asked)
 
 
 def no_answer_text(source_names: Iterable[str]) -> str:

@@ -38,8 +38,9 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
+from rag.answering.focus import focus, named_rows
 from rag.store.lexical import cjk_fraction
 
 log = logging.getLogger(__name__)
@@ -207,16 +208,57 @@ def one_line(text: str) -> str:
     return " ".join(defuse(text).split())
 
 
+class Ranked(Protocol):
+    """A retrieved chunk offered to the prompt (rag.answering.budget.Candidate)."""
+
+    @property
+    def coverage(self) -> float: ...
+
+
+R = TypeVar("R", bound=Ranked)
+
+WEAK_MARGIN = 0.1  # a lower-ranked source holding this much more of the question's terms than the first
+
+
+def take_sources(candidates: Sequence[R], limit: int | None, extra: int) -> tuple[list[R], list[R]]:
+    """(taken, left): the first `limit` candidates in rank order, and when the first is weak - a lower one
+    holds more of the question's terms (IDF-weighted coverage, by `WEAK_MARGIN`) - up to `extra` more of
+    those, the best covering first, put after the first ones: a wrong first hit then still leaves the
+    right chunk in front of the model."""
+    if limit is None:
+        return list(candidates), []
+    taken = list(candidates[:limit])
+    rest = list(candidates[limit:])
+    if taken and extra:
+        floor = taken[0].coverage + WEAK_MARGIN
+        better = sorted((c for c in rest if c.coverage >= floor), key=lambda c: -c.coverage)[:extra]
+        taken += better
+        rest = [c for c in rest if c not in better]
+    return taken, rest
+
+
 class ChatStyle:
     """Instruct models: system prompt, <sources> in the first user message, the chat template."""
 
     name = "chat"
     key = "chat"  # what the budget remembers counts under: the fixed text is the same for every question
-    max_sources: int | None = None
     fixed_text = SYSTEM_PROMPT  # what an echo of our own instructions would repeat
 
+    def __init__(self, max_sources: int | None = None, extra_sources: int = 0, question: str = "") -> None:
+        self.max_sources = max_sources
+        self.extra_sources = extra_sources
+        self.question = question
+
+    def for_question(self, question: str) -> ChatStyle:
+        return ChatStyle(self.max_sources, self.extra_sources, question)
+
+    def take(self, candidates: Sequence[R]) -> tuple[list[R], list[R]]:
+        return take_sources(candidates, self.max_sources, self.extra_sources)
+
     def render_source(self, source_id: str, text: str, metadata: Mapping[str, Any]) -> str:
-        return render_source(source_id, text, metadata)
+        """A table's source shows the rows the question names (rag.answering.focus), each cell with its header."""
+        rows = named_rows(text, self.question) if self.question else None
+        return render_source(source_id, rows if rows is not None else text, metadata)
 
     def wrapper(self) -> str:
         """What the sources' container adds once there is at least one source."""
@@ -232,17 +274,38 @@ class CompletionStyle:
     name = "completion"
     fixed_text = COMPLETION_EXAMPLES + COMPLETION_EXAMPLES_ZH
 
-    def __init__(self, max_sources: int | None = None, examples: FewShot = EXAMPLES) -> None:
+    def __init__(
+        self,
+        max_sources: int | None = None,
+        examples: FewShot = EXAMPLES,
+        *,
+        extra_sources: int = 0,
+        focus: str = "first",
+        question: str = "",
+    ) -> None:
         self.max_sources = max_sources
         self.examples = examples
+        self.extra_sources = extra_sources
+        self.focus = focus
+        self.question = question
         self.key = f"completion-{examples.language}"
 
     def for_question(self, question: str) -> CompletionStyle:
-        """This style with the examples in the question's script."""
-        return CompletionStyle(self.max_sources, examples_for(question))
+        """This style for one question: the examples in its script, its sources focused on it."""
+        return CompletionStyle(
+            self.max_sources,
+            examples_for(question),
+            extra_sources=self.extra_sources,
+            focus=self.focus,
+            question=question,
+        )
+
+    def take(self, candidates: Sequence[R]) -> tuple[list[R], list[R]]:
+        return take_sources(candidates, self.max_sources, self.extra_sources)
 
     def render_source(self, source_id: str, text: str, metadata: Mapping[str, Any]) -> str:
-        return f"[{source_id}] {one_line(text)}\n"
+        """The source on one line, its part the question points at first (rag.answering.focus)."""
+        return f"[{source_id}] {one_line(focus(text, self.question, self.focus))}\n"
 
     def wrapper(self) -> str:
         return "Context:\n"

@@ -39,13 +39,23 @@ class BundledGenerator:
     artifact: str
     served_name: str
     profile: str
+    chat_max_sentences: int = 0  # the chat style's answer ends after this many sentences (0: no limit)
+    chat_max_sources: int | None = None  # the chat style's sources (None: all that fit)
 
 
 BUNDLED_GENERATORS = {
     # A base model (no chat template): the completion prompt style.
     "gemma-270m": BundledGenerator("gemma-3-270m-q4_k_m", "gemma-3-270m-q4_k_m", "cpu"),
     # An instruct model with a ChatML template in its GGUF: the chat prompt style.
-    "smollm2-135m-instruct": BundledGenerator("smollm2-135m-instruct-q4_1", "smollm2-135m-instruct", "cpu-instruct"),
+    # It states a fact in its first sentence or two, then runs on to the token limit (bench/README.md).
+    "smollm2-135m-instruct": BundledGenerator(
+        "smollm2-135m-instruct-q4_1",
+        "smollm2-135m-instruct",
+        "cpu-instruct",
+        chat_max_sentences=2,
+        # Eight sources were ~1,600 prompt tokens: 125 s of prefill for one answer on 2 loaded cores.
+        chat_max_sources=1,
+    ),
 }
 
 
@@ -271,6 +281,22 @@ class Settings(BaseSettings):
     llm_prompt_style: Literal["auto", "chat", "completion"] = "auto"
     completion_max_tokens: int = Field(default=32, ge=1)
     completion_max_sources: int = Field(default=1, ge=1, le=100)
+    # Sources added past the first max_sources when the first is weak: a lower-ranked one holds more of
+    # the question's terms (rag.answering.prompt.take_sources).
+    completion_extra_sources: int = Field(default=1, ge=0, le=100)
+    # What a completion prompt shows of a source first: the rows of a table or listing that the question
+    # names, and in prose the sentence holding its terms (`first`); the rows only (`rows`); as it is (`off`).
+    completion_focus: Literal["off", "rows", "first"] = "first"
+    # The chat style's sources: the first N, and `chat_extra_sources` more when the first is weak (as in
+    # the completion style); unset: the bundled generator's (1 for SmolLM2 135M Instruct, else all that fit).
+    chat_max_sources: int | None = Field(default=None, ge=1, le=100)
+    chat_extra_sources: int = Field(default=1, ge=0, le=100)
+    # A chat answer ends after this many sentences or at a blank line after text (0: at the model's end or
+    # max_tokens); unset: the bundled generator's (2 for SmolLM2 135M Instruct, else 0).
+    chat_max_sentences: int | None = Field(default=None, ge=0)
+    # An answer line that is no span of a source is asked once more under a grammar of the sources'
+    # spans (rag.answering.spans): `retry`; `off`: kept as written.
+    completion_spans: Literal["off", "retry"] = "retry"
     # End a completion answer line where it starts repeating itself (rag.answering.repetition).
     completion_stop_loops: bool = True
 
@@ -335,6 +361,10 @@ class Settings(BaseSettings):
             self.llm_model = bundled.served_name
         if "llm_profile" not in self.model_fields_set:
             self.llm_profile = bundled.profile
+        if self.chat_max_sentences is None:
+            self.chat_max_sentences = bundled.chat_max_sentences
+        if "chat_max_sources" not in self.model_fields_set:
+            self.chat_max_sources = bundled.chat_max_sources
         return self
 
     @property

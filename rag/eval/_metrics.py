@@ -142,7 +142,9 @@ def answer_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
             else None
         ),
         "at_token_limit": sum(bool(r.get("at_token_limit")) for r in records) / n,
-        "empty_first_attempt": sum(bool(r.get("retried")) for r in records) / n,
+        "empty_first_attempt": sum(bool(r.get("retried")) and r.get("retry_reason") == "blank" for r in records) / n,
+        "retried_echo": sum(r.get("retry_reason") == "echo" for r in records) / n,
+        "retried_off_span": sum(r.get("retry_reason") == "off_span" for r in records) / n,
         "no_answer": sum(bool(r.get("no_answer")) for r in records) / n,
         "failed": sum("error" in r for r in records),
         "ttft_ms": latency_summary([r["ttft_ms"] for r in records if r.get("ttft_ms") is not None]),
@@ -157,6 +159,8 @@ def answer_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 "at_token_limit": bool(r.get("at_token_limit")),
                 "supported": bool(r["attributed_ok"]),
                 "answer": r["answer"][:ANSWER_CHARS_KEPT],
+                "retry_reason": r.get("retry_reason"),
+                "total_ms": round(r["total_ms"], 1),
             }
             for r in records
         ],

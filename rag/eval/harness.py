@@ -468,6 +468,7 @@ async def _one_answer(answer: Answer | NoSourcesAnswer, run: _QuestionRun, start
         at_token_limit=done.finish_reason == "length",
         no_answer=isinstance(done, Done) and done.no_answer,
         retried=isinstance(done, Done) and done.retried,
+        retry_reason=done.retry_reason if isinstance(done, Done) else None,
     )
     text = strip_citations(document.answer)
     golds = run.question.answers

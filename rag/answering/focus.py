@@ -1,0 +1,158 @@
+"""What of a source the question points at: the table rows it names, or the sentence that holds its terms.
+
+A small base model asked for "the shortest exact phrase" of a 200-token chunk picks a wrong span of the
+right chunk far more often than the wrong chunk: "imaps port?" over a chunk of /etc/services lines
+answered "1080" (the socks line), and a markdown table collapsed onto one prompt line is a soup of cells.
+So the extractive prompt shows a source with its most relevant part first:
+
+- a table (markdown rows under a header, as `ingest.loaders.tables` writes them) or a listing (short
+  lines, as /etc/services): the rows holding the question's rarest terms, each cell with its column's
+  header ("Service: imaps; Port: 993/tcp"), in place of the whole table;
+- prose: the sentence that holds the most of the question's terms first, then the rest in order.
+
+Terms are the question's words less stopwords, compared by their first `STEM` letters ("expiry" meets
+"expiration"), each weighted by how few lines or sentences of the source hold it; CJK text is left as it
+is (no word boundaries to weigh).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+STEM = 5  # letters a term is compared by
+MAX_ROWS = 3  # rows shown for one question
+LISTING_LINES = 4  # at least this many lines...
+LISTING_LINE_WORDS = 8  # ...of at most this many words (median) make a listing (wrapped prose has more)
+_WORD = re.compile(r"[^\W_]+(?:[./][^\W_]+)*", re.UNICODE)  # "993/tcp", "X.680" stay one word
+_SEPARATOR_ROW = re.compile(r"^\|(?:\s*:?-{3,}:?\s*\|)+$")
+_SENTENCE = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[A-Z0-9\"'(\[])|\n{2,}")
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+STOPWORDS = frozenset(
+    """a an and are as at be by can could did do does for from has have how in is it its many much of on or
+    that the this to was were what when where which who whom whose why will with""".split()
+)
+
+
+def terms(text: str) -> set[str]:
+    """The text's words as compared: case-folded, stopwords out, cut to their first STEM letters."""
+    words = _WORD.findall(unicodedata.normalize("NFKC", text).casefold())
+    return {w[:STEM] for w in words if w not in STOPWORDS}
+
+
+@dataclass(frozen=True)
+class Table:
+    """A markdown table's header cells and data rows (cells), as found in a source's text."""
+
+    header: list[str]
+    rows: list[list[str]]
+
+
+def cells(line: str) -> list[str]:
+    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+
+
+def find_table(lines: Sequence[str]) -> tuple[Table, int] | None:
+    """The first markdown table among `lines` and the number of lines it takes (header and separator in)."""
+    for i in range(len(lines) - 1):
+        if lines[i].startswith("|") and _SEPARATOR_ROW.match(lines[i + 1].replace(" ", "")):
+            rows = []
+            for line in lines[i + 2 :]:
+                if not (line.startswith("|") and line.endswith("|")):
+                    break
+                rows.append(cells(line))
+            return Table(cells(lines[i]), rows), len(rows) + 2
+    return None
+
+
+def _weights(question: set[str], units: Sequence[set[str]]) -> dict[str, float]:
+    """Each question term's weight: 1 / (the units that hold it); terms no unit holds are left out."""
+    counts = {t: sum(1 for u in units if t in u) for t in question}
+    return {t: 1.0 / n for t, n in counts.items() if n}
+
+
+def _best(question: set[str], units: Sequence[set[str]]) -> tuple[list[int], float]:
+    weights = _weights(question, units)
+    scores = [sum(weights.get(t, 0.0) for t in u) for u in units]
+    top = max(scores, default=0.0)
+    return [i for i, s in enumerate(scores) if top > 0 and s == top], top
+
+
+def named_rows(text: str, question: str) -> str | None:
+    """The rows of a table or listing that the question names, each cell with its header; None when the
+    text is neither, or no row is named more than the others (a term in every row names none)."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    asked = terms(question)
+    found = find_table(lines)
+    if found is not None:
+        table, taken = found
+        if not table.rows or taken < len(lines) * 0.6:
+            return None  # a table beside prose: the prose may be what is asked
+        units = [terms(" ".join(row)) for row in table.rows]
+        picked, top = _best(asked, units)
+        if not picked or len(picked) > MAX_ROWS or top < 0.5:
+            return None
+        return "\n".join(
+            "; ".join(f"{h}: {c}" if h else c for h, c in zip(table.header, table.rows[i], strict=False) if c)
+            for i in picked
+        )
+    if len(lines) < LISTING_LINES or sorted(len(line.split()) for line in lines)[len(lines) // 2] > LISTING_LINE_WORDS:
+        return None
+    if _CJK.search(text):
+        return None
+    units = [terms(line) for line in lines]
+    picked, top = _best(asked, units)
+    if not picked or len(picked) > MAX_ROWS or top < 0.5:
+        return None
+    return "\n".join(lines[i] for i in picked)
+
+
+def named_cell(text: str, question: str) -> str | None:
+    """The cell of a markdown table at the one row and the one column the question names ("default of
+    MaxAuthTries?": the MaxAuthTries row's Default cell). The row must be named by one cell alone (its key:
+    a question whose words are spread over the row's cells asks about their content), and the column by
+    the question's other words, more of them than any other column's header; else None."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    found = find_table(lines)
+    if found is None or found[1] < len(lines) * 0.6 or not found[0].rows:
+        return None
+    table, asked = found[0], terms(question)
+    picked, top = _best(asked, [terms(" ".join(row)) for row in table.rows])
+    if len(picked) != 1 or top < 0.5:
+        return None
+    row = table.rows[picked[0]]
+    naming = [j for j, cell in enumerate(row) if terms(cell) & asked]
+    if len(naming) != 1:
+        return None
+    rest = asked - terms(row[naming[0]])
+    counts = [len(terms(h) & rest) if j != naming[0] else 0 for j, h in enumerate(table.header[: len(row)])]
+    best = max(counts, default=0)
+    if best == 0 or counts.count(best) > 1:
+        return None
+    return row[counts.index(best)] or None
+
+
+def sentence_first(text: str, question: str) -> str:
+    """The text with the sentence holding the most of the question's terms moved to the front."""
+    if _CJK.search(question):
+        return text
+    sentences = [s for s in _SENTENCE.split(text.strip()) if s.strip()]
+    if len(sentences) < 2:
+        return text
+    picked, _ = _best(terms(question), [terms(s) for s in sentences])
+    if not picked or picked[0] == 0:
+        return text
+    first = picked[0]
+    return " ".join([sentences[first], *(s for i, s in enumerate(sentences) if i != first)])
+
+
+def focus(text: str, question: str, mode: str = "first") -> str:
+    """What the extractive prompt shows of a source for `question` (`mode`: off, rows, first)."""
+    if mode == "off" or not question:
+        return text
+    rows = named_rows(text, question)
+    if rows is not None:
+        return rows
+    return sentence_first(text, question) if mode == "first" else text

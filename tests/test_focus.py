@@ -1,0 +1,134 @@
+"""What the extractive prompt shows of a source: the rows a question names, the sentence holding its terms,
+and which sources go in (rag.answering.focus, rag.answering.prompt.take_sources). Pure text logic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rag.answering.focus import focus, named_cell, named_rows, sentence_first
+from rag.answering.prompt import CompletionStyle, take_sources
+from rag.answering.spans import is_span, span_grammar
+
+SERVICES = """socks\t\t1080/tcp\t\t\t# socks proxy server
+imap2\t\t143/tcp\t\timap\t\t# Interim Mail Access P 2 and 4
+imaps\t\t993/tcp\t\t\t\t# IMAP over SSL
+pop3s\t\t995/tcp\t\t\t\t# POP-3 over SSL
+openvpn\t\t1194/tcp
+"""
+TABLE = (
+    "Table 1: Ports\n| Service | Port | Description |\n| --- | --- | --- |\n"
+    "| socks | 1080/tcp | socks proxy |\n| imaps | 993/tcp | IMAP over SSL |\n| pop3s | 995/tcp | POP-3 over SSL |"
+)
+SHADOW = (
+    "The date of expiration of the account, expressed as the number of days since Jan 1, 1970. "
+    "An empty field means that the account never expires. The value 0 should not be used."
+)
+
+
+def test_a_listing_shows_the_line_the_question_names():
+    assert named_rows(SERVICES, "imaps port?") == "imaps\t\t993/tcp\t\t\t\t# IMAP over SSL"
+
+
+def test_a_markdown_table_shows_the_named_row_with_each_cell_under_its_header():
+    assert named_rows(TABLE, "imaps port?") == "Service: imaps; Port: 993/tcp; Description: IMAP over SSL"
+    assert (
+        named_rows(TABLE, "Which service is on 995/tcp?")
+        == "Service: pop3s; Port: 995/tcp; Description: POP-3 over SSL"
+    )
+
+
+def test_a_question_naming_no_row_leaves_the_table_whole():
+    assert named_rows(TABLE, "What is the caption of the table?") is None
+    assert focus(TABLE, "What does the table list?", "rows") == TABLE
+
+
+def test_a_table_beside_prose_is_not_cut_to_its_rows():
+    prose = " ".join(["The services below are the ones the mail gateway runs."] * 3)
+    text = f"{prose}\n{prose}\n{prose}\n{prose}\n{prose}\n{TABLE}"
+    assert named_rows(text, "imaps port?") is None
+
+
+def test_wrapped_prose_is_no_listing():
+    wrapped = "\n".join(["An empty field means that the account never expires and can be used"] * 6)
+    assert named_rows(wrapped, "What does an empty field mean?") is None
+
+
+def test_prose_shows_the_sentence_holding_the_questions_terms_first():
+    first = sentence_first(SHADOW, "empty account-expiry field means?")
+    assert first.startswith("An empty field means that the account never expires.")
+    assert sorted(first.split(". ")) == sorted(SHADOW.split(". "))  # nothing lost, only moved
+
+
+def test_a_chinese_question_or_a_one_sentence_text_is_left_as_it_is():
+    assert sentence_first(SHADOW, "空字段是什么意思？") == SHADOW
+    assert sentence_first("One sentence only.", "What sentence?") == "One sentence only."
+
+
+def test_the_completion_prompt_shows_the_focused_source_on_one_line():
+    style = CompletionStyle(1).for_question("imaps port?")
+    assert style.render_source("S1", TABLE, {}) == "[S1] Service: imaps; Port: 993/tcp; Description: IMAP over SSL\n"
+    assert CompletionStyle(1, focus="off").for_question("imaps port?").render_source("S1", "a\nb", {}) == "[S1] a b\n"
+
+
+@dataclass
+class Hit:
+    name: str
+    coverage: float
+
+
+def test_a_weak_first_source_brings_the_best_covering_one_after_it():
+    hits = [Hit("S1", 0.3), Hit("S2", 0.35), Hit("S3", 0.9), Hit("S4", 0.6)]
+    taken, left = take_sources(hits, 1, 1)
+    assert [h.name for h in taken] == ["S1", "S3"] and [h.name for h in left] == ["S2", "S4"]
+
+
+def test_a_first_source_covering_the_question_comes_alone():
+    hits = [Hit("S1", 0.8), Hit("S2", 0.85), Hit("S3", 0.5)]
+    taken, left = take_sources(hits, 1, 1)
+    assert [h.name for h in taken] == ["S1"] and len(left) == 2
+    assert take_sources(hits, None, 1) == (hits, [])  # no limit: every source that fits
+    assert [h.name for h in take_sources(hits, 1, 0)[0]] == ["S1"]
+
+
+SSHD = (
+    "sshd_config options\n| Option | Default | Meaning |\n| --- | --- | --- |\n"
+    "| MaxAuthTries | 6 | attempts per connection |\n| LoginGraceTime | 120 | seconds to log in |"
+)
+
+
+def test_a_table_question_naming_a_row_and_a_column_is_answered_by_their_cell():
+    assert named_cell(SSHD, "default of MaxAuthTries?") == "6"
+    assert named_cell(SSHD, "LoginGraceTime default?") == "120"
+
+
+def test_a_question_naming_no_column_or_no_single_row_has_no_cell():
+    assert named_cell(SSHD, "What is MaxAuthTries?") is None  # no column named
+    assert named_cell(SSHD, "default of every option?") is None  # no row named
+    assert named_cell(SERVICES, "imaps port?") is None  # a listing has no header to name
+
+
+def test_an_answer_is_a_span_when_its_words_stand_together_in_a_source():
+    sources = ["socks 1080/tcp # socks proxy server", "it decodes DER data with asn1_der_decoding."]
+    assert is_span("1080/tcp", sources) and is_span("Socks proxy", sources)
+    assert not is_span("8080", sources) and not is_span("der_decoding", sources)
+    assert is_span("山海关", ["长城东起山海关。"]) and not is_span("嘉峪关", ["长城东起山海关。"])
+
+
+def test_the_span_grammar_runs_through_one_source_and_stops_at_its_field_separators():
+    grammar = span_grammar(["Option: MaxAuthTries; Default: 6", "长城"])
+    rules = dict(line.split(" ::= ", 1) for line in grammar.splitlines())
+    assert rules["s0w2"] == '"MaxAuthTries"'  # the ";" after it ends every span
+    assert rules["s0w6"] == '"6"' and rules["s0w4"] == '"Default" (s0w5)?'
+    assert rules["s1w0"] == '"长" (s1w1)?'  # Chinese: character after character, no blank between
+    assert "s0w1 |" not in rules["root"]  # no span starts at the colon
+
+
+def test_a_question_about_a_cells_content_is_no_cell_lookup():
+    fields = (
+        "| Field | Name | Meaning | An empty field means |\n| --- | --- | --- | --- |\n"
+        "| 2 | encrypted password | A password field which starts with an exclamation mark means locked. | - |\n"
+        "| 8 | account expiration date | The date of expiration of the account. | the account will never expire |"
+    )
+    # "field" and "mean" name columns, but the row is named by words of two of its cells: the model reads it.
+    assert named_cell(fields, "What does a password field that starts with an exclamation mark mean?") is None
+    assert named_cell(fields, "What does an empty account expiration date field mean?") is None
