@@ -47,8 +47,7 @@ STOPWORDS = frozenset(
 QUESTION_WORDS = frozenset(
     "what which who whom whose when where why how many much does do did can could name 什 么 哪 几 多 少 谁 吗 呢 怎 样 何 的 是 了 在 有".split()
 )
-NEAR = 8  # words between a short answer and a term of the question, at most, for it to count as supported
-SHORT = 3  # an answer adding this many words or fewer must stand near the question's terms in its source
+NEAR = 8  # words between an answer and a term of the question, at most, for it to count as supported
 
 
 class CitedChunk(Protocol):
@@ -168,8 +167,9 @@ class _Source:
     def support(self, sentence: str, terms: Collection[str]) -> float:
         """The share of what the sentence adds to the question (its content words that are no term of
         the question) found here. 0 when it adds nothing ("port 5432" to "Which service uses port
-        5432?"); 0 for a short answer (SHORT words added at most) none of whose words stands near a term
-        of the question here, and for a bare one that repeats a term ("1" to a question about ASN.1)."""
+        5432?"), when it names no term of the question and none of its words stands near one here (a span
+        of the wrong part of a source), and for a bare answer that repeats a term ("1" to a question
+        about ASN.1)."""
         wanted = content_words(strip_ids(sentence))
         if not wanted:
             return 0.0
@@ -178,7 +178,7 @@ class _Source:
         added = [w for w in wanted if w not in terms] if terms else wanted
         if not added:
             return 0.0
-        if terms and len(added) <= SHORT and not any(self.near(w, terms) for w in added):
+        if terms and not terms & set(wanted) and not any(self.near(w, terms) for w in added):
             return 0.0
         return sum(w in self.found for w in added) / len(added)
 
