@@ -178,7 +178,7 @@ class _Source:
         added = [w for w in wanted if w not in terms] if terms else wanted
         if not added:
             return 0.0
-        if terms and not terms & set(wanted) and not any(self.near(w, terms) for w in added):
+        if terms and not any(w in terms for w in wanted) and not any(self.near(w, terms) for w in added):
             return 0.0
         return sum(w in self.found for w in added) / len(added)
 
