@@ -84,7 +84,8 @@ def test_a_looping_answer_ends_where_it_starts_to_repeat_and_the_model_stops(
     forced_llama_server, backend_settings: Settings
 ):
     forced = forced_llama_server(grammar=LOOP)
-    with serve(changed(backend_settings, llm_url=forced.url)) as url:
+    # Spans off: the forced line is no span of the source ("The keeper"), and a retry would answer another.
+    with serve(changed(backend_settings, llm_url=forced.url, completion_spans="off")) as url:
         upload(url, LIGHTHOUSE)
         body = {**ask("Where does the keeper live?", max_tokens=200), "stream": True}
         with httpx.stream("POST", f"{url}/v1/chat", json=body, timeout=300) as response:
@@ -108,7 +109,9 @@ def _busy(llama_url: str) -> bool:
 @pytest.mark.integration
 def test_with_the_guard_off_the_loop_runs_to_the_token_limit(forced_llama_server, backend_settings: Settings):
     forced = forced_llama_server(grammar=LOOP)
-    with serve(changed(backend_settings, llm_url=forced.url, completion_stop_loops=False)) as url:
+    with serve(
+        changed(backend_settings, llm_url=forced.url, completion_stop_loops=False, completion_spans="off")
+    ) as url:
         upload(url, LIGHTHOUSE)
         answer = httpx.post(
             f"{url}/v1/chat", json=ask("Where does the keeper live?", stream=False, max_tokens=64), timeout=300

@@ -278,6 +278,7 @@ def test_a_stdio_client_that_disappears_stops_the_answer_being_generated(
         "RAG_LLM_URL": endless_llama.url,
         "RAG_COMPLETION_MAX_TOKENS": "1500",
         "RAG_COMPLETION_STOP_LOOPS": "false",  # the endless line repeats itself
+        "RAG_COMPLETION_SPANS": "off",  # streamed as generated, so the client sees its progress
         "PYTHONPATH": str(ROOT),
     }
     ingest_docs(env, tmp_path / "docs")

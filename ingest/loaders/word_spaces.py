@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import cv2
 import numpy as np
 
 from rag.core.cjk import has_cjk, is_cjk
@@ -133,6 +132,8 @@ def _straightened(page: Any, quad: np.ndarray) -> np.ndarray | None:
     height = int(max(np.linalg.norm(quad[0] - quad[3]), np.linalg.norm(quad[1] - quad[2])))
     if width < 2 or height < 2 or height >= 1.5 * width:
         return None  # a vertical line: its characters run top to bottom
+    import cv2  # here, not at the top: the parser workers import this module under a memory limit OpenCV's import breaks
+
     target = np.array([[0, 0], [width, 0], [width, height], [0, height]], dtype=np.float32)
     image = np.asarray(page)
     try:
@@ -149,6 +150,8 @@ def _straightened(page: Any, quad: np.ndarray) -> np.ndarray | None:
 def _white_runs(crop: np.ndarray) -> tuple[list[tuple[float, float]], float]:
     """The runs of columns without ink between the line's first and last ink, and the ink's height; only
     the band of rows around the densest row counts (the box can reach into the lines above and below)."""
+    import cv2
+
     _, ink = cv2.threshold(crop, 0, 1, cv2.THRESH_BINARY_INV + cv2.THRESH_OTSU)
     top, bottom = _band(ink.sum(axis=1))
     if bottom <= top:
