@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 
 from rag.answering.answer import Answer, NoSourcesAnswer, discard
@@ -101,10 +102,13 @@ class Answerer:
             )
         return ChatStyle(s.chat_max_sources, s.chat_extra_sources)
 
-    def style_for(self, question: str) -> PromptStyle:
+    def style_for(self, question: str, history: Sequence[Message] = ()) -> PromptStyle:
         """The style for one question: a completion prompt takes its examples in the question's script;
-        both render its sources focused on it."""
-        return self.style.for_question(question)
+        both render its sources focused on the conversation's first question, so a follow-up's prompt
+        renders the sources it shares with the previous prompt alike and extends it (llama-server reuses
+        the prefix); a follow-up's new rows or sentences are not brought forward."""
+        first = next((m["content"] for m in history if m["role"] == "user"), None)
+        return self.style.for_question(question, first)
 
     def with_defaults(self, query: ChatQuery) -> ChatQuery:
         """The query with the style's max_tokens and temperature where the request left them out."""
@@ -229,7 +233,7 @@ class Answerer:
             correction=correction,
             history_share=self.settings.history_share,
             followup_room=self.settings.followup_room,
-            style=self.style_for(question),
+            style=self.style_for(question, history),
         )
 
 

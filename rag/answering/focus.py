@@ -22,6 +22,8 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rag.core.cjk import has_cjk
+
 STEM = 5  # letters a term is compared by
 MAX_ROWS = 3  # rows shown for one question
 LISTING_LINES = 4  # at least this many lines...
@@ -29,7 +31,6 @@ LISTING_LINE_WORDS = 8  # ...of at most this many words (median) make a listing 
 _WORD = re.compile(r"[^\W_]+(?:[./][^\W_]+)*", re.UNICODE)  # "993/tcp", "X.680" stay one word
 _SEPARATOR_ROW = re.compile(r"^\|(?:\s*:?-{3,}:?\s*\|)+$")
 _SENTENCE = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[A-Z0-9\"'(\[])|\n{2,}")
-_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 STOPWORDS = frozenset(
     """a an and are as at be by can could did do does for from has have how in is it its many much of on or
     that the this to was were what when where which who whom whose why will with""".split()
@@ -100,7 +101,7 @@ def named_rows(text: str, question: str) -> str | None:
         )
     if len(lines) < LISTING_LINES or sorted(len(line.split()) for line in lines)[len(lines) // 2] > LISTING_LINE_WORDS:
         return None
-    if _CJK.search(text):
+    if has_cjk(text):
         return None
     units = [terms(line) for line in lines]
     picked, top = _best(asked, units)
@@ -136,7 +137,7 @@ def named_cell(text: str, question: str) -> str | None:
 
 def sentence_first(text: str, question: str) -> str:
     """The text with the sentence holding the most of the question's terms moved to the front."""
-    if _CJK.search(question):
+    if has_cjk(question):
         return text
     sentences = [s for s in _SENTENCE.split(text.strip()) if s.strip()]
     if len(sentences) < 2:

@@ -249,8 +249,8 @@ class ChatStyle:
         self.extra_sources = extra_sources
         self.question = question
 
-    def for_question(self, question: str) -> ChatStyle:
-        return ChatStyle(self.max_sources, self.extra_sources, question)
+    def for_question(self, question: str, focus_on: str | None = None) -> ChatStyle:
+        return ChatStyle(self.max_sources, self.extra_sources, focus_on or question)
 
     def take(self, candidates: Sequence[R]) -> tuple[list[R], list[R]]:
         return take_sources(candidates, self.max_sources, self.extra_sources)
@@ -290,14 +290,15 @@ class CompletionStyle:
         self.question = question
         self.key = f"completion-{examples.language}"
 
-    def for_question(self, question: str) -> CompletionStyle:
-        """This style for one question: the examples in its script, its sources focused on it."""
+    def for_question(self, question: str, focus_on: str | None = None) -> CompletionStyle:
+        """This style for one question: the examples in its script, its sources focused on it (or on
+        `focus_on`: a conversation's first question, so every turn renders a source alike)."""
         return CompletionStyle(
             self.max_sources,
             examples_for(question),
             extra_sources=self.extra_sources,
             focus=self.focus,
-            question=question,
+            question=focus_on or question,
         )
 
     def take(self, candidates: Sequence[R]) -> tuple[list[R], list[R]]:
