@@ -113,13 +113,19 @@ def api(backend_env: dict[str, str], tmp_path: Path) -> Iterator[Server]:
 @pytest.fixture
 def citing_api(backend_env: dict[str, str], forced_llama_server: Any, tmp_path: Path) -> Iterator[Server]:
     """The API over a real llama-server whose replies a grammar forces to cite [S1] and a made-up [S42]."""
-    yield from _api(tmp_path, {**backend_env, "RAG_LLM_URL": forced_llama_server(FORCED_ANSWER).url})
+    # Spans off: the forced line is streamed as the model gives it (it is no span of a source).
+    yield from _api(
+        tmp_path,
+        {**backend_env, "RAG_LLM_URL": forced_llama_server(FORCED_ANSWER).url, "RAG_COMPLETION_SPANS": "off"},
+    )
 
 
 @pytest.fixture
 def endless_api(backend_env: dict[str, str], endless_llama: Server, tmp_path: Path) -> Iterator[Server]:
     # Its endless line repeats itself: the loop guard would end it before Stop is pressed.
-    yield from _api(tmp_path, {**backend_env, "RAG_LLM_URL": endless_llama.url, "RAG_COMPLETION_STOP_LOOPS": "false"})
+    # Spans off: the endless line streams as generated, so Stop lands mid-stream.
+    env = {"RAG_LLM_URL": endless_llama.url, "RAG_COMPLETION_STOP_LOOPS": "false", "RAG_COMPLETION_SPANS": "off"}
+    yield from _api(tmp_path, {**backend_env, **env})
 
 
 @pytest.fixture
