@@ -153,16 +153,19 @@ def split_sentences(text: str) -> list[Sentence]:
 
 @dataclass
 class _Source:
-    """A chunk's words, in order (for nearness) and as a set (for support)."""
+    """A chunk's words as a set (for support), those within NEAR words of a term of the question, and
+    its words joined (for a verbatim match)."""
 
-    words: list[str]
     found: frozenset[str]
+    beside_terms: frozenset[str]
     flat: str
 
     @classmethod
-    def of(cls, text: str) -> _Source:
+    def of(cls, text: str, terms: Collection[str]) -> _Source:
         words = words_of(text)
-        return cls(words, frozenset(words), " ".join(words))
+        at = [i for i, w in enumerate(words) if w in terms]
+        beside = frozenset(words[i] for j in at for i in range(max(0, j - NEAR), min(len(words), j + NEAR + 1)))
+        return cls(frozenset(words), beside, " ".join(words))
 
     def support(self, sentence: str, terms: Collection[str]) -> float:
         """The share of what the sentence adds to the question (its content words that are no term of
@@ -178,14 +181,9 @@ class _Source:
         added = [w for w in wanted if w not in terms] if terms else wanted
         if not added:
             return 0.0
-        if terms and not any(w in terms for w in wanted) and not any(self.near(w, terms) for w in added):
+        if terms and not any(w in terms for w in wanted) and not any(w in self.beside_terms for w in added):
             return 0.0
         return sum(w in self.found for w in added) / len(added)
-
-    def near(self, word: str, terms: Collection[str]) -> bool:
-        """Whether `word` stands within NEAR words of one of `terms`."""
-        at = [i for i, w in enumerate(self.words) if w in terms]
-        return any(abs(i - j) <= NEAR for i, w in enumerate(self.words) if w == word for j in at)
 
 
 def is_bare(words: Sequence[str]) -> bool:
@@ -200,8 +198,8 @@ def question_terms(question: str) -> frozenset[str]:
 def attribute(text: str, chunks: Mapping[str, str], question: str = "") -> Attribution:
     """For every answer sentence, the chunk(s) of the prompt that support it best (ranked in `chunks` order);
     a bare answer's only where it stands near a term of the `question`."""
-    sources = {sid: _Source.of(chunk) for sid, chunk in chunks.items()}
     terms = question_terms(question)
+    sources = {sid: _Source.of(chunk, terms) for sid, chunk in chunks.items()}
     sentences = split_sentences(text)
     for sentence in sentences:
         wanted = content_words(strip_ids(sentence.text))
@@ -234,7 +232,7 @@ def citation_entries(
     entries = []
     terms = question_terms(question)
     for source_id in check.valid:
-        source = _Source.of(chunks.get(source_id, ""))
+        source = _Source.of(chunks.get(source_id, ""), terms)
         support = max(
             (source.support(s.text, terms) for s in attribution.sentences if source_id in cited_ids(s.text)),
             default=None,
