@@ -111,13 +111,7 @@ class JobQueue:
         """The oldest job that is queued or whose worker's lease ran out, now this worker's, with its files.
         Such a job that its user cancelled meanwhile is cancelled instead."""
         with write_transaction(self._db, self._lock) as db:  # type: ignore[arg-type]  # takes its calls
-            gone = db.execute(
-                f"UPDATE upload_jobs SET state = 'cancelled', lease_until = NULL, progress = {_CANCELLED_PROGRESS} "
-                f"WHERE cancel_requested AND (state = 'queued' OR (state = 'running' AND lease_until < {_NOW})) "
-                "RETURNING id"
-            ).fetchall()
-            for (job_id,) in gone:
-                db.execute("DELETE FROM upload_files WHERE job_id = ?", (job_id,))
+            _end_cancelled(db)
         rows = self._execute(
             f"UPDATE upload_jobs SET state = 'running', worker = ?, lease_until = {_NOW} + ?, attempts = attempts + 1 "
             "WHERE id = (SELECT id FROM upload_jobs WHERE state = 'queued' OR (state = 'running' AND "
@@ -152,29 +146,20 @@ class JobQueue:
         """Cancel a job from any replica: a queued one at once, a running one at its worker's next
         heartbeat. `allowed` raises unless the caller may write to the job's collection. The job's view."""
         with write_transaction(self._db, self._lock) as db:  # type: ignore[arg-type]  # takes its calls
-            row = db.execute(
-                "SELECT collection, state, progress FROM upload_jobs WHERE id = ? FOR UPDATE", (job_id,)
-            ).fetchone()
+            row = db.execute("SELECT collection, state FROM upload_jobs WHERE id = ? FOR UPDATE", (job_id,)).fetchone()
             if row is None:
                 raise NotFound(f"no job {job_id[:100]!r}")
-            collection, state, progress = row[0], row[1], json.loads(row[2])
-            allowed(collection)
-            if state not in ("queued", "running"):
-                raise Conflict(f"job {job_id} has ended already ({state})")
-            if state == "queued":
-                progress.update(state="cancelled", phase="cancelled", cancelling=False)
-                db.execute(
-                    "UPDATE upload_jobs SET state = 'cancelled', cancel_requested = true, progress = ? WHERE id = ?",
-                    (json.dumps(progress), job_id),
-                )
-                db.execute("DELETE FROM upload_files WHERE job_id = ?", (job_id,))
-            else:
-                progress["cancelling"] = True
-                db.execute(
-                    "UPDATE upload_jobs SET cancel_requested = true, progress = ? WHERE id = ?",
-                    (json.dumps(progress), job_id),
-                )
-        return dict(progress)
+            allowed(row[0])
+            if row[1] not in ("queued", "running"):
+                raise Conflict(f"job {job_id} has ended already ({row[1]})")
+            db.execute(
+                "UPDATE upload_jobs SET cancel_requested = true, "
+                """progress = (progress::jsonb || '{"cancelling": true}')::text WHERE id = ?""",
+                (job_id,),
+            )
+            _end_cancelled(db)  # a queued one: now; a running one waits for its worker
+            (progress,) = db.execute("SELECT progress FROM upload_jobs WHERE id = ?", (job_id,)).fetchone()
+        return dict(json.loads(progress))
 
     def finish(self, job: Job) -> None:
         """Store the outcome; the files' bytes go."""
@@ -247,6 +232,17 @@ class JobQueue:
                 log.info("job %s: cancelled by its user", job.id)
                 stop()
                 return
+
+
+def _end_cancelled(db: Any) -> None:
+    """Cancel the jobs a user asked to cancel that no worker runs: queued, or their worker gone."""
+    gone = db.execute(
+        f"UPDATE upload_jobs SET state = 'cancelled', lease_until = NULL, progress = {_CANCELLED_PROGRESS} "
+        f"WHERE cancel_requested AND (state = 'queued' OR (state = 'running' AND lease_until < {_NOW})) "
+        "RETURNING id"
+    ).fetchall()
+    for (job_id,) in gone:
+        db.execute("DELETE FROM upload_files WHERE job_id = ?", (job_id,))
 
 
 async def run_queued(
