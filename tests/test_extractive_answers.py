@@ -65,3 +65,32 @@ def test_an_answer_that_is_no_span_of_a_source_is_asked_again_for_a_span(
         text, data = answer_of(url, "What port is the socks proxy server on?")
     assert data["done"]["retried"] is True and data["done"]["retry_reason"] == "off_span"
     assert text.strip() and " ".join(text.split()) in " ".join(SERVICES.split())  # words of the listing, as written
+
+
+def test_a_table_cell_is_read_while_another_answer_holds_the_only_slot(endless_llama: Any, backend_settings: Settings):
+    """Nothing is generated for a cell, so it waits for no generation slot: with the one slot taken and
+    no queue, a generated answer is refused (429) and the cell is still read."""
+    import threading
+    import time
+
+    import httpx
+
+    settings = changed(backend_settings, llm_url=endless_llama.url, queue_max=0, completion_stop_loops=False)
+    with serve(settings) as url:
+        upload(url, {"sshd_config.md": SSHD, "story.txt": "The keeper wrote one, two, three in his log."})
+        body = {**ask("What did the keeper write in his log?", max_tokens=1500), "stream": True}
+        started = threading.Event()
+
+        def long_answer() -> None:
+            with httpx.stream("POST", f"{url}/v1/chat", json=body, timeout=300) as response:
+                for _ in response.iter_lines():
+                    started.set()
+
+        holder = threading.Thread(target=long_answer, daemon=True)
+        holder.start()
+        assert started.wait(120)
+        time.sleep(0.5)
+        refused = httpx.post(f"{url}/v1/chat", json=ask("What did the keeper write?", stream=False), timeout=60)
+        text, data = answer_of(url, "default of MaxAuthTries?")
+    assert refused.status_code == 429, refused.text
+    assert text == "6" and data["done"]["finish_reason"] == "table_cell"

@@ -25,7 +25,6 @@ from rag.answering.events import (
     Sources,
     Token,
 )
-from rag.answering.focus import named_cell
 from rag.answering.followup import SearchQuery
 from rag.answering.gate import Permit
 from rag.answering.no_answer import ANSWER_LINE_GRAMMAR, echoes, no_answer_text, usable
@@ -101,6 +100,7 @@ class Answer:
         clock: Clock,
         *,
         searched: SearchQuery | None = None,
+        cell: str | None = None,
     ) -> None:
         self.answerer = answerer
         self.query = query
@@ -118,6 +118,7 @@ class Answer:
         self.no_answer = False
         self.retried = False
         self.retry: Retry | None = None  # why the completion style's first answer line was asked again
+        self.cell = cell  # the answer read from a table's cell (rag.answering.focus.named_cell): no generation
 
     def close(self) -> None:
         """Give the generation slot back (idempotent; events() does it too)."""
@@ -189,8 +190,8 @@ class Answer:
         assert self.query.max_tokens is not None and self.query.temperature is not None
         prompt = self.packed.messages
         if isinstance(prompt, str):
-            if (cell := self._table_cell()) is not None:
-                return _told(cell, self.packed.used)
+            if self.cell is not None:
+                return _told(self.cell)
             return self._never_blank(
                 [lambda: self._answer_line(llm, prompt), lambda: self._retry_line(llm, prompt)],
                 # Spans off: the line streams as generated, and only a blank one is asked again.
@@ -252,13 +253,6 @@ class Answer:
         self.no_answer = True
         yield StreamDelta(no_answer_text(c.candidate.metadata.get("source", "") for c in self.packed.chunks))
         yield end
-
-    def _table_cell(self) -> str | None:
-        """The cell of the first source's table at the row and column the question names, if it names them
-        (rag.answering.focus.named_cell): read, not generated."""
-        if self.answerer.settings.completion_focus == "off" or not self.packed.chunks:
-            return None
-        return named_cell(self.packed.chunks[0].text, self.question)
 
     def _judge_line(self, text: str, prompt: str) -> Retry | None:
         """Why an answer line must be asked again: nothing usable, an echo of the question, or (spans on)
@@ -436,7 +430,7 @@ async def _until_loop(
         yield end
 
 
-async def _told(text: str, prompt_tokens: int) -> AsyncIterator[StreamDelta | StreamEnd]:
+async def _told(text: str) -> AsyncIterator[StreamDelta | StreamEnd]:
     """An answer read from a source, not generated: its text, then an end that says `table_cell`."""
     yield StreamDelta(text)
     yield StreamEnd("table_cell", usage={"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0})

@@ -33,8 +33,9 @@ from rag.answering.events import (
     Dropped,
     NoSourcesReason,
 )
+from rag.answering.focus import named_cell
 from rag.answering.followup import search_query
-from rag.answering.gate import GenerationGate
+from rag.answering.gate import GenerationGate, Permit
 from rag.answering.prompt import (
     EXAMPLES,
     EXAMPLES_ZH,
@@ -197,9 +198,20 @@ class Answerer:
             return NoSourcesAnswer(
                 query, clock, "no_room", packed.dropped, packed, searched=searched, style=packed.style
             )
-        permit = await self.gate.acquire()
+        cell = self._table_cell(packed, question)
+        # An answer read from a table's cell generates nothing: it waits for no generation slot.
+        permit = Permit(None, 0.0) if cell is not None else await self.gate.acquire()
         clock.mark("admitted")
-        return Answer(self, query, history, question, candidates, by_id, packed, permit, clock, searched=searched)
+        return Answer(
+            self, query, history, question, candidates, by_id, packed, permit, clock, searched=searched, cell=cell
+        )
+
+    def _table_cell(self, packed: PackedPrompt, question: str) -> str | None:
+        """The cell of the first source's table at the row and column the question names, if it names them
+        (rag.answering.focus.named_cell), in the completion style: read, not generated."""
+        if packed.style != "completion" or self.settings.completion_focus == "off" or not packed.chunks:
+            return None
+        return named_cell(packed.chunks[0].text, question)
 
     async def _question_fits(self, ahead: asyncio.Future[ServerProps], query: ChatQuery, question: str) -> None:
         """Raise QuestionTooLong for a question alone over the budget, even when nothing will be generated.

@@ -19,8 +19,8 @@ from rag.core.errors import Busy
 class Permit:
     """One slot, held for one generation; release() is idempotent."""
 
-    def __init__(self, gate: GenerationGate, waited_s: float) -> None:
-        self._gate = gate
+    def __init__(self, gate: GenerationGate | None, waited_s: float) -> None:
+        self._gate = gate  # None: no slot (an answer that generates nothing)
         self._since = time.monotonic()
         self.waited_s = waited_s
         self.released = False
@@ -28,7 +28,8 @@ class Permit:
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self._gate._release(time.monotonic() - self._since)
+            if self._gate is not None:
+                self._gate._release(time.monotonic() - self._since)
 
 
 class GenerationGate:
