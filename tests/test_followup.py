@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from rag.answering.answerer import Answerer, ChatQuery
+from rag.answering.ellipsis import whole_question
 from rag.answering.followup import SearchQuery, generator_rewrite, refers_back, rule_rewrite, search_query
 from rag.answering.retrieval import RetrievedChunk, relevance
 from rag.clients.llm import LlamaServerClient
@@ -45,6 +46,34 @@ def test_the_rule_searches_a_follow_up_with_the_previous_question() -> None:
     standalone = "When did the Louvre museum open to the public?"
     assert rule_rewrite(HISTORY, standalone) == SearchQuery(standalone)
     assert rule_rewrite([], "How tall is it?") == SearchQuery("How tall is it?")
+
+
+def _after(previous: str) -> list:
+    return [{"role": "user", "content": previous}, {"role": "assistant", "content": "..."}]
+
+
+@pytest.mark.parametrize(
+    ("previous", "follow_up", "whole"),
+    [
+        ("Which port does the imaps service use?", "And pop3s?", "Which port does the pop3s service use?"),
+        ("What does useradd -m do?", "And -M?", "What does useradd -M do?"),
+        (
+            "What does the EADDRINUSE error constant indicate?",
+            "What about EMFILE?",
+            "What does the EMFILE error constant indicate?",
+        ),
+        ("What is the population of London?", "And Paris?", "What is the population of Paris?"),
+        ("ls 的 -a 选项做什么？", "那 -A 呢？", "ls 的 -A 选项做什么？"),
+        ("Which port does the imaps service use?", "And what about the Louvre?", "And what about the Louvre?"),
+        ("ls 的 -a 选项做什么？", "你呢？", "你呢？"),
+        ("Which port does the imaps service use?", "How tall is it?", "How tall is it?"),
+    ],
+)
+def test_a_follow_up_naming_only_a_new_subject_is_asked_as_the_previous_question(
+    previous: str, follow_up: str, whole: str
+) -> None:
+    assert whole_question(_after(previous), follow_up) == whole
+    assert whole_question([], follow_up) == follow_up
 
 
 def test_no_history_or_off_searches_the_question_itself() -> None:
@@ -160,6 +189,32 @@ def test_a_follow_up_is_searched_with_its_previous_question_and_the_query_is_sho
     assert data["sources"]["rewrite"] == "rule"
     assert data["sources"]["sources"][0]["doc_id"] == "eiffel.txt"
     assert data["budget"]["kept_turns"] == 1
+
+
+def test_a_follow_up_naming_a_new_subject_is_searched_and_asked_whole() -> None:
+    server = ReplayLlamaServer("995")
+    retriever = OverlapRetriever(
+        [
+            ("imaps.txt", "The imaps service uses port 993/tcp (IMAP over SSL)."),
+            ("pop3s.txt", "The pop3s service uses port 995/tcp (POP-3 over SSL)."),
+        ]
+    )
+
+    async def go():
+        llm = LlamaServerClient("http://llama.test", transport=server.transport())
+        try:
+            answerer = Answerer(llm, retriever, Settings())
+            messages = [*_after("Which port does the imaps service use?"), {"role": "user", "content": "And pop3s?"}]
+            started = await answerer.start(ChatQuery(messages, "default", 8, 64))
+            return {e.name: e.data for e in [e async for e in started.events()]}
+        finally:
+            await llm.aclose()
+
+    data = asyncio.run(go())
+    assert data["sources"]["query"] == "Which port does the pop3s service use?"
+    assert data["sources"]["rewrite"] == "ellipsis"
+    assert data["sources"]["sources"][0]["doc_id"] == "pop3s.txt"
+    assert "Which port does the pop3s service use?" in str(server.prompts[-1])
 
 
 # ---------------------------------------------------------------- the real stack

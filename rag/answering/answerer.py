@@ -29,12 +29,13 @@ from dataclasses import replace
 from rag.answering.answer import Answer, NoSourcesAnswer, discard
 from rag.answering.budget import Candidate, PackedPrompt, PromptBudget
 from rag.answering.continuation import Sent, SentSources, questions_so_far_key, user_turns
+from rag.answering.ellipsis import whole_question
 from rag.answering.events import (
     Dropped,
     NoSourcesReason,
 )
 from rag.answering.focus import named_cell
-from rag.answering.followup import search_query
+from rag.answering.followup import SearchQuery, search_query
 from rag.answering.gate import GenerationGate, Permit
 from rag.answering.prompt import (
     EXAMPLES,
@@ -151,10 +152,15 @@ class Answerer:
         clock = Clock()
         asked, query = query, self.with_defaults(query)
         history, question = split_question(query.messages)
+        asked_question = question
+        if self.settings.followup_rewrite != "off":
+            question = whole_question(history, question)  # "And pop3s?" asked as the previous question about it
         # llama-server's numbers and the question's token count are fetched while retrieval runs.
         ahead = asyncio.ensure_future(self._look_ahead(question, bool(history)))
         try:
             searched = await search_query(self.settings.followup_rewrite, history, question, self.llm)
+            if question != asked_question and searched.rewrite == "off":
+                searched = SearchQuery(question, "ellipsis")
             hits = list(
                 await self.searcher.search(
                     searched.text, collection=query.collection, k=query.top_k, doc_ids=query.doc_ids
