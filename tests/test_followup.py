@@ -199,20 +199,26 @@ def test_a_follow_up_naming_a_new_subject_is_searched_and_asked_whole() -> None:
             ("pop3s.txt", "The pop3s service uses port 995/tcp (POP-3 over SSL)."),
         ]
     )
+    first = [{"role": "user", "content": "Which port does the imaps service use?"}]
 
     async def go():
         llm = LlamaServerClient("http://llama.test", transport=server.transport())
         try:
             answerer = Answerer(llm, retriever, Settings())
-            messages = [*_after("Which port does the imaps service use?"), {"role": "user", "content": "And pop3s?"}]
-            started = await answerer.start(ChatQuery(messages, "default", 8, 64))
-            return {e.name: e.data for e in [e async for e in started.events()]}
+            for messages in (
+                first,
+                [*first, {"role": "assistant", "content": "993"}, {"role": "user", "content": "And pop3s?"}],
+            ):
+                started = await answerer.start(ChatQuery(messages, "default", 8, 64))
+                events = {e.name: e.data for e in [e async for e in started.events()]}
+            return events
         finally:
             await llm.aclose()
 
     data = asyncio.run(go())
     assert data["sources"]["query"] == "Which port does the pop3s service use?"
     assert data["sources"]["rewrite"] == "ellipsis"
+    # its own subject's source first, not the order the previous prompt sent
     assert data["sources"]["sources"][0]["doc_id"] == "pop3s.txt"
     assert "Which port does the pop3s service use?" in str(server.prompts[-1])
 

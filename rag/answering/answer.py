@@ -68,6 +68,8 @@ class Answering(Protocol):
         candidates: list[Candidate],
         n_ctx: int,
         correction: int = 0,
+        *,
+        focus_on_first: bool = True,
     ) -> PackedPrompt: ...
 
 
@@ -179,7 +181,15 @@ class Answer:
             n_ctx,
             self.packed.n_ctx,
         )
-        packed = await answerer.pack(self.query, self.history, self.question, self.candidates, n_ctx, correction)
+        packed = await answerer.pack(
+            self.query,
+            self.history,
+            self.question,
+            self.candidates,
+            n_ctx,
+            correction,
+            focus_on_first=self.searched.rewrite != "ellipsis",
+        )
         packed.repacked = True
         self.packed = packed
         if not packed.chunks:

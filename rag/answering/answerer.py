@@ -159,7 +159,7 @@ class Answerer:
         ahead = asyncio.ensure_future(self._look_ahead(question, bool(history)))
         try:
             searched = await search_query(self.settings.followup_rewrite, history, question, self.llm)
-            if question != asked_question and searched.rewrite == "off":
+            if question != asked_question:  # a new subject: the previous question's words would find the old one
                 searched = SearchQuery(question, "ellipsis")
             hits = list(
                 await self.searcher.search(
@@ -186,14 +186,17 @@ class Answerer:
         props = await ahead
         query = self.with_defaults(asked)  # the style may be known only now, from llama-server's model path
         turns = user_turns(query.messages)
-        before = questions_so_far_key(query.collection, query.doc_ids, turns[:-1]) if history else None
+        new_subject = searched.rewrite == "ellipsis"  # its sources are its own, not the previous prompt's
+        before = (
+            questions_so_far_key(query.collection, query.doc_ids, turns[:-1]) if history and not new_subject else None
+        )
         ordered = await self.sent.recall(before, good)  # a follow-up's sources start as its previous prompt's did
         by_id = {f"S{i}": hit for i, hit in enumerate(ordered.hits, 1)}
         candidates = [
             Candidate(sid, h.chunk_id, text, h.metadata, h.coverage)
             for (sid, h), text in zip(by_id.items(), ordered.texts)
         ]
-        packed = await self.pack(query, history, question, candidates, props.n_ctx)
+        packed = await self.pack(query, history, question, candidates, props.n_ctx, focus_on_first=not new_subject)
         await self.sent.keep(
             questions_so_far_key(query.collection, query.doc_ids, turns),
             [Sent(c.candidate.chunk_id, _cut_chars(c.text, by_id[c.source_id].text)) for c in packed.chunks],
@@ -238,8 +241,11 @@ class Answerer:
         candidates: list[Candidate],
         n_ctx: int,
         correction: int = 0,
+        *,
+        focus_on_first: bool = True,
     ) -> PackedPrompt:
-        """The query's prompt packed for a context of `n_ctx` (less `correction` tokens)."""
+        """The query's prompt packed for a context of `n_ctx` (less `correction` tokens); its sources
+        focused on the conversation's first question unless `focus_on_first` is off (a new subject)."""
         assert query.max_tokens is not None  # with_defaults filled it in
         return await self.budget.pack(
             question=question,
@@ -251,7 +257,7 @@ class Answerer:
             correction=correction,
             history_share=self.settings.history_share,
             followup_room=self.settings.followup_room,
-            style=self.style_for(question, history),
+            style=self.style_for(question, history if focus_on_first else ()),
         )
 
 
