@@ -183,6 +183,68 @@ def test_a_ceiling_caps_the_context_and_a_correction_lowers_the_limit():
     assert packed.limit == 1024 - 96 - 28
 
 
+def test_a_clients_system_message_follows_our_rules_and_is_counted_in_the_budget():
+    counter = WordCounter()
+    style = ChatStyle().with_instructions("Answer in French. Keep it short.")
+    budget = PromptBudget(counter)
+    packed = run(
+        budget.pack(question="What is it?", candidates=[chunk(1, SENTENCES)], n_ctx=2000, reserve=10, style=style)
+    )
+    system = packed.messages[0]["content"]
+    assert system.startswith(SYSTEM_PROMPT) and system.endswith(
+        "Answer in French. Keep it short.\n</client_instructions>"
+    )
+    assert packed.instructions == len(run(counter.tokenize(style.instructions_text()))) and not packed.instructions_cut
+    assert packed.budget().client_system == packed.instructions
+    plain = run(budget.pack(question="What is it?", candidates=[chunk(1, SENTENCES)], n_ctx=2000, reserve=10))
+    assert packed.used == plain.used + packed.instructions, "inside the prompt's budget, on top of the rest"
+    assert plain.messages[0] == {"role": "system", "content": SYSTEM_PROMPT}, "no instructions: byte-identical"
+
+
+def test_a_long_system_message_is_cut_at_a_sentence_end_to_its_limit():
+    style = ChatStyle().with_instructions("Answer in French. " + "Be polite and kind. " * 40)
+    packed = run(
+        PromptBudget(WordCounter()).pack(
+            question="q?", candidates=[], n_ctx=2000, reserve=10, style=style, instructions_limit=40
+        )
+    )
+    assert 0 < packed.instructions <= 40 and packed.instructions_cut
+    kept = packed.messages[0]["content"].split("<client_instructions>\n")[1]
+    assert kept.startswith("Answer in French.") and kept.endswith("kind.\n</client_instructions>")
+
+
+def test_a_system_message_whose_first_sentence_is_over_its_limit_is_left_out():
+    style = ChatStyle().with_instructions("word " * 100 + "end.")
+    packed = run(
+        PromptBudget(WordCounter()).pack(
+            question="q?", candidates=[], n_ctx=2000, reserve=10, style=style, instructions_limit=40
+        )
+    )
+    assert packed.instructions == 0 and packed.instructions_cut
+    assert packed.messages[0] == {"role": "system", "content": SYSTEM_PROMPT}
+
+
+def test_the_question_goes_before_the_clients_system_message():
+    counter = WordCounter()
+    question = "why " * 150
+    alone = run(PromptBudget(counter).pack(question=question, candidates=[], n_ctx=5000, reserve=10))
+    style = ChatStyle().with_instructions("Answer in French. " * 20)
+    packed = run(
+        PromptBudget(counter).pack(question=question, candidates=[], n_ctx=alone.used + 20, reserve=10, style=style)
+    )
+    assert packed.instructions == 0 and packed.messages[0]["content"] == SYSTEM_PROMPT
+
+
+def test_the_completion_style_takes_no_system_message():
+    style = CompletionStyle().with_instructions("Answer in French.")
+    packed = run(
+        PromptBudget(WordCounter()).pack(
+            question="q?", candidates=[chunk(1, SENTENCES)], n_ctx=2000, reserve=10, style=style
+        )
+    )
+    assert "French" not in packed.messages and packed.instructions == 0 and not packed.instructions_cut
+
+
 def test_sentence_ends_in_english_and_chinese():
     text = "Dr. Smith came at 3.30 p.m. today. He left! 他走了。真的吗？是的"
     pieces = [text[:end] for end in sentence_ends(text)]

@@ -257,7 +257,8 @@ class Answerer:
             correction=correction,
             history_share=self.settings.history_share,
             followup_room=self.settings.followup_room,
-            style=self.style_for(question, history if focus_on_first else ()),
+            style=self.style_for(question, history if focus_on_first else ()).with_instructions(query.system or ""),
+            instructions_limit=self.settings.client_system_tokens,
         )
 
 

@@ -9,7 +9,9 @@ assembled prompt is then counted exactly once. Joining pieces can merge or split
 so a prompt that comes out over the limit is packed again against a target lowered by the excess.
 
 Order of claims on the budget: the question is never cut (alone too long -> QuestionTooLong, 400);
-the fixed system prompt; the latest turn pair, when it costs at most `history_share` of the limit (a
+the fixed system prompt; a chat client's own system message, in the chat style (at most
+`instructions_limit` tokens: a longer one is cut at a sentence end, one whose first sentence is longer is
+left out); the latest turn pair, when it costs at most `history_share` of the limit (a
 follow-up must see what it follows); then the chunks in rank order (the first that does not fit is cut
 at a sentence boundary, or dropped, and every lower-ranked one is dropped); then the older history,
 newest turn first, whole turns only (the oldest go first).
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -104,6 +106,8 @@ class PackedPrompt:
     latest_turn_reserved: int = 0  # tokens held for the latest turn pair before the sources (0: none)
     followup_room_held: int = 0  # tokens of the conversation's room the chunks left free for its next turn
     style: str = "chat"
+    instructions: int = 0  # tokens of the client's system message in the prompt (0: none, or left out)
+    instructions_cut: bool = False  # the client's system message was cut (or left out) to fit its limit
 
     def in_prompt(self) -> set[str]:
         return {c.source_id for c in self.chunks}
@@ -130,6 +134,8 @@ class PackedPrompt:
             rounds=self.rounds,
             repacked=self.repacked,
             style=self.style,
+            client_system=self.instructions,
+            client_system_cut=self.instructions_cut,
         )
 
 
@@ -153,10 +159,12 @@ class _Pieces:
     chunk_tokens: list[int]
     turns: list[list[Message]]
     skeleton: int  # the system prompt and the template, without the question
+    instructions: int  # the client's system message as the style adds it (0: none)
+    instructions_cut: bool
     question_tokens: int
     per_message: int  # template tokens around one history message
     wrapper: int  # the tokens around the sources block, when there are sources
-    base: int  # the system prompt, the template and the question
+    base: int  # the system prompt, the template, the client's instructions and the question
     limits: _Limits
 
     @property
@@ -269,13 +277,15 @@ class PromptBudget:
         history_share: float = 0.0,
         followup_room: int = 0,
         style: PromptStyle = CHAT,
+        instructions_limit: int | None = None,
     ) -> PackedPrompt:
         """Pack the prompt. `ceiling` caps the context we use; `correction` lowers the limit further;
         `history_share` of the limit may be held for the latest turn pair before the sources;
         `followup_room` tokens of the limit (at most `history_share` of it) are the question's and the
-        history's, never the chunks'."""
+        history's, never the chunks'; the style's client instructions take at most `instructions_limit`
+        tokens (None: all of them)."""
         limits = _limits(n_ctx, reserve, ceiling, correction)
-        pieces = await self._measure(question, candidates, split_turns(history), style, limits)
+        pieces = await self._measure(question, candidates, split_turns(history), style, limits, instructions_limit)
         latest = await self._latest_turn_reserve(pieces, history_share, limits.limit)
         # The room the question and the latest turn pair do not use yet is held from the chunks too; it is
         # at most the latest turn pair's share (a smaller context than configured holds proportionally less).
@@ -299,18 +309,22 @@ class PromptBudget:
         turns: list[list[Message]],
         style: PromptStyle,
         limits: _Limits,
+        instructions_limit: int | None = None,
     ) -> _Pieces:
         """Every piece's tokens in one round of concurrent /tokenize calls (remembered pieces cost none);
-        refuses a question that with the system prompt alone is over the limit."""
+        refuses a question that with the system prompt alone is over the limit (the client's instructions
+        are left out first)."""
         kept, over = style.take(candidates)
         rendered = [style.render_source(c.source_id, c.text, c.metadata) for c in kept]
-        skeleton, question_tokens, chunk_tokens, per_message, wrapper = await asyncio.gather(
+        fitted, skeleton, question_tokens, chunk_tokens, per_message, wrapper = await asyncio.gather(
+            self._fit_instructions(style, instructions_limit),
             self._skeleton(style),
             self._memo.count(defuse(question)),
             self._memo.count_all(rendered),
             self._per_message_overhead(style) if turns else _zero(),
             self._memo.count(style.wrapper()) if kept else _zero(),
         )
+        style, instructions, instructions_cut = fitted
         pieces = _Pieces(
             question=question,
             style=style,
@@ -319,17 +333,38 @@ class PromptBudget:
             chunk_tokens=chunk_tokens,
             turns=turns,
             skeleton=skeleton,
+            instructions=instructions,
+            instructions_cut=instructions_cut,
             question_tokens=question_tokens,
             per_message=per_message,
             wrapper=wrapper,
-            base=skeleton + question_tokens,
+            base=skeleton + instructions + question_tokens,
             limits=limits,
         )
+        if pieces.base > limits.limit and instructions:  # the question comes first: no client instructions
+            pieces.style, pieces.instructions, pieces.instructions_cut = style.with_instructions(""), 0, True
+            pieces.base -= instructions
         if pieces.base > limits.limit:  # the sum of pieces may be off at a seam: count the question alone exactly
-            pieces.base = await self._count(style.build([], [], question))
+            pieces.base = await self._count(pieces.style.build([], [], question))
             if pieces.base > limits.limit:
                 raise _too_long(pieces.base, pieces.numbers)
         return pieces
+
+    async def _fit_instructions(self, style: PromptStyle, limit: int | None) -> tuple[PromptStyle, int, bool]:
+        """(the style, its instructions' tokens, whether they were cut): whole when they fit in `limit`,
+        else their longest run of whole sentences that does, else none."""
+        if not style.instructions:
+            return style, 0, False
+        whole = await self._memo.count(style.instructions_text())
+        if limit is None or whole <= limit:
+            return style, whole, False
+        fitted = await self._fitting_prefix(
+            style.instructions, lambda prefix: style.with_instructions(prefix).instructions_text(), limit
+        )
+        if fitted is None:
+            return style.with_instructions(""), 0, True
+        prefix, tokens = fitted
+        return style.with_instructions(prefix), tokens, True
 
     async def _latest_turn_reserve(self, pieces: _Pieces, history_share: float, limit: int) -> int:
         """Tokens held for the latest turn pair before the sources: its cost, when that is at most
@@ -373,6 +408,8 @@ class PromptBudget:
             latest_turn_reserved=latest,
             followup_room_held=held,
             style=style.name,
+            instructions=pieces.instructions,
+            instructions_cut=pieces.instructions_cut,
         )
 
     async def _question_only(self, pieces: _Pieces, limits: _Limits) -> PackedPrompt:
@@ -395,6 +432,8 @@ class PromptBudget:
             dropped_turns=len(pieces.turns),
             rounds=MAX_ROUNDS + 1,
             style=pieces.style.name,
+            instructions=pieces.instructions,
+            instructions_cut=pieces.instructions_cut,
         )
 
     async def _pack_chunks(
@@ -417,16 +456,23 @@ class PromptBudget:
 
     async def _cut(self, candidate: Candidate, room: int, style: PromptStyle) -> PackedChunk | None:
         """The longest prefix of whole sentences whose rendered source fits in `room`."""
-        ends = sentence_ends(candidate.text.strip())
-        text = candidate.text.strip()
-        best: PackedChunk | None = None
+        fitted = await self._fitting_prefix(
+            candidate.text, lambda prefix: style.render_source(candidate.source_id, prefix, candidate.metadata), room
+        )
+        return PackedChunk(candidate, fitted[0], fitted[1], cut=True) if fitted else None
+
+    async def _fitting_prefix(self, text: str, render: Callable[[str], str], room: int) -> tuple[str, int] | None:
+        """(prefix, tokens): the longest prefix of whole sentences of `text` whose rendering fits in `room`."""
+        text = text.strip()
+        ends = sentence_ends(text)
+        best: tuple[str, int] | None = None
         lo, hi = 0, len(ends) - 1
         while lo <= hi:  # token counts grow with the prefix: binary search
             mid = (lo + hi) // 2
             prefix = text[: ends[mid]].rstrip()
-            n = await self._memo.count(style.render_source(candidate.source_id, prefix, candidate.metadata))
+            n = await self._memo.count(render(prefix))
             if n <= room:
-                best = PackedChunk(candidate, prefix, n, cut=True)
+                best = (prefix, n)
                 lo = mid + 1
             else:
                 hi = mid - 1
@@ -454,16 +500,17 @@ class PromptBudget:
         """Tokens of a prompt with no sources and no history, less its question (measured once per style and
         language of its examples)."""
         if style.key not in self._skeleton_tokens:
-            probe = await self._count(style.build([], [], "x"))
+            probe = await self._count(style.with_instructions("").build([], [], "x"))
             self._skeleton_tokens[style.key] = probe - await self._memo.count("x")
         return self._skeleton_tokens[style.key]
 
     async def _per_message_overhead(self, style: PromptStyle) -> int:
         """Template tokens around one history message (measured once per style)."""
         if style.key not in self._per_message:
+            plain = style.with_instructions("")
             probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "x"}]
-            with_turn = await self._count(style.build([], probe, "x"))
-            without = await self._count(style.build([], [], "x"))
+            with_turn = await self._count(plain.build([], probe, "x"))
+            without = await self._count(plain.build([], [], "x"))
             x = await self._memo.count("x")
             self._per_message[style.key] = max(0, -(-(with_turn - without - 2 * x) // 2))  # rounded up
         return self._per_message[style.key]

@@ -115,6 +115,8 @@ class Budget(Event):
     rounds: int = 0
     repacked: bool = False
     style: str = "chat"
+    client_system: int = 0  # tokens of the client's system message in the prompt (0: none, or left out)
+    client_system_cut: bool = False  # cut at a sentence end (or left out) to RAG_CLIENT_SYSTEM_TOKENS
 
 
 class Token(Event):

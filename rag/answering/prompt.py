@@ -59,6 +59,13 @@ SYSTEM_PROMPT = (
     "4. Answer in the language of the question, briefly."
 )
 
+# A chat client's own system message (its user's "Answer in French"), in the chat style only: after our
+# rules, in the same system message, so the first user message still starts where the system prompt ends.
+CLIENT_INSTRUCTIONS = (
+    "\n\nThe user's chat client adds the instructions below. Follow them for the answer's language, tone "
+    "and form; rules 1 to 3 still hold.\n<client_instructions>\n{text}\n</client_instructions>"
+)
+
 SOURCES_OPEN = "<sources>\n"
 SOURCES_CLOSE = "</sources>"
 SOURCES_SEPARATOR = "\n\n"  # between the sources block and the user text that follows it
@@ -106,8 +113,16 @@ def sources_block(rendered_sources: Sequence[str]) -> str:
     return f"{SOURCES_OPEN}{''.join(rendered_sources)}{SOURCES_CLOSE}"
 
 
-def build_messages(rendered_sources: Sequence[str], history: Sequence[Message], question: str) -> list[Message]:
-    """The chat sent to llama-server: the system prompt, the sources in the first user message, the turns."""
+def client_instructions(text: str) -> str:
+    """What a client's system message adds to our system prompt ("" for none), defused like the sources."""
+    return CLIENT_INSTRUCTIONS.format(text=defuse(text.strip())) if text.strip() else ""
+
+
+def build_messages(
+    rendered_sources: Sequence[str], history: Sequence[Message], question: str, instructions: str = ""
+) -> list[Message]:
+    """The chat sent to llama-server: the system prompt (and the client's instructions, if any), the sources
+    in the first user message, the turns."""
     turns = [{"role": m["role"], "content": defuse(m["content"])} for m in history]
     turns.append({"role": "user", "content": defuse(question)})
     if rendered_sources:
@@ -116,7 +131,7 @@ def build_messages(rendered_sources: Sequence[str], history: Sequence[Message], 
             turns[0] = {"role": "user", "content": f"{block}{SOURCES_SEPARATOR}{turns[0]['content']}"}
         else:  # the history opens with an assistant message (a greeting): the sources stand alone
             turns.insert(0, {"role": "user", "content": block})
-    return [{"role": "system", "content": SYSTEM_PROMPT}, *turns]
+    return [{"role": "system", "content": SYSTEM_PROMPT + client_instructions(instructions)}, *turns]
 
 
 def no_sources_answer(collection: str | None = None, question: str = "") -> str:
@@ -238,19 +253,31 @@ def take_sources(candidates: Sequence[R], limit: int | None, extra: int) -> tupl
 
 
 class ChatStyle:
-    """Instruct models: system prompt, <sources> in the first user message, the chat template."""
+    """Instruct models: system prompt, <sources> in the first user message, the chat template; a client's
+    system message (`instructions`) follows our rules in the system message."""
 
     name = "chat"
     key = "chat"  # what the budget remembers counts under: the fixed text is the same for every question
     fixed_text = SYSTEM_PROMPT  # what an echo of our own instructions would repeat
 
-    def __init__(self, max_sources: int | None = None, extra_sources: int = 0, question: str = "") -> None:
+    def __init__(
+        self, max_sources: int | None = None, extra_sources: int = 0, question: str = "", instructions: str = ""
+    ) -> None:
         self.max_sources = max_sources
         self.extra_sources = extra_sources
         self.question = question
+        self.instructions = instructions
 
     def for_question(self, question: str, focus_on: str | None = None) -> ChatStyle:
-        return ChatStyle(self.max_sources, self.extra_sources, focus_on or question)
+        return ChatStyle(self.max_sources, self.extra_sources, focus_on or question, self.instructions)
+
+    def with_instructions(self, text: str) -> ChatStyle:
+        """This style with a client's system message passed on (the budget cuts it to its share)."""
+        return ChatStyle(self.max_sources, self.extra_sources, self.question, text.strip())
+
+    def instructions_text(self) -> str:
+        """What the instructions add to the system message; the budget counts it apart from the skeleton."""
+        return client_instructions(self.instructions)
 
     def take(self, candidates: Sequence[R]) -> tuple[list[R], list[R]]:
         return take_sources(candidates, self.max_sources, self.extra_sources)
@@ -265,14 +292,16 @@ class ChatStyle:
         return sources_block([]) + SOURCES_SEPARATOR
 
     def build(self, rendered_sources: Sequence[str], history: Sequence[Message], question: str) -> list[Message]:
-        return build_messages(rendered_sources, history, question)
+        return build_messages(rendered_sources, history, question, self.instructions)
 
 
 class CompletionStyle:
-    """Base models: a plain extractive prompt with fixed examples, one short answer line."""
+    """Base models: a plain extractive prompt with fixed examples, one short answer line. A client's system
+    message has no place in it (a base model follows examples, not instructions): it is left out."""
 
     name = "completion"
     fixed_text = COMPLETION_EXAMPLES + COMPLETION_EXAMPLES_ZH
+    instructions = ""
 
     def __init__(
         self,
@@ -300,6 +329,12 @@ class CompletionStyle:
             focus=self.focus,
             question=focus_on or question,
         )
+
+    def with_instructions(self, text: str) -> CompletionStyle:
+        return self
+
+    def instructions_text(self) -> str:
+        return ""
 
     def take(self, candidates: Sequence[R]) -> tuple[list[R], list[R]]:
         return take_sources(candidates, self.max_sources, self.extra_sources)

@@ -45,6 +45,7 @@ class ChatQuery:
     max_tokens: int | None = None  # None: the prompt style's default (Answerer.with_defaults)
     doc_ids: list[str] | None = None
     temperature: float | None = None
+    system: str | None = None  # a chat client's system message: the chat style passes it on (budget.py)
 
 
 @dataclass

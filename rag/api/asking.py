@@ -12,6 +12,7 @@ from rag.answering.prompt import Message
 from rag.api.access import Access
 from rag.api.limits import check_messages
 from rag.core.config import Settings
+from rag.core.embeddings_api import check_text
 
 
 def chat_query(
@@ -24,10 +25,13 @@ def chat_query(
     max_tokens: int | None,
     doc_ids: list[str] | None,
     temperature: float | None,
+    system: str | None = None,
 ) -> ChatQuery:
     """A ChatQuery with the settings' defaults filled in, in a collection `access` opens (shared with the
-    OpenAI-compatible route and the MCP tools)."""
+    OpenAI-compatible route and the MCP tools); `system` is a client's system message, bounded as a message."""
     check_messages(messages, settings)
+    if system:
+        check_text("the system message", system, settings.max_message_chars)
     return ChatQuery(
         messages=messages,
         collection=access.collection(collection, settings),
@@ -35,6 +39,7 @@ def chat_query(
         max_tokens=max_tokens,  # None: the prompt style's default (Answerer.with_defaults)
         doc_ids=doc_ids or None,
         temperature=temperature,
+        system=system or None,
     )
 
 

@@ -5,9 +5,9 @@ OpenAI's chat completions carry web-search citations as `message.annotations` (w
 `delta.annotations` (streams): `{"type": "url_citation", "url_citation": {"url", "title", "start_index",
 "end_index"}}`, the indexes being the span of the answer text the source backs. An attributed source
 spans the sentences it supports; a model's own [Sn] citation, or a source no sentence names, spans the
-whole answer. Two notes come as annotations too, linking to our page, so that a client shows them where
-it shows sources: a cut answer (the token limit), and a client's system messages left out (our prompt is
-fixed: it grounds the answer and keeps llama-server's prompt cache warm).
+whole answer. Notes come as annotations too, linking to our page, so that a client shows them where it
+shows sources: a cut answer (the token limit), and a client's system message left out (the completion
+prompt style of a base model has no place for it) or cut to its share of the prompt budget.
 """
 
 from __future__ import annotations
@@ -20,7 +20,14 @@ from pydantic import BaseModel
 from rag.answering.events import Citations, SourceEntry
 
 CUT_NOTE = "The answer was cut at the token limit (finish_reason: length); ask for more max_tokens."
-SYSTEM_NOTE = "Your client's system message was left out: this API answers from the documents with its own prompt."
+# What became of a client's system message, and the note each shows (none for "none" and "passed").
+SystemMessage = Literal["none", "passed", "cut", "too_long", "base_model"]
+SYSTEM_NOTES: dict[SystemMessage, str] = {
+    "cut": "Your client's system message was cut to its first sentences (RAG_CLIENT_SYSTEM_TOKENS).",
+    "too_long": "Your client's system message was left out: its first sentence is over RAG_CLIENT_SYSTEM_TOKENS.",
+    "base_model": "Your client's system message was left out: this base model's prompt (the completion style) "
+    "follows fixed examples, not instructions.",
+}
 
 
 class UrlCitation(BaseModel):
@@ -57,7 +64,7 @@ def url_citations(
     base_url: str,
     collection: str | None,
     cut: bool = False,
-    ignored_system: int = 0,
+    system: SystemMessage = "none",
 ) -> list[Annotation]:
     """The annotations of one answer: each cited source once, in the order the citations name them."""
     by_id = {source.id: source for source in sources}
@@ -82,7 +89,7 @@ def url_citations(
         for sid, (s, e) in spans.items()
     ]
     notes = [CUT_NOTE] if cut else []
-    notes += [SYSTEM_NOTE] if ignored_system else []
+    notes += [SYSTEM_NOTES[system]] if system in SYSTEM_NOTES else []
     for note in notes:
         at_end = UrlCitation(url=f"{base_url.rstrip('/')}/", title=note, start_index=len(text), end_index=len(text))
         found.append(Annotation(url_citation=at_end))

@@ -31,6 +31,9 @@ OUTPUT_KEYS: tuple[tuple[TaskKind, str], ...] = (
     ("autocomplete", "text"),
 )
 HISTORY = re.compile(r"<chat_history>(.*?)</chat_history>", re.DOTALL | re.IGNORECASE)
+# What the user wrote, inside a task's prompt: the chat so far, and the text an autocompletion continues,
+# each an element opening a line (the task's own words name "`<text>`" mid-sentence).
+USERS_TEXT = re.compile(r"^<(chat_history|text)>.*?</\1>", re.DOTALL | re.IGNORECASE | re.MULTILINE)
 USER_LINE = re.compile(r"^\s*USER:\s*(.+)$", re.MULTILINE)
 TITLE_WORDS = 6
 WORD = re.compile(r"[^\W_][\w'’-]*", re.UNICODE)
@@ -91,8 +94,12 @@ def client_task(last_user_message: str) -> ClientTask | None:
     """The client task this message is, answered; None for a question of the user's."""
     if not TASK_START.match(last_user_message):
         return None
-    task, _, output = last_user_message.partition("### Output")
-    kind: TaskKind = next((k for k, key in OUTPUT_KEYS if f'"{key}"' in output), "other")
+    # The JSON asked for is read from the task's own words, never from the user's text quoted in it (a
+    # question naming "tags" is no tags task); from its "### Output" section first, where there is one
+    # (autocompletion's ends the prompt, empty).
+    template = USERS_TEXT.sub("", last_user_message)
+    task, _, output = template.partition("### Output")
+    kind: TaskKind = next((k for part in (output, template) for k, key in OUTPUT_KEYS if f'"{key}"' in part), "other")
     as_json = kind != "other"
     if kind == "other" and re.search(r"\btitle\b", task[:300], re.IGNORECASE):
         kind = "title"  # "Return ONLY the title text": the title as plain text

@@ -232,6 +232,10 @@ class Settings(BaseSettings):
     # whose sources fill the budget leaves them to its follow-up's turn pair, so the follow-up extends the
     # first prompt and llama-server reuses it (rag/answering/budget.py). At most history_share of the limit.
     followup_room: int = Field(default=512, ge=0)
+    # A chat client's system message ("Answer in French"), in the chat prompt style: passed to the generator
+    # after our system prompt, cut at a sentence end to this many tokens of the prompt budget (0: left out,
+    # as the completion style always leaves it; rag/answering/budget.py).
+    client_system_tokens: int = Field(default=256, ge=0)
 
     # Ingestion.
     chunk_tokens: int = Field(default=200, ge=16)

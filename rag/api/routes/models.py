@@ -4,7 +4,9 @@ The list names what this API serves: the generator (`RAG_LLM_MODEL`, the name ll
 `-a`), then one chat model per collection the key opens (`rag:NAME`: a chat with it searches that
 collection, the way to choose one from a client that cannot send extra fields), then the embedding model
 at the embedding server (`RAG_EMBED_MODEL`). `rag.role` says what each is for (`chat`, `embeddings`); a
-chat naming the embedding model is a 400 that says so. Ids are names, never file paths. `created` is when
+chat naming the embedding model is a 400 that says so. Chat clients that list every model as a chat model
+read two more fields of the embedding model's entry: its `name` says "embeddings only", and `info.meta`
+(Open WebUI's model settings, passed through from a connection's list) hides it from the model picker. Ids are names, never file paths. `created` is when
 this API started: the models have no creation time of their own here.
 """
 
@@ -26,10 +28,25 @@ router = APIRouter()
 COLLECTION_MODEL_PREFIX = "rag:"
 
 
+def _omitted(value: object) -> bool:
+    return value is None
+
+
 class ServedBy(BaseModel):
     role: Literal["chat", "embeddings"]
     url: str
-    collection: Annotated[str | None, Field(exclude_if=lambda v: v is None)] = None
+    collection: Annotated[str | None, Field(exclude_if=_omitted)] = None
+
+
+class ClientMeta(BaseModel):
+    """What Open WebUI reads of a listed model's `info.meta`: `hidden` keeps it out of the model picker."""
+
+    hidden: bool
+    description: str
+
+
+class ClientInfo(BaseModel):
+    meta: ClientMeta
 
 
 class ModelEntry(BaseModel):
@@ -37,6 +54,8 @@ class ModelEntry(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "rag-stack"
+    name: Annotated[str | None, Field(exclude_if=_omitted)] = None  # a display name, where a client shows one
+    info: Annotated[ClientInfo | None, Field(exclude_if=_omitted)] = None
     rag: ServedBy
 
 
@@ -56,8 +75,13 @@ def model_entries(settings: Settings, created: int, collections: Sequence[str] =
         )
         for name in collections
     ]
+    not_for_chat = "The embedding model (POST /v1/embeddings), not a chat model."
     embed = ModelEntry(
-        id=settings.embed_model, created=created, rag=ServedBy(role="embeddings", url=settings.embed_url)
+        id=settings.embed_model,
+        created=created,
+        name=f"{settings.embed_model} (embeddings only)",
+        info=ClientInfo(meta=ClientMeta(hidden=True, description=not_for_chat)),
+        rag=ServedBy(role="embeddings", url=settings.embed_url),
     )
     return [*chat, embed]
 

@@ -5,8 +5,10 @@ Retrieval options travel as extra body fields (`collection`, `top_k`, `doc_ids`:
 The sources the answer cites come as OpenAI's `url_citation` annotations (`message.annotations`, or
 `delta.annotations` of the final chunk), each a link that opens the cited chunk in our page's viewer
 (rag/api/citation_links.py); the sources, the budget, the checked citations and our timings ride in an
-extra field `rag` beside them. Our system prompt is fixed (it grounds the answer and keeps the prompt
-cache warm): a client's system messages are left out and counted in `rag.ignored_system_messages`.
+extra field `rag` beside them. A client's system messages (its user's "Answer in French") follow our fixed
+system prompt in the chat prompt style, within RAG_CLIENT_SYSTEM_TOKENS (`rag.budget.client_system`); the
+completion style (a base model) leaves them out, counted in `rag.ignored_system_messages` and noted among
+the annotations.
 
 `model` must be the served generator's name, `rag:NAME`, or left out; another name is a 404 in OpenAI's
 shape. Usage: with `stream_options.include_usage` the stream follows OpenAI (every chunk carries
@@ -34,7 +36,7 @@ from rag.answering.answerer import Answer, NoSourcesAnswer
 from rag.answering.events import Budget, Citations, Collected, Done, NoSourcesDone, SourceEntry
 from rag.answering.prompt import Message
 from rag.api.asking import chat_query
-from rag.api.citation_links import Annotation, url_citations
+from rag.api.citation_links import Annotation, SystemMessage, url_citations
 from rag.api.client_tasks import ClientTask, client_task
 from rag.api.deps import AccessDep, AnswererDep, SettingsDep
 from rag.api.errors import error_body
@@ -148,27 +150,43 @@ def _text(content: str | list[dict[str, Any]] | None) -> str:
     return "".join(parts)
 
 
-def chat_messages(messages: list[OpenAIMessage]) -> tuple[list[Message], int]:
-    """User and assistant messages as our chat; the count of system/developer messages left out."""
-    kept, ignored = [], 0
+def chat_messages(messages: list[OpenAIMessage]) -> tuple[list[Message], list[str]]:
+    """User and assistant messages as our chat; the texts of the system/developer messages apart (empty
+    ones dropped)."""
+    kept: list[Message] = []
+    system: list[str] = []
     for message in messages:
         if message.role in ("system", "developer"):
-            ignored += 1
+            if text := _text(message.content).strip():
+                system.append(text)
         elif message.role in ("user", "assistant"):
             kept.append({"role": message.role, "content": _text(message.content)})
         else:
             raise InvalidRequest(f"message role {message.role!r} is not supported (user, assistant, system)")
-    return kept, ignored
+    return kept, system
+
+
+def system_message(answer: Collected, sent: int) -> SystemMessage:
+    """What became of the client's `sent` system messages, from the budget of the prompt built."""
+    budget = answer.budget
+    if not sent or budget is None:
+        return "none"
+    if budget.client_system:
+        return "cut" if budget.client_system_cut else "passed"
+    if budget.n_ctx is None:  # no prompt was built (nothing found): nothing generated, nothing to note
+        return "none"
+    return "base_model" if budget.style == "completion" else "too_long"
 
 
 UsageMode = Literal["openai", "final", "none"]  # include_usage true / not said / false
 
 
-def rag_part(answer: Collected, ignored_system: int) -> Rag:
-    """`rag` of an ended answer."""
+def rag_part(answer: Collected, system_messages: int) -> Rag:
+    """`rag` of an ended answer; `system_messages` the client sent (those not passed on count as ignored)."""
     document = answer.document()
+    passed = system_message(answer, system_messages) in ("passed", "cut")
     return Rag(
-        ignored_system_messages=ignored_system,
+        ignored_system_messages=0 if passed else system_messages,
         sources=document.sources,
         budget=document.budget,
         citations=document.citations,
@@ -193,7 +211,7 @@ class _Completion:
     def __init__(
         self,
         model: str,
-        ignored_system: int,
+        system_messages: int,
         *,
         usage_mode: UsageMode = "final",
         base_url: str = "",
@@ -204,7 +222,7 @@ class _Completion:
         self.usage_mode = usage_mode
         self.created = int(time.time())
         self.model = model
-        self.ignored_system = ignored_system
+        self.system_messages = system_messages
         self.base_url = base_url
         self.collection = collection
         self.answer = Collected()
@@ -218,11 +236,11 @@ class _Completion:
             base_url=self.base_url,
             collection=self.collection,
             cut=self.finish_reason == "length",
-            ignored_system=self.ignored_system,
+            system=system_message(self.answer, self.system_messages),
         )
 
     def rag(self) -> Rag:
-        return rag_part(self.answer, self.ignored_system)
+        return rag_part(self.answer, self.system_messages)
 
     @property
     def finish_reason(self) -> Literal["stop", "length"]:
@@ -366,7 +384,7 @@ async def chat_completions(
     body: CompletionRequest, request: Request, answerer: AnswererDep, settings: SettingsDep, access: AccessDep
 ) -> ChatCompletion | EventSourceResponse:
     model = check_chat_model(settings, body.model)
-    messages, ignored = chat_messages(body.messages)
+    messages, system = chat_messages(body.messages)
     collection = chosen_collection(model, body.collection)
     task = client_task(messages[-1]["content"]) if messages and messages[-1]["role"] == "user" else None
     if task is not None:
@@ -382,11 +400,12 @@ async def chat_completions(
         max_tokens=body.max_completion_tokens or body.max_tokens,
         doc_ids=body.doc_ids,
         temperature=body.temperature,
+        system="\n\n".join(system),
     )
     answer = await answerer.start(query)
     completion = _Completion(
         model.name,
-        ignored,
+        len(system),
         usage_mode=usage_mode(body.stream, body.stream_options),
         base_url=str(request.base_url),
         collection=query.collection,
