@@ -18,8 +18,9 @@ from ingest.detect import detect
 from ingest.loaders import parse
 from ingest.loaders.ocr import OcrLine, PageSkipped, TableBlock, TextBlock, layout, ocr_flags
 from ingest.models import DocKind, TextBox
+from ingest.ocr_messages import PageLeftOut, PageLines
 from ingest.ocr_pool import OcrPool
-from rag.core.errors import DocumentRejected, UnsupportedFileType
+from rag.core.errors import DocumentRejected, RagError, UnsupportedFileType
 from tests import hostile, scans
 
 
@@ -288,11 +289,21 @@ def test_an_ocr_page_over_its_time_costs_its_worker_not_the_pool() -> None:
     try:
         page = scans.scanned(scans.render_page(["Whatever this page says is never read."] * 20), seed=1)
 
-        status, why = pool.reader("slow.pdf")(np.asarray(page))
-        assert (status, why) == ("skip", "OCR did not finish within 0.2 s (RAG_OCR_PAGE_TIMEOUT_S)")
+        assert pool.read(np.asarray(page), "slow.pdf") == PageLeftOut(
+            "OCR did not finish within 0.2 s (RAG_OCR_PAGE_TIMEOUT_S)"
+        )
         pool.page_timeout_s = 60
-        status, lines = pool.reader("small.png")(np.asarray(scans.render_page(["The kettle is on the table."])))
-        assert status == "lines" and [x.text for x in lines] == ["The kettle is on the table."]
+        answer = pool.read(np.asarray(scans.render_page(["The kettle is on the table."])), "small.png")
+        assert isinstance(answer, PageLines) and [x.text for x in answer.lines] == ["The kettle is on the table."]
+    finally:
+        pool.close()
+
+
+def test_an_ocr_worker_that_cannot_start_names_the_ocr_memory_setting() -> None:
+    pool = OcrPool(memory_mb=64, workers=1, page_timeout_s=5)
+    try:
+        with pytest.raises(RagError, match=r"OCR process did not start within its 64 MB .*\(RAG_OCR_MEMORY_MB too low"):
+            pool.read(np.asarray(scans.render_page(["Never read."])), "scan.pdf")
     finally:
         pool.close()
 
@@ -354,13 +365,12 @@ def test_a_rendered_scan_keeps_its_page_numbers_and_running_header_out_of_the_te
         for n, text in enumerate(paragraphs, 1)
     ]
     pool = OcrPool(memory_mb=2048, workers=1, page_timeout_s=120)
-    reader = pool.reader("report.pdf")
 
     def ocr(image: object) -> list[OcrLine]:
-        status, value = reader(image)
-        if status == "skip":
-            raise PageSkipped(value)
-        return value
+        answer = pool.read(image, "report.pdf")
+        if isinstance(answer, PageLeftOut):
+            raise PageSkipped(answer.why)
+        return answer.lines
 
     try:
         doc = parse(DocKind.PDF, scans.image_pdf(pages), "report.pdf", ocr=ocr)
