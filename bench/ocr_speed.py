@@ -31,6 +31,9 @@ from bench._provenance import header, write_json
 from bench.scanned import cer
 from bench.scanned_rough import HEADER, pick
 from ingest.loaders import ocr
+from ingest.loaders._builder import DocumentBuilder
+from ingest.models import DocKind
+from rag.core.errors import DocumentRejected
 from tests import scans
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +58,12 @@ def read(eng: Any, image: np.ndarray, raw: bool) -> str:
     """The page's text as production lays it out; `raw`: the recogniser's text without word boxes."""
     if raw:
         eng = _WithoutCharacterBoxes(eng)
-    return ocr.layout(ocr.recognize(eng, image))[0]
+    builder = DocumentBuilder()
+    ocr.add_read_page(builder, 1, ocr.recognize(eng, image), min_confidence=0.0)
+    try:
+        return builder.build("page.png", DocKind.IMAGE).text
+    except DocumentRejected:  # nothing read
+        return ""
 
 
 class _WithoutCharacterBoxes:

@@ -27,35 +27,31 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import resource
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from rag.core import errors
 
 from .models import DocKind, LoadedDocument
+from .ocr_messages import OcrAnswer, PageImage, PageLeftOut
+from .worker_processes import BOOT_PREFIX, READY, Worker, WorkerPool, serve_from_parent
+
+if TYPE_CHECKING:
+    from ingest.loaders.ocr import OcrLine
 
 log = logging.getLogger(__name__)
 
-MAX_TASKS_PER_WORKER = 200  # then a fresh worker, so heap fragmentation never adds up
 DEFAULT_WORKERS = 2
-_START_TIMEOUT_S = 60.0
-_ROOT = str(Path(__file__).resolve().parents[1])  # the directory holding the ingest and rag packages
 RENDER = "render-page"  # a request to render a page (`ingest.loaders.render`) rather than to parse
-# A worker's command line is `python -c BOOT root fd memory_mb parent_pid`, BOOT starting with this.
-BOOT_PREFIX = "import sys; sys.path.insert(0, sys.argv[1]); from ingest."
 _BOOT = BOOT_PREFIX + "sandbox import worker_main; worker_main()"
-_PARENT_CHECK_S = 0.2
+OcrReader = Callable[[Any], OcrAnswer]  # a page image in, its lines or why it was left out (`ingest.ocr_pool`)
 
 PageProgress = Callable[[int, "int | None"], None]  # (n, total): the n-th page image of `total` goes to OCR
 # Who hears of each page OCR reads in the load running in this context (`ingest.loading` passes it to
@@ -65,18 +61,14 @@ page_listener: ContextVar[PageProgress | None] = ContextVar("page_listener", def
 
 def worker_main() -> None:
     """Worker entry point (argv: root, socket fd, memory MB, parent pid): limit ourselves, then serve requests."""
-    exit_with_parent(int(sys.argv[4]))
-    conn = Connection(int(sys.argv[2]))
-    limit = int(sys.argv[3]) << 20
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a PDFium abort should not write a core file
+    conn = serve_from_parent()
     import ingest.loaders.docx  # noqa: F401  (imported up front: the first file should not pay for it)
     import ingest.loaders.html  # noqa: F401
     import ingest.loaders.pdf  # noqa: F401
     from ingest.loaders import parse
     from ingest.loaders.render import render_page
 
-    conn.send(("ready",))
+    conn.send(READY)
     while True:
         try:
             kind, data, name, options = conn.recv()
@@ -97,17 +89,6 @@ def worker_main() -> None:
         conn.send(reply)
         if reply[0] in ("memory", "failed"):
             return
-
-
-def exit_with_parent(parent: int) -> None:
-    """In a worker: end this process as soon as `parent` is no longer its parent (it died)."""
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(_PARENT_CHECK_S)
-        os._exit(1)  # no clean-up to wait for: the parent that wanted the answer is gone
-
-    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def stop_orphaned_workers(parent: int) -> list[int]:
@@ -151,45 +132,26 @@ class _OcrThrough:
     def expect_pages(self, total: int) -> None:
         self.sent, self.total = 0, total
 
-    def __call__(self, image: Any) -> Any:
+    def __call__(self, image: Any) -> list[OcrLine]:
         from ingest.loaders.ocr import PageSkipped
 
         self.sent += 1
-        self.conn.send(("ocr", image, self.sent, self.total))
-        status, value = self.conn.recv()
-        if status == "skip":
-            raise PageSkipped(value)
-        return value
+        self.conn.send(PageImage(image, self.sent, self.total))
+        answer: OcrAnswer = self.conn.recv()
+        if isinstance(answer, PageLeftOut):
+            raise PageSkipped(answer.why)
+        return answer.lines
 
 
-@dataclass
-class _Worker:
-    process: subprocess.Popen[bytes]
-    conn: Connection
-    tasks: int = 0
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def stop(self) -> None:
-        self.conn.close()
-        if self.alive():
-            self.process.kill()
-        self.process.wait(timeout=10)
-
-
-class ParserPool:
+class ParserPool(WorkerPool):
     """Up to `max_workers` parser processes, each limited to `memory_mb` of address space; thread-safe."""
 
-    boot = _BOOT  # the worker's entry point (ingest.ocr_pool runs its OCR workers through another)
+    boot = _BOOT
+    process = "parser"
+    memory_setting = "RAG_PARSE_MEMORY_MB"
 
     def __init__(self, memory_mb: int, max_workers: int = DEFAULT_WORKERS) -> None:
-        self.memory_mb = memory_mb
-        self.max_workers = max_workers
-        self._idle: list[_Worker] = []
-        self._count = 0
-        self._closed = False
-        self._cond = threading.Condition()
+        super().__init__(memory_mb, max_workers)
 
     def parse(
         self,
@@ -197,14 +159,14 @@ class ParserPool:
         data: bytes,
         name: str,
         timeout_s: float,
-        ocr: Callable[[Any], tuple[str, Any]] | None = None,
+        ocr: OcrReader | None = None,
         on_page: PageProgress | None = None,
         **options: Any,
     ) -> LoadedDocument:
         """`ingest.loaders.parse(kind, data, name, **options)` in a worker, within `timeout_s` seconds.
 
         With `ocr`, the worker's loaders may read page images by OCR: each image is passed to `ocr`,
-        which answers ("lines", [OcrLine...]) or ("skip", why); its time does not count in `timeout_s`.
+        which answers PageLines or PageLeftOut (`ingest.ocr_messages`); its time does not count in `timeout_s`.
         `on_page(n, total)` is told before the n-th image of the document's `total` goes to `ocr`."""
         return cast(LoadedDocument, self._call(kind, data, name, timeout_s, options, ocr, on_page))
 
@@ -219,7 +181,7 @@ class ParserPool:
         name: str,
         timeout_s: float,
         options: dict[str, Any],
-        ocr: Callable[[Any], tuple[str, Any]] | None = None,
+        ocr: OcrReader | None = None,
         on_page: PageProgress | None = None,
     ) -> Any:
         worker = self._acquire()
@@ -235,13 +197,13 @@ class ParserPool:
                     reply = worker.conn.recv()
                 except (EOFError, ConnectionResetError):
                     raise self._died(name, worker) from None
-                if reply[0] != "ocr" or ocr is None:
+                if not isinstance(reply, PageImage) or ocr is None:
                     break
                 # A page image for the OCR worker: its time is the OCR's own bound, not the parse's.
                 asked = time.monotonic()
                 if on_page is not None:
-                    on_page(reply[2], reply[3])
-                worker.conn.send(ocr(reply[1]))
+                    on_page(reply.number, reply.total)
+                worker.conn.send(ocr(reply.image))
                 deadline += time.monotonic() - asked
             healthy = reply[0] in ("ok", "error")
             return self._unpack(reply, name)
@@ -250,20 +212,7 @@ class ParserPool:
         finally:
             self._release(worker, healthy)
 
-    def warm(self) -> None:
-        """Start one worker now, so the first file does not wait for it."""
-        self._release(self._acquire(), healthy=True)
-
-    def close(self) -> None:
-        """Stop the idle workers now and busy ones when they finish."""
-        with self._cond:
-            self._closed = True
-            idle, self._idle = self._idle, []
-            self._count -= len(idle)
-        for worker in idle:
-            worker.stop()
-
-    def _died(self, name: str, worker: _Worker) -> errors.DocumentRejected:
+    def _died(self, name: str, worker: Worker) -> errors.DocumentRejected:
         try:
             code = worker.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -291,60 +240,6 @@ class ParserPool:
             )
         log.warning("parser failed on %s: %s", name, reply[1])
         raise errors.DocumentRejected(f"{name} could not be parsed ({reply[1]})")
-
-    def _acquire(self) -> _Worker:
-        with self._cond:
-            while True:
-                while not self._idle and self._count >= self.max_workers:
-                    self._cond.wait()
-                if not self._idle:
-                    self._count += 1
-                    break
-                worker = self._idle.pop()
-                if worker.alive():
-                    return worker
-                self._count -= 1  # died while idle (the OOM killer?): forget it and look again
-                worker.stop()
-        try:
-            return self._start()
-        except BaseException:
-            with self._cond:
-                self._count -= 1
-                self._cond.notify()
-            raise
-
-    def _start(self) -> _Worker:
-        ours, theirs = socket.socketpair()
-        with theirs:
-            fd = theirs.fileno()
-            process = subprocess.Popen(
-                [sys.executable, "-c", self.boot, _ROOT, str(fd), str(self.memory_mb), str(os.getpid())],
-                pass_fds=(fd,),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-            )
-        worker = _Worker(process, Connection(ours.detach()))
-        try:
-            if not worker.conn.poll(_START_TIMEOUT_S) or worker.conn.recv() != ("ready",):
-                raise EOFError
-        except (EOFError, OSError):
-            worker.stop()
-            # Not the file's fault: the service is misconfigured (RAG_PARSE_MEMORY_MB too low?) or broken.
-            raise errors.RagError(
-                f"the parser process did not start within its {self.memory_mb} MB memory limit"
-            ) from None
-        return worker
-
-    def _release(self, worker: _Worker, healthy: bool) -> None:
-        keep = healthy and worker.tasks < MAX_TASKS_PER_WORKER and worker.alive()
-        with self._cond:
-            if keep and not self._closed:
-                self._idle.append(worker)
-                self._cond.notify()
-                return
-            self._count -= 1
-            self._cond.notify()
-        worker.stop()
 
 
 _pools: dict[int, ParserPool] = {}

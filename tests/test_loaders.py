@@ -477,13 +477,14 @@ def test_workers_serve_concurrent_callers(settings: Settings) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from ingest.loaders.ocr import OcrLine
+    from ingest.ocr_messages import PageLines
 
     both_in = threading.Barrier(2, timeout=60)  # broken, and the parse fails, if the pool serves one at a time
     in_ocr, most = 0, 0
     lock = threading.Lock()
 
     def ocr_of(n: int):
-        def ocr(image: object) -> tuple[str, list[OcrLine]]:
+        def ocr(image: object) -> PageLines:
             nonlocal in_ocr, most
             with lock:
                 in_ocr += 1
@@ -491,7 +492,7 @@ def test_workers_serve_concurrent_callers(settings: Settings) -> None:
             both_in.wait()
             with lock:
                 in_ocr -= 1
-            return "lines", [OcrLine(f"document {n}", 0.1, 0.1, 0.5, 0.12, 0.99)]
+            return PageLines([OcrLine(f"document {n}", 0.1, 0.1, 0.5, 0.12, 0.99)])
 
         return ocr
 

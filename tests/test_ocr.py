@@ -16,10 +16,11 @@ import pytest
 from ingest.chunking import Chunker, chunk_document
 from ingest.detect import detect
 from ingest.loaders import parse
-from ingest.loaders.ocr import OcrLine, PageSkipped, layout, ocr_flags
-from ingest.models import DocKind
+from ingest.loaders.ocr import OcrLine, PageSkipped, TableBlock, TextBlock, layout, ocr_flags
+from ingest.models import DocKind, TextBox
+from ingest.ocr_messages import PageLeftOut, PageLines
 from ingest.ocr_pool import OcrPool
-from rag.core.errors import DocumentRejected, UnsupportedFileType
+from rag.core.errors import DocumentRejected, RagError, UnsupportedFileType
 from tests import hostile, scans
 
 
@@ -57,8 +58,15 @@ TWO_COLUMNS = [
 ]
 
 
+def text_of(lines: list[OcrLine]) -> tuple[str, list[TextBox]]:
+    """The running text `layout` makes of a page without a table, and its boxes."""
+    (block,) = layout(lines)
+    assert isinstance(block, TextBlock)
+    return block.text, block.boxes
+
+
 def test_lines_read_columns_first_then_lines_with_a_box_each() -> None:
-    text, boxes = layout(TWO_COLUMNS)
+    text, boxes = text_of(TWO_COLUMNS)
     assert text.split("\n\n") == [
         "A title across the page",
         "Left column, first line Left column, second line Left column, third line",
@@ -78,17 +86,18 @@ def test_cells_of_a_table_row_read_across_the_row() -> None:
         for y, row in ((0.1, ("Item", "Price", "Stock")), (0.13, ("Kettle", "24.00", "7")))
         for x, t in zip((0.1, 0.4, 0.7), row)
     ]
-    text, _ = layout(list(reversed(cells)))
-    assert text == "Item Price Stock\nKettle 24.00 7"
+    (table,) = layout(list(reversed(cells)))
+    assert isinstance(table, TableBlock) and table.caption is None
+    assert [[cell.text for cell in row] for row in table.rows] == [["Item", "Price", "Stock"], ["Kettle", "24.00", "7"]]
 
 
 def test_chinese_lines_and_segments_join_without_a_space() -> None:
-    text, boxes = layout([line("水库的库容为", 0.1, 0.1, 0.4), line("三点二亿立方米。", 0.45, 0.1, 0.8)])
+    text, boxes = text_of([line("水库的库容为", 0.1, 0.1, 0.4), line("三点二亿立方米。", 0.45, 0.1, 0.8)])
     assert text == "水库的库容为三点二亿立方米。" and len(boxes) == 2
-    text, _ = layout([line("水库的总库容为三点二亿立", 0.1, 0.1, 0.8), line("方米，灌溉农田四万亩。", 0.1, 0.13, 0.7)])
+    text, _ = text_of([line("水库的总库容为三点二亿立", 0.1, 0.1, 0.8), line("方米，灌溉农田四万亩。", 0.1, 0.13, 0.7)])
     assert text == "水库的总库容为三点二亿立方米，灌溉农田四万亩。"
     # Chinese wraps anywhere: a number or a Latin word cut at the end of a line joins without a space.
-    text, _ = layout(
+    text, _ = text_of(
         [
             line("准决赛阶段16", 0.1, 0.1, 0.8),
             line("名运动员，zh-cn:博尔特;zh", 0.1, 0.13, 0.7),
@@ -97,13 +106,13 @@ def test_chinese_lines_and_segments_join_without_a_space() -> None:
     )
     assert text == "准决赛阶段16名运动员，zh-cn:博尔特;zh-tw:柏特"
     assert (
-        layout([line("Room 16", 0.1, 0.1, 0.8), line("is on the left.", 0.1, 0.13, 0.7)])[0]
+        text_of([line("Room 16", 0.1, 0.1, 0.8), line("is on the left.", 0.1, 0.13, 0.7)])[0]
         == "Room 16 is on the left."
     )
 
 
 def test_english_lines_with_a_chinese_gloss_keep_the_space_between_their_words() -> None:
-    text, _ = layout(
+    text, _ = text_of(
         [
             line("The city of Tokyo (東京), home", 0.1, 0.1, 0.8),
             line("to 14 million people (一千四百万).", 0.1, 0.13, 0.7),
@@ -280,11 +289,21 @@ def test_an_ocr_page_over_its_time_costs_its_worker_not_the_pool() -> None:
     try:
         page = scans.scanned(scans.render_page(["Whatever this page says is never read."] * 20), seed=1)
 
-        status, why = pool.reader("slow.pdf")(np.asarray(page))
-        assert (status, why) == ("skip", "OCR did not finish within 0.2 s (RAG_OCR_PAGE_TIMEOUT_S)")
+        assert pool.read(np.asarray(page), "slow.pdf") == PageLeftOut(
+            "OCR did not finish within 0.2 s (RAG_OCR_PAGE_TIMEOUT_S)"
+        )
         pool.page_timeout_s = 60
-        status, lines = pool.reader("small.png")(np.asarray(scans.render_page(["The kettle is on the table."])))
-        assert status == "lines" and [x.text for x in lines] == ["The kettle is on the table."]
+        answer = pool.read(np.asarray(scans.render_page(["The kettle is on the table."])), "small.png")
+        assert isinstance(answer, PageLines) and [x.text for x in answer.lines] == ["The kettle is on the table."]
+    finally:
+        pool.close()
+
+
+def test_an_ocr_worker_that_cannot_start_names_the_ocr_memory_setting() -> None:
+    pool = OcrPool(memory_mb=64, workers=1, page_timeout_s=5)
+    try:
+        with pytest.raises(RagError, match=r"OCR process did not start within its 64 MB .*\(RAG_OCR_MEMORY_MB too low"):
+            pool.read(np.asarray(scans.render_page(["Never read."])), "scan.pdf")
     finally:
         pool.close()
 
@@ -346,13 +365,12 @@ def test_a_rendered_scan_keeps_its_page_numbers_and_running_header_out_of_the_te
         for n, text in enumerate(paragraphs, 1)
     ]
     pool = OcrPool(memory_mb=2048, workers=1, page_timeout_s=120)
-    reader = pool.reader("report.pdf")
 
     def ocr(image: object) -> list[OcrLine]:
-        status, value = reader(image)
-        if status == "skip":
-            raise PageSkipped(value)
-        return value
+        answer = pool.read(image, "report.pdf")
+        if isinstance(answer, PageLeftOut):
+            raise PageSkipped(answer.why)
+        return answer.lines
 
     try:
         doc = parse(DocKind.PDF, scans.image_pdf(pages), "report.pdf", ocr=ocr)

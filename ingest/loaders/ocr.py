@@ -2,7 +2,7 @@
 
     lines = recognize(make_engine(), image)          # in the OCR worker (ingest.ocr_pool)
     add_ocr_page(builder, n, image, ocr, 0.8, carry) # in a loader: page n's text and tables, through `ocr`
-    text, boxes = layout(lines)                      # the lines as text alone, in reading order
+    blocks = layout(lines)                           # the lines in reading order: TextBlock, TableBlock
 
 The engine is RapidOCR 3.10 (PP-OCRv6 detection and recognition, Chinese and English in one model;
 its 180° line classifier is off, see `make_engine`), run by onnxruntime on one thread; its model files come inside the
@@ -28,6 +28,7 @@ page without a caption continues the previous page's (`tables.TableCarry`).
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -132,12 +133,29 @@ def _fraction(value: float, size: int) -> float:
     return round(min(max(value / size, 0.0), 1.0), 5)
 
 
-def layout(lines: Sequence[OcrLine]) -> tuple[str, list[TextBox]]:
-    """The page's text in reading order and one box per OCR line, offsets relative to that text."""
+def layout(lines: Sequence[OcrLine], carried_columns: int = 0) -> list[TextBlock | TableBlock]:
+    """The page's lines in reading order, as running text and tables (`carried_columns`: the columns of
+    the previous page's table, which a lone row first on this page may continue)."""
     if not lines:
-        return "", []
+        return []
     height = _line_height(lines)
-    return _text(_rows_in_reading_order(lines, height), height)
+    return [_block(part, height) for part in _parts(lines, height, carried_columns)]
+
+
+@dataclass(frozen=True, slots=True)
+class TextBlock:
+    """Running text of a page and one box per OCR line, offsets relative to that text."""
+
+    text: str
+    boxes: list[TextBox]
+
+
+@dataclass(frozen=True, slots=True)
+class TableBlock:
+    """A table of a page: its rows of OCR lines in reading order, and the short line just above as caption."""
+
+    rows: list[list[OcrLine]]
+    caption: OcrLine | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,53 +167,74 @@ class _Part:
     caption: OcrLine | None = None
 
 
+_Run = tuple[bool, list[list[OcrLine]]]  # rows in a row that all hold several cells (True) or all one
+
+
 def _line_height(lines: Sequence[OcrLine]) -> float:
     return statistics.median(line.height for line in lines) or 0.01
+
+
+def _block(part: _Part, height: float) -> TextBlock | TableBlock:
+    if part.table:
+        return TableBlock(part.rows, part.caption)
+    return TextBlock(*_text(part.rows, height))
 
 
 def _parts(lines: Sequence[OcrLine], height: float, carried_columns: int = 0) -> list[_Part]:
     """The page's rows as text and tables: a table is two or more rows of several cells in a row whose
     boxes make two columns or more (`tables.grid`), or one such row first on the page with as many
     columns as the previous page's table (`carried_columns`: its last row); a row of one cell between
-    such rows belongs to the table when the columns stay apart with it (a cell on two lines, a row with
-    one cell filled)."""
-    rows = _rows_in_reading_order(lines, height)
-    runs: list[tuple[bool, list[list[OcrLine]]]] = []
-    for row in rows:
-        multi = len(row) > 1
-        if runs and runs[-1][0] == multi:
-            runs[-1][1].append(row)
-        else:
-            runs.append((multi, [row]))
-    merged: list[tuple[bool, list[list[OcrLine]]]] = []
-    for i, (multi, run) in enumerate(runs):
-        bridge = (
-            not multi
-            and len(run) == 1
-            and bool(merged)
-            and merged[-1][0]
-            and i + 1 < len(runs)
-            and _keeps_columns(merged[-1][1], run, runs[i + 1][1])
-        )
-        if bridge or (multi and merged and merged[-1][0]):
-            merged[-1][1].extend(run)
-        else:
-            merged.append((multi, list(run)))
+    such rows belongs to the table when the columns stay apart with it (`_bridged`)."""
     parts: list[_Part] = []
-    for multi, run in merged:
-        columns = _column_count(run) if multi else 0
-        if columns > 1 and (len(run) >= 2 or (not parts and columns == carried_columns)):
-            caption = None
-            if parts and not parts[-1].table and _is_caption(parts[-1].rows[-1], run[0], height):
-                caption = parts[-1].rows.pop()[0]
-                if not parts[-1].rows:
-                    parts.pop()
-            parts.append(_Part(run, table=True, caption=caption))
+    for multi, run in _bridged(_runs(_rows_in_reading_order(lines, height))):
+        if multi and _is_table(run, not parts, carried_columns):
+            parts.append(_table_part(parts, run, height))
         elif parts and not parts[-1].table:
             parts[-1].rows.extend(run)
         else:
             parts.append(_Part(list(run)))
     return parts
+
+
+def _runs(rows: list[list[OcrLine]]) -> list[_Run]:
+    """The rows in runs of rows of several cells and runs of rows of one."""
+    return [(multi, list(run)) for multi, run in itertools.groupby(rows, key=lambda row: len(row) > 1)]
+
+
+def _bridged(runs: list[_Run]) -> list[_Run]:
+    """`runs` with each row of one cell between runs of several cells joined to them when the columns stay
+    apart with it (a cell on two lines, a row with one cell filled)."""
+    merged: list[_Run] = []
+    for i, (multi, run) in enumerate(runs):
+        after = runs[i + 1][1] if i + 1 < len(runs) else None
+        if merged and merged[-1][0] and (multi or _bridges(merged[-1][1], run, after)):
+            merged[-1][1].extend(run)
+        else:
+            merged.append((multi, list(run)))
+    return merged
+
+
+def _bridges(before: list[list[OcrLine]], run: list[list[OcrLine]], after: list[list[OcrLine]] | None) -> bool:
+    """Whether the one row `run` between two runs of several cells keeps their columns apart."""
+    return len(run) == 1 and after is not None and _keeps_columns(before, run, after)
+
+
+def _is_table(run: list[list[OcrLine]], first_on_page: bool, carried_columns: int) -> bool:
+    """Rows of several cells in two columns or more: two rows or more, or one first on its page that
+    has as many columns as the previous page's table."""
+    columns = _column_count(run)
+    return columns > 1 and (len(run) >= 2 or (first_on_page and columns == carried_columns))
+
+
+def _table_part(parts: list[_Part], run: list[list[OcrLine]], height: float) -> _Part:
+    """The table of `run`, under the last line of the text before it when that line is its caption (the
+    line is taken from the text, and a text part left empty goes)."""
+    caption = None
+    if parts and not parts[-1].table and _is_caption(parts[-1].rows[-1], run[0], height):
+        caption = parts[-1].rows.pop()[0]
+        if not parts[-1].rows:
+            parts.pop()
+    return _Part(run, table=True, caption=caption)
 
 
 def _column_count(rows: Sequence[Sequence[OcrLine]]) -> int:
@@ -224,15 +263,7 @@ def _text(rows: list[list[OcrLine]], height: float) -> tuple[str, list[TextBox]]
     previous: list[OcrLine] | None = None
     for row in rows:
         if previous is not None:
-            gap = row[0].y0 - max(line.y1 for line in previous)
-            if gap > height or gap < -height:  # a blank line's gap, or a jump up to the next column
-                sep = "\n\n"
-            elif len(row) > 1 or len(previous) > 1:
-                sep = "\n"  # the cells of a row of several keep their row
-            elif _breaks_a_chinese_word(previous[-1].text, row[0].text):
-                sep = ""  # Chinese wraps between any two characters, digits and Latin letters too
-            else:
-                sep = _joiner(previous[-1], row[0])
+            sep = _row_separator(previous, row, height)
             parts.append(sep)
             length += len(sep)
         for i, line in enumerate(row):
@@ -241,10 +272,22 @@ def _text(rows: list[list[OcrLine]], height: float) -> tuple[str, list[TextBox]]
                 parts.append(sep)
                 length += len(sep)
             parts.append(line.text)
-            boxes.append(TextBox(length, length + len(line.text), line.x0, line.y0, line.x1, line.y1, line.confidence))
+            boxes.append(_box(length, length + len(line.text), line))
             length += len(line.text)
         previous = row
     return "".join(parts), boxes
+
+
+def _row_separator(previous: list[OcrLine], row: list[OcrLine], height: float) -> str:
+    """What goes between two rows of running text: a paragraph break, a line break, nothing or a space."""
+    gap = row[0].y0 - max(line.y1 for line in previous)
+    if gap > height or gap < -height:  # a blank line's gap, or a jump up to the next column
+        return "\n\n"
+    if len(row) > 1 or len(previous) > 1:
+        return "\n"  # the cells of a row of several keep their row
+    if _breaks_a_chinese_word(previous[-1].text, row[0].text):
+        return ""  # Chinese wraps between any two characters, digits and Latin letters too
+    return _joiner(previous[-1], row[0])
 
 
 def _breaks_a_chinese_word(before: str, after: str) -> bool:
@@ -351,15 +394,17 @@ def add_read_page(
     builder.page(number)
     if isinstance(lines, PageSkipped):
         return [f"page {number} was left out: {lines}"]
-    if lines:
-        height = _line_height(lines)
-        carry = carry if carry is not None else TableCarry()
-        for n, part in enumerate(_parts(lines, height, len(carry.header or ()))):
-            if part.table:
-                _add_table(builder, part, carry, first_on_page=n == 0)
-            else:
-                text, boxes = _text(part.rows, height)
-                builder.block(text, boxes=boxes)
+    carry = carry if carry is not None else TableCarry()
+    for n, block in enumerate(layout(lines, len(carry.header or ()))):
+        if isinstance(block, TableBlock):
+            _add_table(builder, block, carry, first_on_page=n == 0)
+        else:
+            builder.block(block.text, boxes=block.boxes)
+    return _doubtful(number, lines, min_confidence)
+
+
+def _doubtful(number: int, lines: list[OcrLine], min_confidence: float) -> list[str]:
+    """The warning for page `number` when some of its lines read with a low confidence."""
     doubtful = sum(1 for line in lines if line.confidence < min_confidence)
     if doubtful:
         return [f"page {number}: {doubtful} of {len(lines)} OCR lines read with confidence under {min_confidence:g}"]
@@ -374,7 +419,7 @@ def _blank(image: Any) -> bool:
     return bool(min(shape[:2]) < MIN_TEXT_SIDE or image.min() == image.max())
 
 
-def _add_table(builder: DocumentBuilder, part: _Part, carry: TableCarry, first_on_page: bool) -> None:
+def _add_table(builder: DocumentBuilder, part: TableBlock, carry: TableCarry, first_on_page: bool) -> None:
     """A scanned table as markdown under its caption (the top row as header), a box per OCR line."""
     cells = grid(part.rows) or []
     rows = [[_cell(lines) for lines in row] for row in cells]
@@ -383,15 +428,24 @@ def _add_table(builder: DocumentBuilder, part: _Part, carry: TableCarry, first_o
     md = markdown_table(rows, caption or None)
     if md is None:
         return
-    boxes = []
+    boxes = _cell_boxes(md.cell_spans, md.rows, cells, added)
     if part.caption is not None and caption:
         boxes.append(_box(0, len(md.text.split("\n", 1)[0]), part.caption))
-    for spans, source in zip(md.cell_spans, md.rows, strict=True):
-        if added and source == 0:
-            continue  # the header carried from the previous page has no lines here
-        for (start, end), lines in zip(spans, cells[source - added], strict=True):
-            boxes += [_box(start, end, line) for line in lines]
     builder.table(md.text, md.header, boxes=sorted(boxes, key=lambda b: (b.start, b.y0)))
+
+
+def _cell_boxes(
+    spans: Sequence[Sequence[tuple[int, int]]], sources: Sequence[int], cells: list[list[list[OcrLine]]], added: bool
+) -> list[TextBox]:
+    """A box per OCR line over the text of its cell (`sources`: the row of `cells` each markdown row
+    shows; the header carried from the previous page, `added`, has no lines here)."""
+    return [
+        _box(start, end, line)
+        for row_spans, source in zip(spans, sources, strict=True)
+        if not (added and source == 0)
+        for (start, end), lines in zip(row_spans, cells[source - added], strict=True)
+        for line in lines
+    ]
 
 
 def _cell(lines: list[OcrLine]) -> str:
@@ -409,16 +463,14 @@ def ocr_flags(doc: LoadedDocument, chunk: Mapping[str, Any], min_confidence: flo
     of them read with a confidence under `min_confidence`, so that doubtful text is never shown as fact
     unmarked. Empty for text that did not come from OCR."""
     start, end, page = chunk.get("start"), chunk.get("end"), chunk.get("page")
+    if not isinstance(start, int) or not isinstance(end, int):
+        return {}
     scores = [
         box.confidence
         for section in doc.sections
-        if section.page == page and section.boxes
-        for box in section.boxes
-        if box.confidence is not None
-        and isinstance(start, int)
-        and isinstance(end, int)
-        and box.start < end
-        and box.end > start
+        if section.page == page
+        for box in section.boxes or ()
+        if box.confidence is not None and box.start < end and box.end > start
     ]
     if not scores:
         return {}

@@ -15,16 +15,16 @@ model before its first batch (and again after it failed); one serving another mo
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import httpx
 import numpy as np
 
 from rag.clients.backends import EmbeddingBackend
 from rag.clients.embedding import EmbeddingClient
+from rag.clients.member_health import MemberHealth, pool_state, reasons
 from rag.core.embeddings_api import EmbeddingsUsage, InputType
 from rag.core.errors import EmbedderUnavailable
 
@@ -32,22 +32,22 @@ T = TypeVar("T")
 
 
 @dataclass(eq=False)  # members are told apart by identity
-class EmbedMember:
+class EmbedMember(MemberHealth):
+    """One embedding server of the pool and what routing knows of it (its health: `MemberHealth`)."""
+
+    kind: ClassVar[str] = "embedding server"
     client: EmbeddingClient
     outstanding: int = 0
     served: int = 0
-    failures: int = 0
-    resting_until: float = 0.0
-    reason: str = ""
     model: str | None = None  # what its /health said it serves (None: not asked since it last failed)
-    refused: bool = False  # it serves another model than the pool's
 
     @property
     def url(self) -> str:
         return self.client.base_url
 
-    def resting(self) -> bool:
-        return time.monotonic() < self.resting_until
+    @property
+    def refused(self) -> bool:
+        return self.state == "refused"
 
 
 class EmbeddingPool:
@@ -94,10 +94,12 @@ class EmbeddingPool:
         servers = []
         for member, state in zip(self.members, await asyncio.gather(*map(self._probe, self.members)), strict=True):
             if state["state"] == "ok":
-                member.resting_until = 0.0
+                member.join()  # a member resting from a failed batch is tried again at once
                 self._identify(member, state)
                 if member.refused:
                     state = {"state": "refused", "reason": member.reason}
+            else:
+                member.leave(state["state"], str(state.get("reason", state["state"])))
             servers.append({**state, "url": member.url, "outstanding": member.outstanding, "served": member.served})
         healthy = [s for s in servers if s["state"] == "ok"]
         if healthy:
@@ -105,9 +107,7 @@ class EmbeddingPool:
                 **{k: v for k, v in healthy[0].items() if k not in ("url", "outstanding", "served")},
                 "servers": servers,
             }
-        states = {s["state"] for s in servers}
-        reason = "; ".join(f"{s['url']}: {s.get('reason', s['state'])}" for s in servers)
-        return {"state": "loading" if "loading" in states else "down", "reason": reason, "servers": servers}
+        return {"state": pool_state(s["state"] for s in servers), "reason": reasons(self.members), "servers": servers}
 
     async def _probe(self, member: EmbedMember) -> dict[str, Any]:
         """`member`'s /health within `stall_s`: a stopped server accepts the request and never answers."""
@@ -134,8 +134,7 @@ class EmbeddingPool:
         """The member with the fewest requests outstanding, resting ones last (refused ones after them)."""
         left = [m for i, m in enumerate(self.members) if i not in tried]
         if not left:
-            reasons = "; ".join(f"{m.url}: {m.reason}" for m in self.members)
-            raise EmbedderUnavailable(f"no embedding server of the pool answers ({reasons})")
+            raise EmbedderUnavailable(f"no embedding server of the pool answers ({reasons(self.members)})")
         return min(left, key=lambda m: (m.refused, m.resting(), m.outstanding, m.served))
 
     def _identify(self, member: EmbedMember, health: dict[str, Any]) -> None:
@@ -148,9 +147,10 @@ class EmbeddingPool:
         kept = [m.model for m in self.members if m.model and not m.refused]
         ours = self.model if self.model in served else (kept or served)[0]
         for m in self.members:
-            m.refused = bool(m.model) and m.model != ours
-            if m.refused:
-                m.reason = f"not the pool's model ({m.model} vs {ours})"
+            if m.model and m.model != ours:
+                m.refuse(f"not the pool's model ({m.model} vs {ours})")
+            elif m.refused:
+                m.pardon()
 
     async def _admitted(self, member: EmbedMember) -> bool:
         """Whether `member` may take a batch: it answers /health with the pool's model (one serving
@@ -166,9 +166,7 @@ class EmbeddingPool:
         """Ask `member` its model; a member that does not answer rests, as after a failed batch."""
         health = await member.client.health()
         if health["state"] != "ok":
-            member.failures += 1
-            member.reason = str(health.get("reason", health["state"]))
-            member.resting_until = time.monotonic() + self.rest_s
+            member.failed(str(health.get("reason", health["state"])), self.rest_s)
             return False
         self._identify(member, health)
         return True
@@ -184,15 +182,13 @@ class EmbeddingPool:
                     continue
                 result = await call(member.client)
             except EmbedderUnavailable as exc:
-                member.failures += 1
-                member.reason = exc.message
-                member.resting_until = time.monotonic() + self.rest_s
+                member.failed(exc.message, self.rest_s)
                 member.model = None  # it may come back serving another model
                 continue
             finally:
                 member.outstanding -= 1
             member.served += 1
-            member.resting_until = 0.0
+            member.join()
             return result
 
 

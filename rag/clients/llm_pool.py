@@ -24,13 +24,14 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import httpx
 from cachetools import LRUCache
 
 from rag.clients.backends import LLMBackend, RoutingCounts
 from rag.clients.llm import LlamaServerClient, LLMHealth, Message, ServerProps, StreamDelta, StreamEnd
+from rag.clients.member_health import MemberHealth, pool_state, reasons
 from rag.core.errors import LLMUnavailable, PoolMismatch
 
 log = logging.getLogger(__name__)
@@ -48,16 +49,14 @@ def first_question_key(messages: list[Message]) -> str | None:
 
 
 @dataclass(eq=False)  # members are told apart by identity
-class Member:
-    """One llama-server of the pool and what routing knows of it."""
+class Member(MemberHealth):
+    """One llama-server of the pool and what routing knows of it (its health: `MemberHealth`)."""
 
+    kind: ClassVar[str] = "llama-server"
     client: LlamaServerClient
-    state: Literal["ok", "loading", "down", "refused"] = "down"
-    reason: str = "not probed yet"
     props: ServerProps | None = None
     active: int = 0  # generations running here now
     served: int = 0
-    failures: int = 0
     cached_tokens: int = 0  # prompt tokens llama-server reused from a slot (timings.cache_n)
     prompt_tokens: int = 0  # all prompt tokens of the generations served (cache_n + prompt_n)
 
@@ -167,41 +166,34 @@ class LlamaServerPool:
                 await self._probe(member)
         except TimeoutError:
             self.silent.add(member)
-            self._leave(member, "down", f"no answer to /health or /props within {self.probe_timeout_s:g} s")
+            member.leave("down", f"no answer to /health or /props within {self.probe_timeout_s:g} s")
         else:
             self.silent.discard(member)
 
     async def _probe(self, member: Member) -> None:
         health = await member.client.health()
         if health.state != "ok":
-            self._leave(member, health.state, health.reason or health.state)
+            member.leave(health.state, health.reason or health.state)
             return
         try:
             props = await member.client.props()
         except (LLMUnavailable, httpx.HTTPError) as exc:
-            self._leave(member, "down", str(exc))
+            member.leave("down", str(exc))
             return
         # The pool's model is what its ready members serve: once none is (all restarted, with a new
         # context say), the first to answer sets it again, as a single server's client would take it.
         reference = next((m.props for m in self.members if m.state == "ok" and m is not member and m.props), props)
         difference = _difference_of(reference, props)
         if difference:
-            member.state, member.reason = "refused", f"not the pool's model ({difference})"
+            member.refuse(f"not the pool's model ({difference})")
             return
-        if member.state != "ok":
-            log.info("llama-server %s joins the pool (%d slots)", member.url, props.total_slots)
-        member.props, member.state, member.reason = props, "ok", ""
-
-    def _leave(self, member: Member, state: Literal["loading", "down"], reason: str) -> None:
-        if member.state == "ok":
-            log.warning("llama-server %s leaves the pool: %s", member.url, reason)
-        member.state, member.reason = state, reason
+        member.join(f" ({props.total_slots} slots)")
+        member.props = props
 
     def _ready(self) -> list[Member]:
-        ready = [m for m in self.members if m.state == "ok"]
+        ready = [m for m in self.members if m.ready]
         if not ready:
-            reasons = "; ".join(f"{m.url}: {m.reason}" for m in self.members)
-            raise LLMUnavailable(f"no llama-server of the pool is ready ({reasons})")
+            raise LLMUnavailable(f"no llama-server of the pool is ready ({reasons(self.members)})")
         return ready
 
     def pick(self, affinity: str | None = None) -> Member:
@@ -224,11 +216,8 @@ class LlamaServerPool:
     async def health(self) -> LLMHealth:
         """The pool's state from the members' last probes (they run in the background: none is awaited here)."""
         self._start_probing()
-        states = {m.state for m in self.members}
-        if "ok" in states:
-            return LLMHealth("ok")
-        reasons = "; ".join(f"{m.url}: {m.reason}" for m in self.members)
-        return LLMHealth("loading" if "loading" in states else "down", reasons)
+        state = pool_state(m.state for m in self.members)
+        return LLMHealth(state) if state == "ok" else LLMHealth(state, reasons(self.members))
 
     def describe(self) -> list[dict[str, Any]]:
         """Every member as /health and /metrics show it."""
@@ -304,8 +293,7 @@ class LlamaServerPool:
         try:
             return await self._while_in_pool(member, call(member.client))
         except LLMUnavailable as exc:
-            member.failures += 1
-            self._leave(member, "down", exc.message)
+            member.failed(exc.message)
             raise
 
     async def _any(self, call: Callable[[LlamaServerClient], Awaitable[T]]) -> T:
@@ -337,8 +325,7 @@ class LlamaServerPool:
                     yield item
                 return
             except LLMUnavailable as exc:
-                member.failures += 1
-                self._leave(member, "down", exc.message)
+                member.failed(exc.message)
                 if began:
                     raise
             finally:

@@ -154,8 +154,8 @@ def ask_result(document: AnswerDocument, collection: str) -> AskResult:
         collection=collection,
         query=document.search.query,
         rewrite=document.search.rewrite,
-        sources=[source.model_dump(mode="json") for source in document.sources],
-        citations=[citation.model_dump(mode="json") for citation in document.citations.citations],
+        sources=document.sources,
+        citations=document.citations.citations,
         unsupported_sentences=done.unsupported_sentences if isinstance(done, Done) else 0,
         no_sources=done.no_sources if isinstance(done, NoSourcesDone) else None,
     )

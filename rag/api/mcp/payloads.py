@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, Field
+
+from rag.answering.events import CitationEntry, SourceEntry
 
 
 class SearchHit(BaseModel):
@@ -28,8 +28,8 @@ class AskResult(BaseModel):
     collection: str
     query: str = Field(description="the query actually searched (a follow-up is rewritten with its history)")
     rewrite: str = Field(description="how the query was made from the question: off, rule or generator")
-    sources: list[dict[str, Any]] = Field(description="the sources in the prompt, as /v1/chat lists them")
-    citations: list[dict[str, Any]] = Field(
+    sources: list[SourceEntry] = Field(description="the sources in the prompt, as /v1/chat lists them")
+    citations: list[CitationEntry] = Field(
         description="the model's own [Sn] citations (kind: model) and the sources attributed to its sentences "
         "(kind: attributed, with support)"
     )

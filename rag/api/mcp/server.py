@@ -13,7 +13,7 @@ their bounds are values of this process's settings.
 
 import logging
 from collections.abc import Awaitable
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import (
@@ -24,9 +24,10 @@ from mcp.server.mcpserver.exceptions import (
 from mcp.server.mcpserver.tools.base import Tool
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from rag.api.access import ADMIN, STATE_KEY, Access
+from rag.api.mcp.arguments import ArgumentCheck
 from rag.api.mcp.library import Library
 from rag.api.mcp.payloads import AskResult, CollectionList, DocumentList, SearchResult
 from rag.core.config import Settings
@@ -129,32 +130,6 @@ def build_server(library: Library, settings: Settings) -> MCPServer:
             raise ResourceError(exc.message) from None
 
     return server
-
-
-class ArgumentCheck:
-    """Middleware: a tools/call whose arguments break the tool's schema is a JSON-RPC error naming the
-    fields, before any work (the SDK would make it an `is_error` result)."""
-
-    def __init__(self, tools: dict[str, Tool]) -> None:
-        self.tools = tools
-
-    async def __call__(self, ctx: Any, call_next: Any) -> Any:
-        params = ctx.params if isinstance(ctx.params, dict) else {}
-        tool = self.tools.get(str(params.get("name"))) if ctx.method == "tools/call" else None
-        arguments = params.get("arguments") or {}
-        if tool is not None and isinstance(arguments, dict):
-            try:
-                tool.fn_metadata.arg_model.model_validate(tool.fn_metadata.pre_parse_json(arguments))
-            except ValidationError as exc:
-                raise invalid_arguments(exc) from None
-        return await call_next(ctx)
-
-
-def invalid_arguments(exc: ValidationError) -> MCPError:
-    """-32602 naming each field and what is wrong with it (not the value, which may be huge)."""
-    problems = [(".".join(str(p) for p in e["loc"]) or "arguments", e["msg"]) for e in exc.errors()[:10]]
-    message = "invalid arguments: " + "; ".join(f"{field}: {msg}" for field, msg in problems)
-    return MCPError(code=INVALID_PARAMS, message=message, data={"fields": [f for f, _ in problems]})
 
 
 def access_of(ctx: Context) -> Access:
