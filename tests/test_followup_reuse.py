@@ -18,6 +18,7 @@ from rag.answering.continuation import Sent, SentSources
 from rag.answering.retrieval import RetrievedChunk
 from rag.clients.llm import LlamaServerClient, StreamDelta, StreamEnd
 from rag.deploy.model_shapes import qwen35_model, write_gguf
+from rag.deploy.profiles import PROFILES
 from tests.servers import start_llama_server
 from tests.test_planner import TINY_QWEN35
 
@@ -88,7 +89,7 @@ async def turn(
     return "".join(text), timings, packed
 
 
-async def conversation(url: str, room: int) -> tuple[float, object, object]:
+async def conversation(url: str, room: int) -> tuple[float, object, object, int]:
     """A first turn, then a follow-up carrying the whole first answer; the follow-up's reuse."""
     client = LlamaServerClient(url, model="tiny-qwen35")
     try:
@@ -98,13 +99,13 @@ async def conversation(url: str, room: int) -> tuple[float, object, object]:
         history = [{"role": "user", "content": q1}, {"role": "assistant", "content": answer}]
         _, timings, second = await turn(client, sent, history, "And who built it?", room)
         reuse = timings["cache_n"] / (timings["cache_n"] + timings["prompt_n"])
-        return reuse, first, second
+        return reuse, first, second, timings["cache_n"]
     finally:
         await client.aclose()
 
 
 def test_a_follow_up_extends_a_first_turn_that_left_it_room(hybrid_server) -> None:
-    reuse, first, second = asyncio.run(conversation(hybrid_server.url, 512))
+    reuse, first, second, _ = asyncio.run(conversation(hybrid_server.url, 512))
     print(f"follow-up reuse with the room held: {reuse:.3f} ({first.used} then {second.used} prompt tokens)")
     assert any(d["reason"] == "budget" for d in first.dropped)  # the sources filled the budget
     assert first.used <= first.limit - 512 + first.question and first.followup_room_held > 0
@@ -113,9 +114,12 @@ def test_a_follow_up_extends_a_first_turn_that_left_it_room(hybrid_server) -> No
     assert reuse >= 0.8, reuse
 
 
-def test_without_the_room_the_follow_up_cuts_its_sources_and_reuses_only_the_system_prompt(hybrid_server) -> None:
-    reuse, first, second = asyncio.run(conversation(hybrid_server.url, 0))
+def test_without_the_room_the_follow_up_cuts_its_sources_and_rolls_back_to_a_checkpoint(hybrid_server) -> None:
+    """The follow-up's turn pair pushes the last source's cut back; llama-server cannot extend the first prompt
+    and restores a checkpoint: the one 4 + -ub tokens before its end when the cut lies after it (reuse 0.87 here
+    at the profile's -ub 512), else the system prompt's (reuse 0.10 on an H200 machine at -ub 256)."""
+    reuse, first, second, cache_n = asyncio.run(conversation(hybrid_server.url, 0))
     print(f"follow-up reuse without the room: {reuse:.3f} ({first.used} then {second.used} prompt tokens)")
     assert any(d["reason"] == "budget" for d in first.dropped) and second.kept_turns == 1
     assert second.chunks[-1].text != first.chunks[-1].text  # the last source cut earlier for the turn pair
-    assert reuse < 0.3, reuse
+    assert cache_n <= first.used - 4 - PROFILES["v100-16g"].ubatch, (cache_n, first.used)

@@ -88,7 +88,7 @@ def test_production_shape_kv_and_state_per_token() -> None:
     assert kv_bytes_per_token(arch, "q4_0") == 18 * 1024
     one_slot = replace(Flags.from_profile(PROFILES["v100-16g"]), ctx=4096, parallel=1)
     memory = estimate(qwen35_model(QWEN36_27B, "Q4_K_S"), one_slot, V100)
-    assert memory.kv == 136 * MIB
+    assert memory.kv == (68 + 36) * MIB  # 4,096 tokens of a q8_0 K (17 KiB a token) and a q4_0 V (9 KiB)
     assert memory.recurrent / MIB == pytest.approx(149.6, abs=0.1)
     # Every slot has its own: two slots of 4,096 tokens hold twice the cache and twice the state.
     two = estimate(qwen35_model(QWEN36_27B, "Q4_K_S"), Flags.from_profile(PROFILES["v100-16g"]), V100)
@@ -114,13 +114,23 @@ def test_shipped_profile_fits_the_v100_and_the_field_recipe_does_not() -> None:
 def test_planner_derives_the_shipped_profile() -> None:
     candidates = {q: production(q)[0] for q in ("Q4_K_M", "Q4_K_S", "IQ4_XS")}
     extra = {q: production(q)[1] for q in candidates}
-    # As many slots of 4,096 tokens as fit (up to 4): two, with -ub 256, and a logical batch of the whole
-    # context (both users' prompts in one step: neither decodes beside the other's prefill).
+    # As many slots of 4,096 tokens as fit (up to 4): two, with -ub 512 and a q4_0 V cache (tried before a
+    # halved micro-batch), and a logical batch of the whole context (both users' prompts in one step).
     quant, flags, result = tune(candidates, V100, ctx=4096, extra_weight_bytes=extra, max_slots=4)
     shipped = PROFILES["v100-16g"]
-    assert (flags.parallel, flags.ctx, flags.batch, flags.n_ubatch) == (2, 8192, 8192, 256)
+    assert (flags.parallel, flags.ctx, flags.batch, flags.n_ubatch) == (2, 8192, 8192, 512)
+    assert (flags.cache_type_k, flags.cache_type_v) == ("q8_0", "q4_0")
     args = shipped.flags()
-    assert args[args.index("-b") : args.index("-b") + 4] == ["-b", "8192", "-ub", "256"]
+    assert args[args.index("-ctk") : args.index("-ctk") + 8] == [
+        "-ctk",
+        "q8_0",
+        "-ctv",
+        "q4_0",
+        "-b",
+        "8192",
+        "-ub",
+        "512",
+    ]
     assert shipped.model == f"qwen3.6-27b-{quant.lower()}"
     derived = flags.profile(shipped.name, shipped.description, model=shipped.model)
     assert derived.flags() == shipped.flags()
@@ -393,14 +403,14 @@ def test_users_that_fit_the_v100_and_why_not_one_more() -> None:
     from rag.deploy.slots import users
 
     model, extra = production("Q4_K_S")
-    one_slot = replace(Flags.from_profile(PROFILES["v100-16g"]), ctx=4096, parallel=1, ubatch=512)
+    one_slot = replace(Flags.from_profile(PROFILES["v100-16g"]), ctx=4096, parallel=1, cache_type_v="q8_0", ubatch=512)
     served = users(_with_extra(model, extra), V100, one_slot, default_margin(V100))
     assert (served.slots, served.per_slot_ctx) == (2, 4096)
     assert served.flags == Flags.from_profile(PROFILES["v100-16g"])
     assert served.next_needs_mib is not None and served.next_needs_mib > 0  # a third slot is over the margin
     assert served.per_user_tok_s is not None and 29 < served.per_user_tok_s[0] < served.per_user_tok_s[1] < 35
     result = CliRunner().invoke(plan_command, ["qwen3.6-27b:Q4_K_S", "--gpu", "v100-16g"])
-    assert "users         2 at once, 4,096 tokens each (-c 8192 -np 2 -b 8192 -ub 256)" in result.output
+    assert "users         2 at once, 4,096 tokens each (-c 8192 -np 2 -b 8192 -ub 512)" in result.output
     assert "one more slot would need" in result.output
 
 
@@ -418,12 +428,40 @@ def test_two_slots_in_the_16gb_emulation_match_the_prediction() -> None:
     assert entry["two_users_summary"]["answers"] == 20 and entry["two_users_summary"]["errors"] == 0
 
 
+def test_a_q4_0_v_cache_comes_before_a_halved_micro_batch() -> None:
+    """-ub 512 with q8_0 K/V is over the V100's margin for two slots; a q4_0 V cache brings it back."""
+    model, extra = production("Q4_K_S")
+    q8 = replace(Flags.from_profile(PROFILES["v100-16g"]), cache_type_v="q8_0")
+    result = plan(model, V100, q8, extra_weight_bytes=extra)
+    assert result.verdict == "fits with flags"
+    assert result.suggested == Flags.from_profile(PROFILES["v100-16g"])
+    assert result.advice == ["fits with -ctk q8_0 -ctv q4_0"]
+
+
+def test_the_shipped_profile_is_what_the_16gb_emulation_measured() -> None:
+    """The batching run of the shipped flags (bench/gpu/batching.py): its buffers as planned, the margin kept
+    after serving, two users at once at least 1.7x one user's in all and 0.85x each."""
+    entry = json.loads(H200_RESULTS.read_text())["batching"]["b8192-ub512-v4"]
+    assert Flags.from_server_args(entry["flags"]) == Flags.from_profile(PROFILES["v100-16g"])
+    window = replace(get_gpu("h200"), memory_mib=16_160)
+    result = plan(qwen35_model(QWEN36_27B, "Q4_K_S"), window, Flags.from_server_args(entry["flags"]))
+    m, measured = result.memory, entry["buffers_mib"]
+    assert m.kv / MIB == pytest.approx(measured["CUDA0 KV"], rel=0.001)
+    assert m.compute / MIB == pytest.approx(measured["CUDA0 compute"], rel=0.03)
+    assert result.fits and entry["free_after_serving_mib"] >= result.margin / MIB
+    summary = entry["summary"]
+    assert summary["errors"] == 0 and summary["aggregate_vs_one_user"] >= 1.7
+    assert summary["two_users_per_user_tok_s_median"] >= 0.85 * summary["one_user_decode_tok_s"]
+
+
 def test_a_logical_batch_of_the_whole_context_costs_no_memory_in_the_16gb_emulation() -> None:
-    """The batching runs (bench/gpu/batching.py): the shipped -b 8192 is what was measured, and it left the card
-    the buffers and free memory of -b 512, as the planner predicts."""
+    """The batching runs (bench/gpu/batching.py): -b 8192 left the card the buffers and free memory of -b 512,
+    as the planner predicts."""
     entries = json.loads(H200_RESULTS.read_text())["batching"]
     whole, before = entries["b8192-ub256"], entries["b512-ub256"]
-    assert Flags.from_server_args(whole["flags"]) == Flags.from_profile(PROFILES["v100-16g"])
+    assert Flags.from_server_args(whole["flags"]) == replace(
+        Flags.from_profile(PROFILES["v100-16g"]), cache_type_v="q8_0", ubatch=256
+    )
     assert whole["buffers_mib"] == before["buffers_mib"]
     assert whole["free_after_load_mib"] == before["free_after_load_mib"]
     window = replace(get_gpu("h200"), memory_mib=16_160)

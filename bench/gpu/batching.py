@@ -2,8 +2,8 @@
 
     python3 bench/gpu/batching.py --bin DIR --model GGUF --out DIR [--deadline EPOCH] [--settings b512-ub256,...]
 
-For each setting, the shipped `v100-16g` flags with only -b and -ub changed (flash attention, q8_0 K/V, two
-slots of 4,096 tokens), the card held down to 16,160 MiB (bench/gpu/hold.py), the Q4_K_S shape:
+For each setting, the shipped `v100-16g` flags with only -b, -ub and the K/V cache types changed (flash
+attention, two slots of 4,096 tokens), the card held down to 16,160 MiB (bench/gpu/hold.py), the Q4_K_S shape:
 - full-budget first token: 3,584 random prompt tokens with nothing cached (three, 16 tokens generated);
 - first turns as the API sends them: a 478-token system prefix (then a user-message delimiter, where
   llama-server keeps a checkpoint of the recurrent state) reused, the rest new, whole prompts of 3,584 and
@@ -53,13 +53,17 @@ from slots import answer, together  # noqa: E402
 from rag.deploy.profiles import PROFILES  # noqa: E402
 
 SHIPPED = PROFILES["v100-16g"]
-SETTINGS = {  # name: (-b, -ub)
-    "b512-ub256": (512, 256),
-    "b8192-ub256": (8192, 256),
-    "b512-ub512": (512, 512),
-    "b1024-ub1024": (1024, 1024),
-    "b256-ub256": (256, 256),
-    "b2048-ub2048": (2048, 2048),
+SETTINGS = {  # name: (-b, -ub, -ctk, -ctv)
+    "b512-ub256": (512, 256, "q8_0", "q8_0"),
+    "b8192-ub256": (8192, 256, "q8_0", "q8_0"),
+    "b512-ub512": (512, 512, "q8_0", "q8_0"),
+    "b1024-ub1024": (1024, 1024, "q8_0", "q8_0"),
+    "b256-ub256": (256, 256, "q8_0", "q8_0"),
+    "b2048-ub2048": (2048, 2048, "q8_0", "q8_0"),
+    "b8192-ub512": (8192, 512, "q8_0", "q8_0"),
+    # a q4_0 V cache: 64 MiB less for the two slots, what lets -ub 512 fit a V100's margin
+    "b8192-ub512-v4": (8192, 512, "q8_0", "q4_0"),
+    "b8192-ub512-kv4": (8192, 512, "q4_0", "q4_0"),
 }
 ROUNDS = 3
 STAGGERED = 1
@@ -72,10 +76,10 @@ def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 3) if values else None
 
 
-def with_batch(flags: list[str], batch: int, ubatch: int) -> list[str]:
+def with_batch(flags: list[str], batch: int, ubatch: int, cache_k: str, cache_v: str) -> list[str]:
     out = list(flags)
-    out[out.index("-b") + 1] = str(batch)
-    out[out.index("-ub") + 1] = str(ubatch)
+    for flag, value in (("-b", batch), ("-ub", ubatch), ("-ctk", cache_k), ("-ctv", cache_v)):
+        out[out.index(flag) + 1] = str(value)
     return out
 
 
@@ -120,7 +124,7 @@ def staggered(url: str, prompts: list[list[int]], n_predict: int, delay: float) 
     return out
 
 
-def setting(run: Run, model: Path, name: str, batch: int, ubatch: int, n_vocab: int) -> None:
+def setting(run: Run, model: Path, name: str, n_vocab: int) -> None:
     if run.done("batching", name) or run.left() < 90:
         return
     small = run.dry
@@ -131,10 +135,11 @@ def setting(run: Run, model: Path, name: str, batch: int, ubatch: int, n_vocab: 
     def tokens(n: int) -> list[int]:
         return [rng.randrange(300, n_vocab) for _ in range(n)]
 
-    flags = with_batch(SHIPPED.flags(), batch, ubatch)
+    batch, ubatch, cache_k, cache_v = SETTINGS[name]
+    flags = with_batch(SHIPPED.flags(), batch, ubatch, cache_k, cache_v)
     held = None if small else holder(V100_MIB)
     server = Server(run, model, flags, f"batching-{name}")
-    entry: dict[str, Any] = {"batch": batch, "ubatch": ubatch, "flags": flags}
+    entry: dict[str, Any] = {"batch": batch, "ubatch": ubatch, "cache_k": cache_k, "cache_v": cache_v, "flags": flags}
     try:
         if not server.wait_ready(min(180, run.left() - 30)):
             entry["error"] = server.failure()
@@ -213,8 +218,7 @@ def main() -> None:
     run = model_step_run(args)
     n_vocab = vocab_size(args.model)
     for name in args.settings.split(","):
-        batch, ubatch = SETTINGS[name]
-        setting(run, args.model, name, batch, ubatch, n_vocab)
+        setting(run, args.model, name, n_vocab)
         summary = run.results.get("batching", {}).get(name, {}).get("summary")
         print(f"[batching] {name}: {summary}", flush=True)
 

@@ -81,23 +81,26 @@ PROFILES: dict[str, ServerProfile] = {
     # Derived by the planner (rag.deploy.planner.tune on the production model's shape, V100 16 GB, 4,096
     # tokens a slot, as many slots as fit); tests/test_planner.py checks that the planner still derives
     # exactly this. Two slots of 4,096 tokens each (-c 8192 split in two): two users decode at once; the
-    # second slot's KV cache and recurrent state (~290 MiB) fit beside the model with -ub 256. -b 8192 (the
-    # whole context): two prompts that arrive together are processed in one step, so neither user's decode
-    # shares its steps with the other's prefill; on an H200 machine (16 GB emulation) that gave each of two
-    # users 65-66 tok/s (1.74x one user's, aggregate) against 61-62 (1.68x) at -b 512, in the same memory,
-    # while the first user's first token waits for both prompts (3.6 s against 2.3-2.6 s).
+    # second slot's KV cache and recurrent state (~250 MiB) fit beside the model with -ub 512 once V is
+    # q4_0 (64 MiB less for the two slots than q8_0; `rag plan` keeps 526 MiB free against the 512 MiB
+    # margin). On an H200 machine (16 GB emulation) -ub 512 with q4_0 V against -ub 256 with q8_0 V: a
+    # full-budget first token of 1.56-1.59 s against 1.74-1.75 s, two users 65-66 tok/s each (1.78-1.81x
+    # one user's, aggregate) against 65 (1.70-1.77x), and llama-server's follow-up checkpoint 516 tokens
+    # before the end of a prompt instead of 260. -b 8192 (the whole context): two prompts that arrive
+    # together are processed in one step, so neither user's decode shares its steps with the other's
+    # prefill (1.74x against 1.68x at -b 512), while the first user's first token waits for both prompts.
     "v100-16g": ServerProfile(
         name="v100-16g",
-        description="Qwen3.6-27B Q4_K_S on one Tesla V100 16 GB: every layer on the GPU, q8_0 K/V, flash attention, "
+        description="Qwen3.6-27B Q4_K_S on one Tesla V100 16 GB: every layer on the GPU, q8_0 K and q4_0 V, flash attention, "
         "two slots of 4,096 tokens.",
         ctx=8192,
         parallel=2,
         gpu_layers=999,
         flash_attn="on",
         cache_type_k="q8_0",
-        cache_type_v="q8_0",
+        cache_type_v="q4_0",
         batch=8192,
-        ubatch=256,
+        ubatch=512,
         # No host-memory prompt cache: saving the previous prompt to host RAM cost 390-650 ms before every
         # new question's prefill on an H200 machine, and a restored cache can leak another conversation's
         # prompt (llama.cpp issue #27148). Each slot's own cache still reuses its conversation's prefix.
