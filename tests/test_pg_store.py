@@ -315,3 +315,22 @@ def test_a_sqlite_store_migrated_to_postgresql_ranks_the_same(database_url: str,
     assert open_keys(Settings(database_url=database_url)).find(token) is not None
     again = CliRunner().invoke(cli, ["store", "migrate", "--to", database_url])
     assert again.exit_code == 1 and "holds a store already" in str(again.exception)  # refused, nothing copied
+
+
+def test_the_embedded_postgresql_takes_its_shared_buffers_once() -> None:
+    import tempfile
+
+    from rag.deploy.replicas import embedded_postgres
+
+    directory = Path(tempfile.mkdtemp(prefix="rag-pg-buffers-"))  # PostgreSQL's own user reads it (as root)
+    directory.chmod(0o755)
+    try:
+        for _ in range(2):  # set and restarted, then found set
+            url, stop = embedded_postgres(directory / "pgdata", "256MB")
+            try:
+                with psycopg.connect(url) as conn:
+                    assert conn.execute("SHOW shared_buffers").fetchone() == ("256MB",)
+            finally:
+                stop()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
