@@ -4,6 +4,8 @@ search and of the hybrid search (`Retriever.search`), each store in the stack it
     .venv/bin/python -m bench.pgvector                          # 100k chunks, 384-d, both stores
     .venv/bin/python -m bench.pgvector --chunks 20000 --queries 50   # a quick look
     .venv/bin/python -m bench.pgvector --database-url postgresql://...   # a PostgreSQL of your own
+    .venv/bin/python -m bench.pgvector --workdir /big/disk          # keep the stores built there
+    .venv/bin/python -m bench.pgvector --reuse /big/disk            # measure those stores again, no build
 
 The two stacks, as a user runs them:
 - chroma: embedded Chroma, the SQLite catalog and the tantivy BM25 index in a data dir (the default);
@@ -18,7 +20,14 @@ cosine of about --cosine to it, in documents of 10 chunks. Each store takes the 
 --batch chunks (RAG_EMBED_BATCH, 32, is what an upload writes at a time): the vectors, then the BM25
 index and record, then the documents' catalog rows, timed apart. Then the slice's real questions are
 asked (their real query vectors at hand, no embedder in the loop): the dense search at RAG_RETRIEVAL_DEPTH
-(ids and scores only, as a hybrid search asks it) and the hybrid search at RAG_TOP_K.
+(ids and scores only, as a hybrid search asks it), the BM25 search at the same depth and the hybrid search
+at RAG_TOP_K.
+
+A store built in a work dir leaves its build numbers there (`<store>-built.json`); `--reuse DIR` opens the
+stores built in DIR as they are (a store of an older schema is upgraded on opening, timed as `opened_s`)
+and measures their queries only. `--shared-buffers` sets the embedded PostgreSQL's `shared_buffers`
+(restarting it once when it differs). `--embed-url` embeds the slice's texts through a running embedding
+server (`POST /v1/embeddings`) instead of loading the model here; either way the vectors are cached.
 
 Results: bench/results/pgvector.json.
 """
@@ -33,6 +42,7 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,16 +68,33 @@ RESULTS = ROOT / "bench" / "results"
 EMBEDDER = "all-MiniLM-L6-v2"
 
 
-def real_chunks() -> tuple[list[str], np.ndarray, list[str], np.ndarray]:
-    """(chunk texts, their vectors, question texts, their vectors) of the SQuAD slice, MiniLM-embedded."""
+def real_chunks(embed_url: str | None = None) -> tuple[list[str], np.ndarray, list[str], np.ndarray]:
+    """(chunk texts, their vectors, question texts, their vectors) of the SQuAD slice, MiniLM-embedded
+    (here, or by the embedding server at `embed_url`)."""
     model_path, _ = embedder_folder(EMBEDDER)
     corpus = load_corpus("squad", make_splitter(model_path, 200, 32), None)
-    cache = EmbeddingCache(
-        Path.home() / ".cache" / "rag-stack" / "bench" / f"{EMBEDDER}.npz", sentence_encoder(model_path)
-    )
+    encode = sentence_encoder(model_path) if embed_url is None else server_encoder(embed_url)
+    cache = EmbeddingCache(Path.home() / ".cache" / "rag-stack" / "bench" / f"{EMBEDDER}.npz", encode)
     texts = [text for _, text in corpus.chunks.values()]
     questions = [q.text for q in corpus.questions]
     return texts, cache.embed(texts), questions, cache.embed(questions)
+
+
+def server_encoder(url: str, batch: int = 64) -> Callable[[list[str]], np.ndarray]:
+    """Unit vectors of texts from a running embedding server's `POST /v1/embeddings`."""
+    import httpx
+
+    def encode(texts: list[str]) -> np.ndarray:
+        out = []
+        with httpx.Client(base_url=url, timeout=300) as http:
+            for start in range(0, len(texts), batch):
+                response = http.post("/v1/embeddings", json={"model": EMBEDDER, "input": texts[start : start + batch]})
+                response.raise_for_status()
+                out += [row["embedding"] for row in sorted(response.json()["data"], key=lambda r: r["index"])]
+        vectors = np.asarray(out, dtype=np.float32)
+        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+    return encode
 
 
 class Stack:
@@ -104,16 +131,28 @@ class Stack:
             sizes = dict(
                 conn.execute(
                     "SELECT relname, pg_total_relation_size(oid) FROM pg_class WHERE relname = ANY(%s)",
-                    ([f"vectors_{table}", "chunks", "lexical_terms", "documents"],),
+                    ([f"vectors_{table}", "chunks", "lexical_terms", "lexical_changes", "documents"],),
                 ).fetchall()
             )
             (database,) = conn.execute("SELECT pg_database_size(current_database())").fetchone() or (0,)
         mib = {k: v / 2**20 for k, v in sizes.items()}
+        local = disk_mb(self.settings.data_dir) if self.settings.data_dir.exists() else 0.0  # a replica's own index
+        in_database = sum(mib.get(t, 0.0) for t in ("chunks", "lexical_terms", "lexical_changes"))
         return {
             "vectors": round(mib.get(f"vectors_{table}", 0.0), 1),
-            "bm25_and_record": round(mib.get("chunks", 0.0) + mib.get("lexical_terms", 0.0), 1),
-            "all": round(database / 2**20, 1),
+            "bm25_and_record": round(in_database + local, 1),
+            "bm25_local": local,
+            "all": round(database / 2**20 + local, 1),
         }
+
+    def shared_buffers(self) -> str | None:
+        if self.settings.database_url is None:
+            return None
+        import psycopg
+
+        with psycopg.connect(self.settings.database_url) as conn:
+            row = conn.execute("SHOW shared_buffers").fetchone()
+        return str(row[0]) if row else None
 
 
 def _rows(start: int, texts: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
@@ -181,6 +220,7 @@ async def latency(stack: Stack, questions: list[str], qvectors: np.ndarray, quer
         "dense": lambda q: asyncio.to_thread(
             stack.store.query, COLLECTION, by_text[q], settings.retrieval_depth, texts=False
         ),
+        "bm25": lambda q: asyncio.to_thread(stack.lexical.search, COLLECTION, q, settings.retrieval_depth),
         "hybrid": lambda q: retriever.search(q, collection=COLLECTION, k=settings.top_k),
     }
     out = {}
@@ -203,18 +243,29 @@ async def latency(stack: Stack, questions: list[str], qvectors: np.ndarray, quer
 def run_stack(
     name: str, settings: Settings, args: argparse.Namespace, data: tuple[Any, ...], workdir: Path
 ) -> dict[str, Any]:
+    """Build the store in `workdir` (or open the one built there, with --reuse) and time its queries."""
     texts, vectors, questions, qvectors = data
     print(f"{name}:", file=sys.stderr, flush=True)
+    built_file = workdir / f"{name}-built.json"
+    reused = args.reuse is not None and built_file.exists()
+    started = time.perf_counter()
     stack = Stack(name, settings)
+    opened_s = round(time.perf_counter() - started, 1)
     try:
-        built = build(stack, args.chunks, texts, vectors, args.cosine, args.batch)
+        if reused:
+            built = json.loads(built_file.read_text()) | {"reused": str(workdir), "opened_s": opened_s}
+        else:
+            built = build(stack, args.chunks, texts, vectors, args.cosine, args.batch)
+            built_file.write_text(json.dumps(built))
         stored = stack.store.count(COLLECTION)
         timed = asyncio.run(latency(stack, questions, qvectors, args.queries))
         disk = stack.disk_mb(workdir)
+        buffers = stack.shared_buffers()
     finally:
         stack.close()
     print(f"    {name}: built in {built['seconds']['all']} s, disk {disk}", file=sys.stderr, flush=True)
-    return {**built, "stored": stored, "disk_mib": disk, "latency_ms": timed}
+    out = {**built, "stored": stored, "disk_mib": disk, "latency_ms": timed}
+    return out | ({"shared_buffers": buffers} if buffers else {})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -228,10 +279,19 @@ def main(argv: list[str] | None = None) -> None:
         "--database-url", default=None, help="an empty PostgreSQL database with pgvector (default: start one)"
     )
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary directory")
+    parser.add_argument("--reuse", type=Path, default=None, metavar="DIR", help="open the stores built in DIR")
+    parser.add_argument(
+        "--shared-buffers", default=None, help="the embedded PostgreSQL's shared_buffers (e.g. 1GB; default: as is)"
+    )
+    parser.add_argument(
+        "--embed-url", default=None, help="embed the slice through this embedding server (default: the model here)"
+    )
     parser.add_argument("--json", type=Path, default=RESULTS / "pgvector.json")
     args = parser.parse_args(argv)
     print(header(), flush=True)
-    data = real_chunks()
+    if args.reuse is not None:
+        args.workdir = args.reuse
+    data = real_chunks(args.embed_url)
     results: dict[str, Any] = {
         "chunks": args.chunks,
         "dimensions": int(data[1].shape[1]),
@@ -240,6 +300,7 @@ def main(argv: list[str] | None = None) -> None:
         "cosine_to_real": args.cosine,
         "queries": args.queries,
         "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "shared_buffers": args.shared_buffers,
         "stores": {},
     }
     with tempfile.TemporaryDirectory(prefix="rag-pgvector-") as tmp:
@@ -251,7 +312,7 @@ def main(argv: list[str] | None = None) -> None:
         if "pgvector" in args.stores and args.database_url is None:
             from rag.deploy.replicas import embedded_postgres
 
-            args.database_url, stop = embedded_postgres(workdir / "postgres")
+            args.database_url, stop = embedded_postgres(workdir / "postgres", args.shared_buffers)
         try:
             for name in args.stores:
                 if name == "chroma":

@@ -239,11 +239,13 @@ def build_indexes(
     for name, (tokenizer, with_title) in variants.items():
         rows = [(i, d, text, corpus.titles[d] if with_title else "") for i, (d, text) in corpus.chunks.items()]
         started = time.perf_counter()
-        if name.endswith(POSTGRES):  # the same index in PostgreSQL (rag/store/pg_lexical.py), RAG_DATABASE_URL's
+        if name.endswith(
+            POSTGRES
+        ):  # the record in PostgreSQL, a replica's index following it (rag/store/pg_lexical.py)
             from rag.store.pg_lexical import PgLexicalIndex
 
             assert database_url is not None
-            lexicals[name] = PgLexicalIndex(database_url, tokenizer)  # type: ignore[assignment]
+            lexicals[name] = PgLexicalIndex(database_url, workdir / "lexical-pg", tokenizer)  # type: ignore[assignment]
             lexicals[name].delete_collection(COLLECTION)
         else:
             lexicals[name] = LexicalIndex(workdir / f"lexical-{name}.sqlite", tokenizer)

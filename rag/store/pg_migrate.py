@@ -1,7 +1,7 @@
 """`rag store migrate --to postgresql://...`: copy a data dir's SQLite store into PostgreSQL.
 
 What moves: the catalog (documents, their other names), the chunk record (text, context, metadata,
-float16 vectors, each collection's embedder; the BM25 terms are made from the text as it goes in) and
+float16 vectors, each collection's embedder; each replica's BM25 index follows the record) and
 the API keys. Chroma stays where it is: `rag up --replicas N` serves `data_dir/chroma` with a Chroma
 server, whose vectors are the record's. A database that already holds documents is refused before
 anything is copied, and the SQLite files are only read.
@@ -17,7 +17,7 @@ from rag.core.errors import Conflict, NotFound
 from rag.store import record
 from rag.store.pg_catalog import PgDocumentCatalog
 from rag.store.pg_keys import PgKeyStore
-from rag.store.pg_lexical import PgLexicalIndex
+from rag.store.pg_lexical import LOCAL_DIR, PgLexicalIndex
 from rag.store.postgres import shown_url
 
 Progress = Callable[[str, int, int], None]
@@ -33,7 +33,7 @@ def migrate_to_postgres(data_dir: Path, url: str, progress: Progress = lambda *a
     catalog_file, record_file = data_dir / "catalog.sqlite", data_dir / "lexical.sqlite"
     if not catalog_file.exists() or not record_file.exists():
         raise NotFound(f"no store in {data_dir} (catalog.sqlite and lexical.sqlite)")
-    catalog, lexical = PgDocumentCatalog(url), PgLexicalIndex(url)
+    catalog, lexical = PgDocumentCatalog(url), PgLexicalIndex(url, data_dir / LOCAL_DIR)
     try:
         if catalog.counts() or lexical.total():
             raise Conflict(f"the database at {shown_url(url)} holds a store already: migrate into an empty one")
