@@ -103,11 +103,10 @@ def test_uploads_survive_a_replica_killed_and_restarted(
             documents = client.get("/v1/documents", params={"limit": 1000}).json()
         assert {j["state"] for j in jobs.values()} == {"done"}, jobs
         statuses = {j["results"][0]["status"] for j in jobs.values()}
-        # Known and open: under load, a job taken over from the killed replica has once reported its file
-        # "failed" although the file ends indexed (once); what counts here is that nothing is lost or doubled,
-        # which the asserts below check. The reasons are shown if it reports anything else.
+        # A job is taken over only from a dead worker: its file is indexed by one worker and reported so,
+        # never "failed" as busy under a late but live one (tests/test_job_lease.py).
         reasons = [(j["results"][0].get("filename"), j["results"][0].get("reason")) for j in jobs.values()]
-        assert statuses <= {"indexed", "unchanged", "failed"}, [r for r in reasons if r[1]]
+        assert statuses <= {"indexed", "unchanged"}, [r for r in reasons if r[1]]
         assert len(documents["documents"]) == documents["total"] == FILES
         assert sorted(d["source"] for d in documents["documents"]) == sorted(f"report-{i}.txt" for i in range(FILES))
         chunks = sum(d["chunks"] for d in documents["documents"])
