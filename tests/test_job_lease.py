@@ -1,17 +1,21 @@
 """An upload job's lease on PostgreSQL: another worker takes a job over only once its worker's process is
 gone, not while that worker is alive but late to renew (a loaded machine): two workers on one job would
-both index its file, and the second would report it "failed" (busy) although the first indexed it."""
+both index its file, and the second would report it "failed" (busy) although the first indexed it. A job
+its live worker could not queue again while the database was away, that worker queues again itself."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from ingest.job_queue import JobQueue
 from ingest.jobs import Job
 from ingest.pipeline import SourceFile
+from rag.core.errors import StoreUnavailable
 from rag.store.postgres import PgOwnerLease
 
 LEASE_S = 1.0
@@ -95,3 +99,33 @@ def test_an_owner_lease_in_another_database_of_the_server_is_not_this_ones(
         queue_b.close()
         lease_b.release()
         other.release()
+
+
+def test_a_job_left_running_while_the_database_was_away_is_queued_again_by_its_own_worker(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL goes away mid-job: the job cannot be queued again then, and its worker, alive, holds it;
+    the worker's next take() (the database back) queues it again and takes it."""
+    lease, queue = _worker(database_url)
+    try:
+        _queued(queue, tmp_path, "job-4")
+        taken = queue.take()
+        assert taken is not None
+
+        def away(job: Job) -> None:
+            raise StoreUnavailable("PostgreSQL went away")
+
+        async def run_into_the_outage() -> None:
+            async with queue.holding(taken[0]):
+                raise StoreUnavailable("PostgreSQL went away")
+
+        monkeypatch.setattr(queue, "give_back", away)
+        with pytest.raises(StoreUnavailable):
+            asyncio.run(run_into_the_outage())
+        monkeypatch.undo()
+        time.sleep(LEASE_S * 1.5)
+        again = queue.take()
+        assert again is not None and again[0].id == "job-4"
+    finally:
+        queue.close()
+        lease.release()
