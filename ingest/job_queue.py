@@ -6,8 +6,8 @@ one job) and holds it by a lease that its heartbeat renews every third of RAG_JO
 killed mid-upload stops renewing, and its owner lease (an advisory lock, rag/store/postgres.py) goes with
 its connections: once the lease has run out, another worker takes the job and runs it again from its
 first file. A worker whose lease ran out while its process lives (late to renew on a loaded machine)
-keeps its job; one that it could not queue again while PostgreSQL was away, its own next take() queues
-again. Nothing is indexed twice: a document's id is its content's hash, so a file
+keeps its job; one that it could not queue again while PostgreSQL was away, its own next take() runs
+again (the documents that run had claimed are still its own). Nothing is indexed twice: a document's id is its content's hash, so a file
 the dead replica finished is `unchanged`, and one it left half written is pending under an owner lease
 that died with it, which the new claim takes over after removing its chunks (ingest/_run.py).
 
@@ -86,8 +86,8 @@ class JobQueue:
         migrate(self._db, "jobs", STEPS)
         owners_table(self._db)  # take() reads which workers are alive
         self._lock = threading.RLock()  # one connection: a transaction holds it against other threads
-        # Jobs this worker stopped running while the database was away (its outcome not stored): queued
-        # again by the next take(). Their lease runs out, but this worker, alive, still holds them.
+        # Jobs this worker stopped running while the database was away (their outcome not stored): its next
+        # take() runs them again. Their lease runs out, but this worker, alive, still holds them.
         self._owed: set[str] = set()
 
     def _execute(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
@@ -120,23 +120,28 @@ class JobQueue:
         machine) keeps its job: taken from it, the job's file would be indexed by both, and the second
         worker would find it busy and report it failed. A job that its user cancelled meanwhile is cancelled
         instead."""
-        for job_id in sorted(self._owed):
-            self._execute(
-                "UPDATE upload_jobs SET state = 'queued', worker = NULL, lease_until = NULL "
-                "WHERE id = ? AND worker = ? AND state = 'running'",
-                (job_id, self.worker),
-            )
-            self._owed.discard(job_id)
         with write_transaction(self._db, self._lock) as db:  # type: ignore[arg-type]  # takes its calls
             _end_cancelled(db)
-        rows = self._execute(
-            f"UPDATE upload_jobs SET state = 'running', worker = ?, lease_until = {_NOW} + ?, attempts = attempts + 1 "
-            "WHERE id = (SELECT id FROM upload_jobs WHERE state = 'queued' OR (state = 'running' AND "
-            f"lease_until < {_NOW} AND worker NOT IN ({LIVE_TOKENS})) ORDER BY created_at LIMIT 1 "
-            "FOR UPDATE SKIP LOCKED) "
-            "RETURNING id, collection, attempts",
-            (self.worker, self.lease_s),
-        ).fetchall()
+        rows: list[Any] = []
+        while self._owed and not rows:  # run again here: the documents its run had claimed are still its own
+            job_id = min(self._owed)
+            rows = self._execute(
+                f"UPDATE upload_jobs SET lease_until = {_NOW} + ?, attempts = attempts + 1 "
+                "WHERE id = ? AND worker = ? AND state = 'running' RETURNING id, collection, attempts",
+                (self.lease_s, job_id, self.worker),
+            ).fetchall()
+            self._owed.discard(job_id)
+        rows = (
+            rows
+            or self._execute(
+                f"UPDATE upload_jobs SET state = 'running', worker = ?, lease_until = {_NOW} + ?, attempts = attempts + 1 "
+                "WHERE id = (SELECT id FROM upload_jobs WHERE state = 'queued' OR (state = 'running' AND "
+                f"lease_until < {_NOW} AND worker NOT IN ({LIVE_TOKENS})) ORDER BY created_at LIMIT 1 "
+                "FOR UPDATE SKIP LOCKED) "
+                "RETURNING id, collection, attempts",
+                (self.worker, self.lease_s),
+            ).fetchall()
+        )
         if not rows:
             return None
         job_id, collection, attempts = rows[0]
@@ -237,7 +242,7 @@ class JobQueue:
                 await beat
             try:
                 await asyncio.to_thread(self.finish if outcome == "finish" else self.give_back, job)
-            except BackendUnavailable:  # the database away too: queued again once it answers (take())
+            except BackendUnavailable:  # the database away too: run again here once it answers (take())
                 self._owed.add(job.id)
 
     async def _heartbeat(self, job: Job, stop: Callable[[], None]) -> None:
