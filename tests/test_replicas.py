@@ -190,7 +190,11 @@ def test_one_api_on_postgresql_answers_503_while_the_database_is_away_then_recov
             postgres_server._stop()  # the session's server, started again below
             try:
                 away = client.get("/v1/documents")
-                refused = client.post("/v1/documents", files={"files": ("report-3.txt", b"text", "text/plain")})
+                refused = client.post(
+                    "/v1/documents",
+                    params={"wait": "false", "job_id": "retried-0001"},
+                    files={"files": ("report-3.txt", _text(3), "text/plain")},
+                )
             finally:
                 postgres_server.ensure_postgres_running()
             for response in (away, refused):
@@ -198,6 +202,13 @@ def test_one_api_on_postgresql_answers_503_while_the_database_is_away_then_recov
                 assert response.json()["error"]["code"] == "store_unavailable"
             back = client.get("/v1/documents")  # the same process, connected again
             assert back.status_code == 200 and back.json()["total"] == 1
+            # The refused try never reached the database: sent again under its id, it is a new upload, not 409.
+            retried = client.post(
+                "/v1/documents",
+                params={"wait": "false", "job_id": "retried-0001"},
+                files={"files": ("report-3.txt", _text(3), "text/plain")},
+            )
+            assert retried.status_code == 202, retried.text
             queued = client.post(
                 "/v1/documents", params={"wait": "false"}, files={"files": ("report-2.txt", _text(2), "text/plain")}
             )
@@ -206,6 +217,9 @@ def test_one_api_on_postgresql_answers_503_while_the_database_is_away_then_recov
             while client.get(f"/v1/jobs/{queued.json()['job_id']}").json()["state"] != "done":
                 assert time.monotonic() < deadline
                 time.sleep(0.5)
-            assert client.get("/v1/documents").json()["total"] == 2
+            while client.get("/v1/jobs/retried-0001").json()["state"] != "done":
+                assert time.monotonic() < deadline
+                time.sleep(0.5)
+            assert client.get("/v1/documents").json()["total"] == 3
     finally:
         api.stop()
