@@ -74,7 +74,7 @@ async def postgres_restart(
         await asyncio.sleep(after_s)
         stop.set()
         await asyncio.gather(*loops)
-        jobs = await _wait_ended(client, sorted(accepted), time.monotonic() + 900)
+        jobs = await _wait_ended(client, sorted(accepted), time.monotonic() + 300)
     return {
         "postgres_stopped_at_s": round(down_at, 1),
         "postgres_back_at_s": round(up_at, 1),

@@ -126,7 +126,7 @@ def started(args: argparse.Namespace, results: dict[str, Any]) -> None:
                 results["uploads"] = uploads_under_kills(stack, args.uploads, args.kill_every, args.clients)
             results["uploads"]["load_average_1min_range"] = sampler.range()
             print(json.dumps(results["uploads"]), flush=True)
-        if args.chats or args.followups:
+        if args.chats or args.followups or args.postgres_restart:
             seed(stack.api, args.seed_documents)
         if args.chats:
             with LoadSampler() as sampler:
@@ -170,8 +170,9 @@ def main() -> None:
     parser.add_argument("--kill-watch-s", type=float, default=15.0)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    print(header(), flush=True)
-    results: dict[str, Any] = {"command": " ".join(sys.argv[1:]), "load_average": load()}
+    started_as = header()  # the provenance written with the results is the one at their end
+    print(started_as, flush=True)
+    results: dict[str, Any] = {"command": " ".join(sys.argv[1:]), "started": started_as, "load_average": load()}
     if args.start:
         started(args, results)
     else:
