@@ -319,10 +319,14 @@ class _Run:
         """Take this run's unfinished documents out: wait for writes in flight, delete their chunks, mark
         them failed. A document whose chunks cannot be deleted stays pending for `recover`."""
         await asyncio.gather(*self._writes, return_exceptions=True)
-        await asyncio.to_thread(self._abandon, list(self.claimed.values()))
-        for doc in list(self.claimed.values()):
-            self.c.locks.release(self._key(doc))
-        self.claimed.clear()
+        try:
+            await asyncio.to_thread(self._abandon, list(self.claimed.values()))
+        except RagError as exc:  # the store away too: the rows stay pending under this owner, its next claim's
+            log.warning("could not take the unfinished documents out: %s", exc.message)
+        finally:  # unlocked whatever happened: a lock left held would stop this document's next run here
+            for doc in list(self.claimed.values()):
+                self.c.locks.release(self._key(doc))
+            self.claimed.clear()
 
     def _abandon(self, docs: list[_Doc]) -> None:
         for doc in docs:

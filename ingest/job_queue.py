@@ -3,8 +3,11 @@
 An upload's files go into the database with its job row, in one transaction, before the API answers;
 a worker takes the oldest queued job with `SELECT ... FOR UPDATE SKIP LOCKED` (two workers never take
 one job) and holds it by a lease that its heartbeat renews every third of RAG_JOB_LEASE_S (2 s at most). A replica
-killed mid-upload stops renewing: once the lease has run out, another worker takes the job and runs it
-again from its first file. Nothing is indexed twice: a document's id is its content's hash, so a file
+killed mid-upload stops renewing, and its owner lease (an advisory lock, rag/store/postgres.py) goes with
+its connections: once the lease has run out, another worker takes the job and runs it again from its
+first file. A worker whose lease ran out while its process lives (late to renew on a loaded machine)
+keeps its job; one that it could not queue again while PostgreSQL was away, its own next take() runs
+again (the documents that run had claimed are still its own). Nothing is indexed twice: a document's id is its content's hash, so a file
 the dead replica finished is `unchanged`, and one it left half written is pending under an owner lease
 that died with it, which the new claim takes over after removing its chunks (ingest/_run.py).
 
@@ -29,7 +32,7 @@ from typing import Any
 from ingest.jobs import Job
 from ingest.pipeline import IngestPipeline, SourceFile
 from rag.core.errors import BackendUnavailable, Conflict, NotFound, RagError
-from rag.store.postgres import Connection, PgStep, migrate, run_script
+from rag.store.postgres import LIVE_TOKENS, Connection, PgStep, migrate, owners_table, run_script
 from rag.store.sqlite import write_transaction
 
 log = logging.getLogger("ingest")
@@ -81,7 +84,11 @@ class JobQueue:
         self.lease_s = lease_s
         self._db = Connection(url, "jobs")
         migrate(self._db, "jobs", STEPS)
+        owners_table(self._db)  # take() reads which workers are alive
         self._lock = threading.RLock()  # one connection: a transaction holds it against other threads
+        # Jobs this worker stopped running while the database was away (their outcome not stored): its next
+        # take() runs them again. Their lease runs out, but this worker, alive, still holds them.
+        self._owed: set[str] = set()
 
     def _execute(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
         with self._lock:
@@ -108,17 +115,33 @@ class JobQueue:
                 )
 
     def take(self) -> tuple[Job, list[tuple[str, str, bytes]]] | None:
-        """The oldest job that is queued or whose worker's lease ran out, now this worker's, with its files.
-        Such a job that its user cancelled meanwhile is cancelled instead."""
+        """The oldest job that is queued or whose worker is gone (its lease ran out and its process no longer
+        holds its owner lease), now this worker's, with its files. A worker alive but late to renew (a loaded
+        machine) keeps its job: taken from it, the job's file would be indexed by both, and the second
+        worker would find it busy and report it failed. A job that its user cancelled meanwhile is cancelled
+        instead."""
         with write_transaction(self._db, self._lock) as db:  # type: ignore[arg-type]  # takes its calls
             _end_cancelled(db)
-        rows = self._execute(
-            f"UPDATE upload_jobs SET state = 'running', worker = ?, lease_until = {_NOW} + ?, attempts = attempts + 1 "
-            "WHERE id = (SELECT id FROM upload_jobs WHERE state = 'queued' OR (state = 'running' AND "
-            f"lease_until < {_NOW}) ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED) "
-            "RETURNING id, collection, attempts",
-            (self.worker, self.lease_s),
-        ).fetchall()
+        rows: list[Any] = []
+        while self._owed and not rows:  # run again here: the documents its run had claimed are still its own
+            job_id = min(self._owed)
+            rows = self._execute(
+                f"UPDATE upload_jobs SET lease_until = {_NOW} + ?, attempts = attempts + 1 "
+                "WHERE id = ? AND worker = ? AND state = 'running' RETURNING id, collection, attempts",
+                (self.lease_s, job_id, self.worker),
+            ).fetchall()
+            self._owed.discard(job_id)
+        rows = (
+            rows
+            or self._execute(
+                f"UPDATE upload_jobs SET state = 'running', worker = ?, lease_until = {_NOW} + ?, attempts = attempts + 1 "
+                "WHERE id = (SELECT id FROM upload_jobs WHERE state = 'queued' OR (state = 'running' AND "
+                f"lease_until < {_NOW} AND worker NOT IN ({LIVE_TOKENS})) ORDER BY created_at LIMIT 1 "
+                "FOR UPDATE SKIP LOCKED) "
+                "RETURNING id, collection, attempts",
+                (self.worker, self.lease_s),
+            ).fetchall()
+        )
         if not rows:
             return None
         job_id, collection, attempts = rows[0]
@@ -217,8 +240,10 @@ class JobQueue:
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
-            with contextlib.suppress(BackendUnavailable):  # the database away too: the lease runs out instead
+            try:
                 await asyncio.to_thread(self.finish if outcome == "finish" else self.give_back, job)
+            except BackendUnavailable:  # the database away too: run again here once it answers (take())
+                self._owed.add(job.id)
 
     async def _heartbeat(self, job: Job, stop: Callable[[], None]) -> None:
         while True:
@@ -238,7 +263,8 @@ def _end_cancelled(db: Any) -> None:
     """Cancel the jobs a user asked to cancel that no worker runs: queued, or their worker gone."""
     gone = db.execute(
         f"UPDATE upload_jobs SET state = 'cancelled', lease_until = NULL, progress = {_CANCELLED_PROGRESS} "
-        f"WHERE cancel_requested AND (state = 'queued' OR (state = 'running' AND lease_until < {_NOW})) "
+        f"WHERE cancel_requested AND (state = 'queued' OR (state = 'running' AND lease_until < {_NOW} "
+        f"AND worker NOT IN ({LIVE_TOKENS}))) "
         "RETURNING id"
     ).fetchall()
     for (job_id,) in gone:

@@ -144,6 +144,10 @@ class JobRegistry:
         self._trim()
         return job
 
+    def forget(self, job_id: str) -> None:
+        """Drop a job this process no longer answers for (the database holds the jobs that arrived)."""
+        self._jobs.pop(job_id, None)
+
     def get(self, job_id: str) -> Job:
         try:
             return self._jobs[job_id]

@@ -103,11 +103,10 @@ def test_uploads_survive_a_replica_killed_and_restarted(
             documents = client.get("/v1/documents", params={"limit": 1000}).json()
         assert {j["state"] for j in jobs.values()} == {"done"}, jobs
         statuses = {j["results"][0]["status"] for j in jobs.values()}
-        # Known and open: under load, a job taken over from the killed replica has once reported its file
-        # "failed" although the file ends indexed (once); what counts here is that nothing is lost or doubled,
-        # which the asserts below check. The reasons are shown if it reports anything else.
+        # A job is taken over only from a dead worker: its file is indexed by one worker and reported so,
+        # never "failed" as busy under a late but live one (tests/test_job_lease.py).
         reasons = [(j["results"][0].get("filename"), j["results"][0].get("reason")) for j in jobs.values()]
-        assert statuses <= {"indexed", "unchanged", "failed"}, [r for r in reasons if r[1]]
+        assert statuses <= {"indexed", "unchanged"}, [r for r in reasons if r[1]]
         assert len(documents["documents"]) == documents["total"] == FILES
         assert sorted(d["source"] for d in documents["documents"]) == sorted(f"report-{i}.txt" for i in range(FILES))
         chunks = sum(d["chunks"] for d in documents["documents"])
@@ -191,7 +190,11 @@ def test_one_api_on_postgresql_answers_503_while_the_database_is_away_then_recov
             postgres_server._stop()  # the session's server, started again below
             try:
                 away = client.get("/v1/documents")
-                refused = client.post("/v1/documents", files={"files": ("report-3.txt", b"text", "text/plain")})
+                refused = client.post(
+                    "/v1/documents",
+                    params={"wait": "false", "job_id": "retried-0001"},
+                    files={"files": ("report-3.txt", _text(3), "text/plain")},
+                )
             finally:
                 postgres_server.ensure_postgres_running()
             for response in (away, refused):
@@ -199,6 +202,13 @@ def test_one_api_on_postgresql_answers_503_while_the_database_is_away_then_recov
                 assert response.json()["error"]["code"] == "store_unavailable"
             back = client.get("/v1/documents")  # the same process, connected again
             assert back.status_code == 200 and back.json()["total"] == 1
+            # The refused try never reached the database: sent again under its id, it is a new upload, not 409.
+            retried = client.post(
+                "/v1/documents",
+                params={"wait": "false", "job_id": "retried-0001"},
+                files={"files": ("report-3.txt", _text(3), "text/plain")},
+            )
+            assert retried.status_code == 202, retried.text
             queued = client.post(
                 "/v1/documents", params={"wait": "false"}, files={"files": ("report-2.txt", _text(2), "text/plain")}
             )
@@ -207,6 +217,9 @@ def test_one_api_on_postgresql_answers_503_while_the_database_is_away_then_recov
             while client.get(f"/v1/jobs/{queued.json()['job_id']}").json()["state"] != "done":
                 assert time.monotonic() < deadline
                 time.sleep(0.5)
-            assert client.get("/v1/documents").json()["total"] == 2
+            while client.get("/v1/jobs/retried-0001").json()["state"] != "done":
+                assert time.monotonic() < deadline
+                time.sleep(0.5)
+            assert client.get("/v1/documents").json()["total"] == 3
     finally:
         api.stop()

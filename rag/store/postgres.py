@@ -221,14 +221,19 @@ CREATE TABLE IF NOT EXISTS owners (
 )
 """
 _OWNERS_EMBEDDER = "ALTER TABLE owners ADD COLUMN IF NOT EXISTS embedder TEXT"  # the model a replica embeds with
-# The owners whose process is alive: it holds its advisory lock (rag/store/postgres.py PgOwnerLease).
-_LIVE_OWNERS = (
-    "SELECT o.token, o.embedder FROM owners o JOIN pg_locks l ON l.objid = o.id::oid "
-    "WHERE l.locktype = 'advisory' AND l.classid = ?::oid AND l.objsubid = 2 AND l.granted"
+# The owners whose process is alive: it holds its advisory lock (PgOwnerLease) in this database (owner
+# ids start at 1 in every database of a server).
+_LIVE_LOCKS = (
+    f"FROM owners o JOIN pg_locks l ON l.objid = o.id::oid WHERE l.locktype = 'advisory' "
+    f"AND l.classid = {_OWNER_LOCKS}::oid AND l.objsubid = 2 AND l.granted "
+    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
 )
+_LIVE_OWNERS = f"SELECT o.token, o.embedder {_LIVE_LOCKS}"
+LIVE_TOKENS = f"SELECT o.token {_LIVE_LOCKS}"  # a subquery: the tokens of the live owners
 
 
-def _owners_table(db: Connection) -> None:
+def owners_table(db: Connection) -> None:
+    """The owners table, which LIVE_TOKENS reads."""
     db.execute(_OWNERS)
     db.execute(_OWNERS_EMBEDDER)
 
@@ -238,8 +243,8 @@ def refuse_other_embedders(url: str, embedder: str) -> None:
     model than `embedder`: one collection would get vectors of two models."""
     db = Connection(url, "owners")
     try:
-        _owners_table(db)
-        live = db.execute(_LIVE_OWNERS, (_OWNER_LOCKS,)).fetchall()
+        owners_table(db)
+        live = db.execute(_LIVE_OWNERS).fetchall()
     finally:
         db.close()
     others = sorted({model for _, model in live if model and model != embedder})
@@ -257,7 +262,7 @@ class PgOwnerLease:
         self.url = url
         self.token = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self._db = Connection(url, "owners")
-        _owners_table(self._db)
+        owners_table(self._db)
         (row,) = self._db.execute(
             "INSERT INTO owners (token, embedder) VALUES (?, ?) RETURNING id", (self.token, embedder)
         ).fetchall()
@@ -277,7 +282,7 @@ class PgOwnerLease:
             return False
         if token == self.token:
             return True
-        return self._db.execute(f"{_LIVE_OWNERS} AND o.token = ?", (_OWNER_LOCKS, token)).fetchone() is not None
+        return self._db.execute(f"{_LIVE_OWNERS} AND o.token = ?", (token,)).fetchone() is not None
 
     def held_elsewhere(self, token: str | None) -> bool:
         return token != self.token and self.is_live(token)

@@ -170,6 +170,10 @@ async def upload_documents(
                 if isinstance(exc, RagError)
                 else {"code": "internal_error", "message": "the upload stopped"}
             )
+        if queue is not None and isinstance(exc, BackendUnavailable):
+            # With the jobs in the database, the database alone says whether this try arrived: a retry
+            # under the same id is then 409 there, or taken as new (kept here, it was 409 and lost).
+            jobs.forget(job.id)
         raise
     finally:
         if not handed_over:

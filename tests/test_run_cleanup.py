@@ -1,0 +1,35 @@
+"""A run that fails takes its unfinished documents out; when the store is away too (PostgreSQL restarted),
+it still unlocks them, or the next run of the same document in this process would wait forever."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from ingest._locks import KeyedLocks
+from ingest._run import _Doc, _Run
+from ingest.pipeline import SourceFile
+from rag.core.errors import StoreUnavailable
+
+
+class _AwayCatalog:
+    def get(self, *args: Any) -> None:
+        raise StoreUnavailable("PostgreSQL went away")
+
+
+def test_a_failed_run_unlocks_its_documents_even_when_the_store_is_away(tmp_path: Path) -> None:
+    locks = KeyedLocks()
+    config: Any = SimpleNamespace(inflight=1, locks=locks, stores=SimpleNamespace(catalog=_AwayCatalog()))
+    run = _Run(config, "default", [], progress=None)  # type: ignore[arg-type]
+    doc = _Doc(0, SourceFile(tmp_path / "a.txt", "a.txt", "a.txt"), "doc-1")
+
+    async def fail_then_run_again() -> None:
+        await locks.acquire(("default", "doc-1"))
+        run.claimed[doc.doc_id] = doc
+        await run.cleanup()
+        await asyncio.wait_for(locks.acquire(("default", "doc-1")), 2)  # the next run takes the lock
+
+    asyncio.run(fail_then_run_again())
+    assert run.claimed == {}
