@@ -40,15 +40,15 @@ from bench import _datasets as datasets
 from bench._provenance import header, write_json
 from bench.relevance_floor import _AllIndexed, _Embedder, _h, index_chunks, read
 from bench.retrieval_quality import EmbeddingCache, make_splitter, sentence_encoder
-from rag.answering.answer import Answer
+from rag.answering.answer_stream import Answer
 from rag.answering.answerer import Answerer, ChatQuery
 from rag.answering.continuation import SentSources
 from rag.answering.followup import generator_rewrite, rule_rewrite
 from rag.answering.prompt import SOURCES_CLOSE
 from rag.answering.retrieval import Retriever
 from rag.core.config import Settings
-from rag.store.chunks import ChunkStore
-from rag.store.lexical import LexicalIndex
+from rag.store.chroma_vectors import ChunkStore
+from rag.store.chunk_record import LexicalIndex
 
 COLLECTION = "followups"
 _CAPS = re.compile(r"(?:[A-Z][\w'.-]*)(?:\s+(?:of|the|de|and|[A-Z][\w'.-]*))*(?<![\s])")

@@ -280,8 +280,8 @@ async def upload_phase(api_url: str, api_pid: int, files: list[tuple[str, bytes,
 def check_store(data_dir: Path, catalog_chunks: dict[str, int]) -> dict[str, Any]:
     """After the API stopped: each indexed document's chunks are in Chroma and the lexical index exactly once, nothing else."""
     from rag.core.config import Settings
-    from rag.store.chunks import ChunkStore, StoreLock
-    from rag.store.lexical import LexicalIndex
+    from rag.store.chroma_vectors import ChunkStore, StoreLock
+    from rag.store.chunk_record import LexicalIndex
 
     settings = Settings(data_dir=data_dir)
     lock = StoreLock(data_dir)

@@ -33,7 +33,7 @@ from bench.retrieval_quality import (
 )
 from rag.answering.retrieval import Retriever
 from rag.core.config import Settings
-from rag.store.lexical import Tokenizer
+from rag.store.chunk_record import Tokenizer
 
 SHARES = [0.0, 0.1, 0.2, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8]
 LABEL_TOKENS = 12  # "[S3] source: title\n" and the separator around each source

@@ -39,8 +39,8 @@ from rag.answering.retrieval import Retriever
 from rag.clients.embedding import EmbeddingClient
 from rag.core.config import Settings
 from rag.store.catalog import DocumentCatalog
-from rag.store.chunks import ChunkStore
-from rag.store.lexical import LexicalIndex
+from rag.store.chroma_vectors import ChunkStore
+from rag.store.chunk_record import LexicalIndex
 
 COLLECTION = "latency"
 DIM = 384

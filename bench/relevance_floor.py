@@ -50,8 +50,8 @@ from bench._provenance import header, write_json
 from bench.retrieval_quality import EMBEDDERS, EmbeddingCache, embedder_folder, make_splitter, sentence_encoder
 from rag.answering.retrieval import Retriever, relevance, relevance_floor
 from rag.core.config import Settings
-from rag.store.chunks import ChunkStore
-from rag.store.lexical import LexicalIndex
+from rag.store.chroma_vectors import ChunkStore
+from rag.store.chunk_record import LexicalIndex
 
 THRESHOLDS = [round(0.01 * i, 2) for i in range(101)]
 KINDS = {

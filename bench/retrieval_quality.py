@@ -34,8 +34,8 @@ from bench import _datasets as datasets
 from bench._provenance import header, write_json
 from rag.answering.retrieval import Retriever, fuse
 from rag.core.config import MULTILINGUAL_E5, Settings
-from rag.store.chunks import ChunkStore
-from rag.store.lexical import LexicalIndex, Tokenizer
+from rag.store.chroma_vectors import ChunkStore
+from rag.store.chunk_record import LexicalIndex, Tokenizer
 from rag.store.vectors import VectorStore
 
 DATASETS = ("squad", "cmrc")

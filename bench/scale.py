@@ -105,8 +105,8 @@ class Parts:
         from ingest.pipeline import IngestPipeline
         from rag.clients.embedding import EmbeddingClient
         from rag.store.catalog import DocumentCatalog, OwnerLease
-        from rag.store.chunks import ChunkStore, StoreLock
-        from rag.store.lexical import LexicalIndex
+        from rag.store.chroma_vectors import ChunkStore, StoreLock
+        from rag.store.chunk_record import LexicalIndex
 
         self.settings = settings
         self.lock = StoreLock(settings.data_dir)

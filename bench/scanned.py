@@ -56,7 +56,7 @@ from ingest.ocr_pool import close_ocr_pools
 from ingest.sandbox import close_pools
 from rag.answering.retrieval import Retriever
 from rag.core.config import Settings
-from rag.store.lexical import Tokenizer
+from rag.store.chunk_record import Tokenizer
 from tests import scans
 
 ROOT = Path(__file__).resolve().parents[1]

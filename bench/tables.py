@@ -44,8 +44,8 @@ from ingest.models import DocKind, LoadedDocument  # noqa: E402
 from ingest.pipeline import make_chunker  # noqa: E402
 from rag.answering.retrieval import Retriever  # noqa: E402
 from rag.core.config import Settings  # noqa: E402
-from rag.store.chunks import ChunkStore  # noqa: E402
-from rag.store.lexical import LexicalIndex  # noqa: E402
+from rag.store.chroma_vectors import ChunkStore  # noqa: E402
+from rag.store.chunk_record import LexicalIndex  # noqa: E402
 from tests import scans  # noqa: E402
 from tests.table_docs import table_pdf  # noqa: E402
 

@@ -7,8 +7,8 @@ from ingest._lexical_context import lexical_context
 from ingest._records import ChunkRecord
 from ingest.originals import Originals
 from rag.store.catalog import DocumentCatalog
-from rag.store.chunks import store_errors
-from rag.store.lexical import LexicalIndex
+from rag.store.chroma_vectors import store_errors
+from rag.store.chunk_record import LexicalIndex
 from rag.store.record import EmbedderIdentity, Vectors, rounded
 from rag.store.vectors import VectorStore
 

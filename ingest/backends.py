@@ -104,7 +104,7 @@ class LocalBackend:
         return self
 
     def _lock_store(self) -> None:
-        from rag.store.chunks import StoreLock
+        from rag.store.chroma_vectors import StoreLock
 
         if self.settings.embedded_chroma:
             lock = StoreLock(self.settings.data_dir)

@@ -46,8 +46,8 @@ from ingest.originals import Originals
 from rag.core.config import Settings
 from rag.core.errors import BackendUnavailable
 from rag.store.catalog import DocumentCatalog, DocumentRecord, OwnerLease
-from rag.store.chunks import store_errors
-from rag.store.lexical import LexicalIndex
+from rag.store.chroma_vectors import store_errors
+from rag.store.chunk_record import LexicalIndex
 from rag.store.record import check_embedder_of
 from rag.store.vectors import VectorStore
 

@@ -268,7 +268,7 @@ def store_check(as_json: bool) -> None:
     While the API holds an embedded store, it asks the API to check (read-only, through the API's own
     Chroma client); a store in PostgreSQL (RAG_DATABASE_URL) is read directly, beside running APIs."""
     from rag.core.errors import StoreLocked
-    from rag.store.chunks import StoreLock
+    from rag.store.chroma_vectors import StoreLock
     from rag.store.repair import check_database, check_store
 
     settings = load_settings()
@@ -390,7 +390,7 @@ def store_migrate(url: str) -> None:
     """Copy the data dir's SQLite store (catalog, chunk record, keys) into PostgreSQL, for RAG_DATABASE_URL.
     Chroma stays in the data dir (rag up --replicas serves it); stop the API first."""
     from rag.core.errors import StoreLocked
-    from rag.store.chunks import StoreLock
+    from rag.store.chroma_vectors import StoreLock
     from rag.store.pg_migrate import migrate_to_postgres
 
     settings = load_settings()
@@ -448,7 +448,7 @@ def store_backup(dest: Path, with_indexes: bool) -> None:
     from ingest.originals import Originals
     from rag.core.errors import StoreLocked
     from rag.store.backup import backup_store, check_destination
-    from rag.store.chunks import StoreLock
+    from rag.store.chroma_vectors import StoreLock
 
     settings = load_settings()
     check_destination(settings.data_dir, dest.absolute())  # before the lock file: a refusal changes nothing
@@ -487,7 +487,7 @@ def store_restore(src: Path, force: bool) -> None:
     """Restore a backup into the data dir (RAG_DATA_DIR), which must hold no store (else --force), then
     rebuild Chroma and the BM25 index from the record (resumable) and print `rag store check`."""
     from rag.store.backup import finish_restore, read_manifest, restore_files
-    from rag.store.chunks import StoreLock
+    from rag.store.chroma_vectors import StoreLock
     from rag.store.repair import check_store, repair_store
 
     settings = load_settings()
@@ -526,7 +526,7 @@ def _with_embedder(settings: Settings, owner: str, work: Any) -> Any:
 
     from ingest.embedder import embedder_for
     from rag.clients.embedding import EmbeddingClient
-    from rag.store.chunks import StoreLock
+    from rag.store.chroma_vectors import StoreLock
 
     lock = StoreLock(settings.data_dir)
     lock.acquire(owner)

@@ -17,7 +17,7 @@ import uvicorn
 
 from rag.api.app import create_app
 from rag.core.config import Settings
-from rag.store.lexical import lexical_tokens
+from rag.store.chunk_record import lexical_tokens
 from tests.servers import free_port
 
 DOCS = {

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from rag.core.config import Settings
 from rag.store.catalog import DocumentCatalog
-from rag.store.chunks import ChunkStore
-from rag.store.lexical import LexicalIndex
+from rag.store.chroma_vectors import ChunkStore
+from rag.store.chunk_record import LexicalIndex
 from tests.data import SQUAD
 from tests.ingest_helpers import expected_chunks
 from tests.servers import Server, free_port, start_api

@@ -13,8 +13,8 @@ from ingest.pipeline import ChunkRecord, IngestPipeline, LoaderPreparer, Prepare
 from rag.core.config import Settings
 from rag.core.errors import EmbedderUnavailable
 from rag.store.catalog import DocumentCatalog, OwnerLease
-from rag.store.chunks import ChunkStore
-from rag.store.lexical import LexicalIndex
+from rag.store.chroma_vectors import ChunkStore
+from rag.store.chunk_record import LexicalIndex
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """A chat answer of a small instruct model ends near its fact: after its first sentences, or at a blank line
-(rag.answering.answer._until_sentences); the stream logic alone, over a scripted stream of pieces."""
+(rag.answering.answer_stream._until_sentences); the stream logic alone, over a scripted stream of pieces."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from rag.answering.answer import _until_sentences
+from rag.answering.answer_stream import _until_sentences
 from rag.clients.llm import StreamDelta, StreamEnd
 
 

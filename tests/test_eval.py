@@ -32,7 +32,7 @@ from rag.eval.harness import (
     token_f1,
     unmeasured,
 )
-from rag.store.chunks import StoreLock
+from rag.store.chroma_vectors import StoreLock
 from tests.conftest import SUITE_EMBEDDER, _clean_env
 from tests.data import CMRC, SQUAD
 from tests.servers import Server, free_port

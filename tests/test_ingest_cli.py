@@ -18,7 +18,7 @@ from ingest.backends import KnownDocument
 from ingest.cli import cli, collect_files, main, stale_documents
 from rag.core.config import Settings, get_settings
 from rag.store.catalog import DocumentCatalog
-from rag.store.chunks import StoreLock
+from rag.store.chroma_vectors import StoreLock
 from tests import hostile, scans
 from tests.ingest_helpers import census, expected_chunks
 from tests.servers import Server, free_port, start_api
@@ -252,7 +252,7 @@ def test_a_held_store_is_one_clear_line(
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; from rag.store.chunks import StoreLock;"
+            "import sys, time; from pathlib import Path; from rag.store.chroma_vectors import StoreLock;"
             "lock = StoreLock(Path(sys.argv[1])); lock.acquire('the rag API'); print('held', flush=True); time.sleep(60)",
             str(isolated_env),
         ],

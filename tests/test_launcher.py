@@ -134,7 +134,7 @@ def test_rag_up_refuses_a_busy_port(isolated_env: Path, generator_model: Path):
 def test_rag_up_stops_the_rest_when_a_part_fails(isolated_env: Path, generator_model: Path):
     """The API cannot start (another process holds the store): rag up stops llama-server and the embedder,
     which it had started, itself (they shut down on its SIGTERM) rather than leaving them to die with it."""
-    from rag.store.chunks import StoreLock
+    from rag.store.chroma_vectors import StoreLock
 
     lock = StoreLock(isolated_env)
     lock.acquire("a test holding the store")

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rag.core.errors import StoreLocked
-from rag.store.lexical import LexicalIndex, Tokenizer, cjk_fraction, lexical_tokens
+from rag.store.chunk_record import LexicalIndex, Tokenizer, cjk_fraction, lexical_tokens
 
 
 @pytest.mark.parametrize(
@@ -175,7 +175,7 @@ def test_a_second_writer_waits_for_the_first(tmp_path: Path, monkeypatch: pytest
             assert not waiting.done()
         waiting.result(timeout=10)
     assert ids(first.search("docs", "lock", 5)) == ["w:0"]
-    monkeypatch.setattr("rag.store.lexical._WRITER_WAIT_S", 0.2)
+    monkeypatch.setattr("rag.store.chunk_record._WRITER_WAIT_S", 0.2)
     with first._writer(), pytest.raises(StoreLocked):
         second.delete_document("docs", "w")
 

@@ -14,7 +14,7 @@ from rag.core.config import Settings
 from rag.core.errors import EmbedderMismatch, StoreTooNew, StoreUnavailable
 from rag.store import pg_lexical
 from rag.store.backend import open_catalog, open_keys, open_lease, open_lexical
-from rag.store.lexical import LexicalIndex
+from rag.store.chunk_record import LexicalIndex
 from rag.store.pg_catalog import PgDocumentCatalog
 from rag.store.pg_lexical import LOCAL_DIR, PgLexicalIndex
 from rag.store.postgres import Connection, PgOwnerLease, migrate, refuse_other_embedders, require_pgvector

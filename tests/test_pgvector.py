@@ -18,7 +18,7 @@ from rag.cli import cli
 from rag.core.config import Settings
 from rag.core.errors import NotFound, StoreUnavailable, UpstreamError
 from rag.store.backend import open_vectors
-from rag.store.chunks import ChunkStore, persistent_client
+from rag.store.chroma_vectors import ChunkStore, persistent_client
 from rag.store.pg_vectors import PgVectorStore
 from rag.store.vectors import VectorStore
 from tests.chat_helpers import changed, serve, upload

@@ -346,7 +346,7 @@ def test_real_files_through_the_real_embedder(ingest_settings: Settings, tmp_pat
 
 class ChunkStoreView:
     def __init__(self, settings: Settings) -> None:
-        from rag.store.chunks import ChunkStore
+        from rag.store.chroma_vectors import ChunkStore
 
         self.store = ChunkStore.open(settings)
 

@@ -22,8 +22,8 @@ from rag.clients.embedding import EmbeddingClient
 from rag.clients.rerank import RerankClient
 from rag.core.config import Settings
 from rag.core.errors import BackendUnavailable, InvalidRequest, NotFound, UpstreamError
-from rag.store.chunks import ChunkStore
-from rag.store.lexical import LexicalIndex, lexical_tokens
+from rag.store.chroma_vectors import ChunkStore
+from rag.store.chunk_record import LexicalIndex, lexical_tokens
 from tests.data import CMRC, SQUAD
 
 DIM = 64

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rag.answering.answer import Answer
+from rag.answering.answer_stream import Answer
 from rag.answering.answerer import Answerer, ChatQuery
 from rag.answering.prompt import COMPLETION_EXAMPLES, SOURCES_CLOSE
 from rag.clients.llm import LlamaServerClient

@@ -11,7 +11,7 @@ import pytest
 
 from rag.core.errors import StoreUnavailable
 from rag.store.catalog import DocumentCatalog
-from rag.store.lexical import LexicalIndex
+from rag.store.chunk_record import LexicalIndex
 
 
 def _hold(path: Path) -> subprocess.Popen[str]:

@@ -26,7 +26,7 @@ from rag.core.config import Settings, get_settings
 from rag.core.errors import BackupInvalid
 from rag.store import backup as backup_module
 from rag.store.catalog import DocumentCatalog
-from rag.store.chunks import ChunkStore
+from rag.store.chroma_vectors import ChunkStore
 from tests import hostile
 from tests.ingest_helpers import HashEmbedder, open_pipeline, paragraph_chunks
 from tests.table_docs import table_pdf
@@ -172,7 +172,7 @@ def test_a_backup_while_another_process_holds_the_store_and_writes(store, tmp_pa
     and its copy is consistent; --with-indexes is refused, since Chroma is being written."""
     settings, _ = store
     hold = (
-        "import sys, time; from pathlib import Path; from rag.store.chunks import StoreLock; "
+        "import sys, time; from pathlib import Path; from rag.store.chroma_vectors import StoreLock; "
         "lock = StoreLock(Path(sys.argv[1])); lock.acquire('rag serve-api'); print('held', flush=True); time.sleep(60)"
     )
     holder = subprocess.Popen(

@@ -24,8 +24,8 @@ from fastapi.testclient import TestClient
 from ingest.pipeline import IngestPipeline, SourceFile
 from rag.core.config import Settings
 from rag.core.errors import EmbedderMismatch
-from rag.store.chunks import ChunkStore
-from rag.store.lexical import LexicalIndex
+from rag.store.chroma_vectors import ChunkStore
+from rag.store.chunk_record import LexicalIndex
 from rag.store.probe import probe_chroma
 from rag.store.repair import check_store, reindex_collection, repair_store
 from tests.ingest_helpers import HashEmbedder, census, open_pipeline, paragraph_chunks

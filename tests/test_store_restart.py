@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from rag.core.config import Settings
-from rag.store.chunks import ChunkStore
-from rag.store.lexical import LexicalIndex
+from rag.store.chroma_vectors import ChunkStore
+from rag.store.chunk_record import LexicalIndex
 from rag.store.probe import probe_chroma
 from rag.store.repair import check_store, repair_store
 from tests.ingest_helpers import open_pipeline, paragraph_chunks
@@ -25,8 +25,8 @@ DIMS = 384
 REOPENED = """
 import json, sys
 from rag.core.config import Settings
-from rag.store.chunks import ChunkStore
-from rag.store.lexical import LexicalIndex
+from rag.store.chroma_vectors import ChunkStore
+from rag.store.chunk_record import LexicalIndex
 
 data_dir, collection, queries = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3]))
 settings = Settings(data_dir=data_dir)
@@ -88,11 +88,11 @@ def test_the_dense_top_10_is_the_same_after_a_restart(isolated_env: Path, tmp_pa
 def test_a_collection_made_with_the_old_settings_is_stable_after_its_first_reopening(
     isolated_env: Path, tmp_path: Path
 ) -> None:
-    from rag.store import chunks
+    from rag.store import chroma_vectors
 
     settings = Settings(data_dir=isolated_env)
-    old = {k: v for k, v in chunks.HNSW.items() if k != "sync_threshold"}  # Chroma's default then: 1000
-    client = chunks.persistent_client(settings.chroma_path)
+    old = {k: v for k, v in chroma_vectors.HNSW.items() if k != "sync_threshold"}  # Chroma's default then: 1000
+    client = chroma_vectors.persistent_client(settings.chroma_path)
     coll = client.get_or_create_collection("alpha", configuration={"hnsw": old}, embedding_function=None)
     vectors, queries = _vectors_and_queries()
     for start in range(0, len(vectors), 1000):

@@ -13,8 +13,8 @@ import pytest
 
 from rag.core.errors import StoreTooNew
 from rag.store.catalog import DocumentCatalog
-from rag.store.chunks import ChunkStore, persistent_client
-from rag.store.lexical import LexicalIndex
+from rag.store.chroma_vectors import ChunkStore, persistent_client
+from rag.store.chunk_record import LexicalIndex
 from rag.store.repair import check_store, repair_store
 from rag.store.schema import LATEST, migrate, user_version
 

@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from rag.answering.answer import Answer, NoSourcesAnswer, discard
+from rag.answering.answer_stream import Answer, NoSourcesAnswer, discard
 from rag.answering.budget import Candidate, PackedPrompt, PromptBudget
 from rag.answering.continuation import Sent, SentSources, questions_so_far_key, user_turns
 from rag.answering.ellipsis import whole_question

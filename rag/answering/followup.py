@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from rag.answering.prompt import Message
 from rag.core.errors import BackendUnavailable, UpstreamError
-from rag.store.lexical import lexical_tokens
+from rag.store.chunk_record import lexical_tokens
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ best non-blank answer. It runs only when the first attempt gave nothing usable (
 token about 2.5 times here, and almost every answer needs none).
 
 An answer that only repeats its question (all of it, or a number of it: "1" to a question about ASN.1)
-is retried once too, its first token forbidden (rag.answering.answer holds the completion style's whole
+is retried once too, its first token forbidden (rag.answering.answer_stream holds the completion style's whole
 line to judge it).
 
 A reply still without a letter or digit (empty, whitespace, punctuation alone) becomes `no_answer_text`,

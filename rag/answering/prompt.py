@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
 from rag.answering.focus import focus, named_rows
-from rag.store.lexical import cjk_fraction
+from rag.store.chunk_record import cjk_fraction
 
 log = logging.getLogger(__name__)
 

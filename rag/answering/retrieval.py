@@ -29,7 +29,7 @@ from rag.clients.rerank import RerankClient
 from rag.core.config import Settings
 from rag.core.embeddings_api import InputType
 from rag.core.errors import BackendUnavailable, InvalidRequest, UpstreamError
-from rag.store.lexical import LexicalIndex, cjk_fraction
+from rag.store.chunk_record import LexicalIndex, cjk_fraction
 from rag.store.record import Vectors, check_embedder_of
 from rag.store.vectors import VectorStore
 

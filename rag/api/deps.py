@@ -23,7 +23,7 @@ from rag.api.services import Services
 from rag.clients.backends import EmbeddingBackend
 from rag.core.config import Settings
 from rag.store.catalog import DocumentCatalog
-from rag.store.lexical import LexicalIndex
+from rag.store.chunk_record import LexicalIndex
 
 
 async def get_services(request: Request) -> Services:

@@ -21,9 +21,9 @@ from rag.core.config import Settings
 from rag.core.errors import BackendUnavailable, NotFound
 from rag.store.backend import open_catalog, open_keys, open_lease, open_lexical, open_vectors
 from rag.store.catalog import DocumentCatalog
-from rag.store.chunks import REPAIR_HINT, ChunkStore, StoreLock
+from rag.store.chroma_vectors import REPAIR_HINT, ChunkStore, StoreLock
+from rag.store.chunk_record import LexicalIndex
 from rag.store.keys import KeyStore
-from rag.store.lexical import LexicalIndex
 from rag.store.probe import probe_chroma
 from rag.store.vectors import VectorStore
 

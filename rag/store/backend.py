@@ -7,9 +7,9 @@ from __future__ import annotations
 from rag.core.config import Settings
 from rag.store._lease import OwnerLease
 from rag.store.catalog import DocumentCatalog
+from rag.store.chunk_record import LexicalIndex
 from rag.store.keys import FILE as KEYS_FILE
 from rag.store.keys import KeyStore
-from rag.store.lexical import LexicalIndex
 from rag.store.vectors import VectorStore
 
 
@@ -53,6 +53,6 @@ def open_vectors(settings: Settings) -> VectorStore:
 
         assert settings.database_url is not None  # Settings refuses pgvector without it
         return PgVectorStore(settings.database_url, settings.collection)
-    from rag.store.chunks import ChunkStore
+    from rag.store.chroma_vectors import ChunkStore
 
     return ChunkStore.open(settings)

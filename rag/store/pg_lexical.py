@@ -1,7 +1,7 @@
 """The chunk record in PostgreSQL, shared by every replica, and each replica's own tantivy BM25 index
 following it: `LexicalIndex`'s calls.
 
-The record is the SQLite one's (`rag/store/lexical.py`): text, context, metadata (JSON) and the float16
+The record is the SQLite one's (`rag/store/chunk_record.py`): text, context, metadata (JSON) and the float16
 vector per chunk, and per collection the embedder that made the vectors. The search index is the SQLite
 default's tantivy index (`rag/store/_bm25.py`, the same tokenizer: CJK bigrams, stemmed English; the same
 BM25 scores), kept in a folder of the replica's data dir and keyed by the record's row ids.
@@ -42,7 +42,7 @@ from rag.core.errors import StoreLocked
 from rag.store import record
 from rag.store._bm25 import FORMAT, Bm25Index
 from rag.store._tokenizer import Tokenizer, lexical_tokens
-from rag.store.lexical import LexicalHit
+from rag.store.chunk_record import LexicalHit
 from rag.store.postgres import Connection, PgStep, from_sqlite, migrate, run_script
 from rag.store.record import EmbedderIdentity
 from rag.store.sqlite import write_transaction

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from rag.core.errors import NotFound, StoreDamaged
-from rag.store.chunks import HNSW, StoredChunk, dimension_mismatch, unknown_collection
+from rag.store.chroma_vectors import HNSW, StoredChunk, dimension_mismatch, unknown_collection
 from rag.store.postgres import Connection, PgStep, migrate, require_pgvector, shown_url
 from rag.store.record import Vectors
 from rag.store.sqlite import write_transaction

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from rag.core.lifetime import die_with_parent
-from rag.store.chunks import persistent_client
+from rag.store.chroma_vectors import persistent_client
 
 PROBE_TIMEOUT_S = 120.0
 SAMPLES = 20  # stored vectors per collection that the index must find

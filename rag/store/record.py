@@ -1,7 +1,7 @@
 """The system of record's encodings: each chunk's vector kept compactly beside its text, and per
 collection the embedding model that made the vectors.
 
-The chunks table of `lexical.sqlite` is the record (`rag/store/lexical.py` writes it): text, metadata
+The chunks table of `lexical.sqlite` is the record (`rag/store/chunk_record.py` writes it): text, metadata
 (JSON) and the vector as float16 (2 bytes a dimension: 768 bytes at 384-d, 2 KiB at 1024-d). From it
 Chroma and the BM25 index can be rebuilt without the embedder. float16 rather than int8 with a scale:
 at unit length its error (< 5e-4 a component) keeps the cosine of a vector with its copy above 0.99999,

@@ -28,8 +28,8 @@ from rag.core.config import Settings
 from rag.core.errors import StoreUnavailable
 from rag.store.backend import open_catalog, open_lexical, open_vectors
 from rag.store.catalog import DocumentCatalog, DocumentCounts
-from rag.store.chunks import HNSW, persistent_client
-from rag.store.lexical import LexicalIndex
+from rag.store.chroma_vectors import HNSW, persistent_client
+from rag.store.chunk_record import LexicalIndex
 from rag.store.probe import ChromaProbe, chroma_ids, export_vectors, probe_chroma
 from rag.store.vectors import VectorStore
 

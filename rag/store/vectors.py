@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from rag.store.chunks import StoredChunk
+from rag.store.chroma_vectors import StoredChunk
 from rag.store.record import Vectors
 
 

@@ -22,7 +22,7 @@ from rag.answering.prompt import choose_style
 from rag.api.access import Access, authorize
 from rag.api.deps import ServicesDep
 from rag.core.errors import BackendUnavailable, RagError, Unauthorized
-from rag.store.chunks import REPAIR_HINT
+from rag.store.chroma_vectors import REPAIR_HINT
 
 router = APIRouter()
 

@@ -46,7 +46,7 @@ from rag.clients.llm import ServerProps, StreamDelta, StreamEnd
 from rag.clients.llm_pool import first_question_key
 from rag.core.config import Settings
 from rag.core.errors import ContextOverflow, RagError
-from rag.store.lexical import cjk_fraction
+from rag.store.chunk_record import cjk_fraction
 
 
 class Answering(Protocol):
