@@ -158,9 +158,10 @@ class Answerer:
         # llama-server's numbers and the question's token count are fetched while retrieval runs.
         ahead = asyncio.ensure_future(self._look_ahead(question, bool(history)))
         try:
-            searched = await search_query(self.settings.followup_rewrite, history, question, self.llm)
             if question != asked_question:  # a new subject: the previous question's words would find the old one
                 searched = SearchQuery(question, "ellipsis")
+            else:
+                searched = await search_query(self.settings.followup_rewrite, history, question, self.llm)
             hits = list(
                 await self.searcher.search(
                     searched.text, collection=query.collection, k=query.top_k, doc_ids=query.doc_ids
