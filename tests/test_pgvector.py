@@ -63,19 +63,38 @@ def test_chroma_stays_the_default_and_pgvector_needs_postgresql(tmp_path: Path) 
         Settings(data_dir=tmp_path, vector_store="pgvector")
 
 
+def _exact(
+    ids: list[str], vectors: np.ndarray, queries: np.ndarray, doc_ids: list[str] | None = None
+) -> list[list[str]]:
+    """The true top 10 of every query by cosine (the vectors are unit length), within some documents."""
+    rows = [i for i, id_ in enumerate(ids) if doc_ids is None or id_.split(":")[0] in doc_ids]
+    return [[ids[rows[j]] for j in np.argsort(-(vectors[rows] @ q), kind="stable")[:10]] for q in queries]
+
+
+def _misses(found: list[list[str]], exact: list[list[str]]) -> list[int]:
+    return [len(set(want) - set(got)) for got, want in zip(found, exact, strict=True)]
+
+
 def test_pgvector_answers_as_chroma_does(stores: tuple[ChunkStore, PgVectorStore]) -> None:
-    """The same 600 chunks in both: the same top 10 with the same scores, unfiltered and within some
-    documents, the same counts, texts and metadata, and the same after a document is deleted."""
+    """The same 600 chunks in both: each finds the true top 10, in order, unfiltered and within some
+    documents (both are HNSW indexes, approximate: Chroma builds its graph on several threads, so a
+    run may miss one of the ten; neither misses more), the same scores, the same counts, texts and
+    metadata, and the same after a document is deleted."""
     vectors, queries = _vectors(600, 32), _vectors(20, 32, seed=1)
     for store in stores:
-        _fill(store, "harbour", vectors)
+        ids = _fill(store, "harbour", vectors)
     chroma, pg = stores
     for kw in ({}, {"doc_ids": ["doc3", "doc17", "doc40"]}, {"doc_ids": ["doc5"], "texts": False}):
-        assert _top(pg, "harbour", queries, **kw) == _top(chroma, "harbour", queries, **kw), kw
+        exact = _exact(ids, vectors, queries, kw.get("doc_ids"))  # type: ignore[arg-type]
+        for store in stores:
+            misses = _misses(_top(store, "harbour", queries, **kw), exact)
+            assert max(misses) <= 1 and sum(misses) <= 2, (type(store).__name__, kw, misses)
+        both = [q for q, (a, b) in enumerate(zip(_top(pg, "harbour", queries, **kw), exact, strict=True)) if a == b]
+        assert len(both) >= 18, kw
     q = queries[0].tolist()
-    assert [round(h.score, 5) for h in pg.query("harbour", q, 10)] == [
-        round(h.score, 5) for h in chroma.query("harbour", q, 10)
-    ]
+    scores = [{h.id: round(h.score, 5) for h in store.query("harbour", q, 10)} for store in stores]
+    assert len(set(scores[0]) & set(scores[1])) >= 9
+    assert all(scores[0][id_] == scores[1][id_] for id_ in set(scores[0]) & set(scores[1]))
     assert pg.get("harbour", ["doc2:3", "doc9:0", "nope:1"]) == chroma.get("harbour", ["doc2:3", "doc9:0", "nope:1"])
     assert pg.get("harbour", ["doc2:3"])[0].metadata == {"doc_id": "doc2", "chunk_index": 3, "source": "a.txt"}
     for store in stores:
@@ -84,7 +103,10 @@ def test_pgvector_answers_as_chroma_does(stores: tuple[ChunkStore, PgVectorStore
     assert pg.count("harbour") == chroma.count("harbour") == 588
     assert pg.ids("harbour") == chroma.ids("harbour")
     assert pg.count_document("harbour", "doc4") == chroma.count_document("harbour", "doc4") == 8
-    assert _top(pg, "harbour", queries) == _top(chroma, "harbour", queries)
+    kept = [i for i, id_ in enumerate(ids) if not id_.startswith(("doc3:", "doc4:0", "doc4:1"))]
+    exact = _exact([ids[i] for i in kept], vectors[kept], queries)
+    for store in stores:
+        assert max(_misses(_top(store, "harbour", queries), exact)) <= 1
     assert pg.names() == chroma.names() == ["harbour"]
     for store in stores:
         with pytest.raises(NotFound, match="no collection 'elsewhere'; the collections are: harbour"):
