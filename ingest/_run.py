@@ -20,7 +20,7 @@ from ingest._stores import DocumentStores
 from ingest.detect import check_zip_file
 from ingest.sandbox import page_listener
 from rag.core.errors import Conflict, DocumentRejected, FileTooLarge, RagError
-from rag.store.catalog import DocumentRecord, OwnerLease
+from rag.store.catalog import Claim, DocumentRecord, OwnerLease
 
 log = logging.getLogger("ingest")
 
@@ -144,16 +144,7 @@ class _Run:
             await self._turns.pass_on(slot)
         # From here on `cleanup` knows the document; it undoes only what this process claimed.
         self.claimed[doc.doc_id] = doc
-        claim, before = await self._io(
-            self.c.stores.catalog.claim,
-            self.collection,
-            doc.doc_id,
-            source=file.source,
-            name=file.name,
-            size=len(data),
-            owner=self.c.lease.token,
-            is_live=self.c.lease.held_elsewhere,
-        )
+        claim, before = await self._io(self._claim, doc, len(data))
         if claim == "indexed":
             assert before is not None
             await self._unchanged(doc, before)
@@ -184,6 +175,19 @@ class _Run:
         if doc.prepared.keep_original:
             await self._io(self.c.stores.save_original, self.collection, doc.doc_id, data)
         return doc
+
+    def _claim(self, doc: _Doc, size: int) -> tuple[Claim, DocumentRecord | None]:
+        """The catalog's claim of the document for this process, unless its owner lease is lost."""
+        self.c.lease.check()
+        return self.c.stores.catalog.claim(
+            self.collection,
+            doc.doc_id,
+            source=doc.file.source,
+            name=doc.file.name,
+            size=size,
+            owner=self.c.lease.token,
+            is_live=self.c.lease.held_elsewhere,
+        )
 
     def _key(self, doc: _Doc) -> tuple[str, str]:
         return (self.collection, doc.doc_id)

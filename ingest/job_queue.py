@@ -14,6 +14,14 @@ that died with it, which the new claim takes over after removing its chunks (ing
 Each heartbeat also stores the job's progress (`Job.to_api()`), so `GET /v1/jobs/{id}` answers from any
 replica, and reads whether a replica asked to cancel the job (`DELETE /v1/jobs/{id}`): the worker then
 stops it like a shutdown would, keeping the files done. The lease's clock is the database's, not the replicas'.
+
+A worker alive but stuck (a step that never returns, its heartbeat renewing all the while) would hold its job
+forever: the heartbeat also watches the job's progress, and a job that stood still for `stall_s`
+(RAG_JOB_STALL_S) is given up by its own worker: the run is stopped as a cancel stops it (the files done stay,
+the one being read is rolled back), then the job is queued again for any worker, the same included; on its
+`max_attempts`-th stall it fails with that reason. A worker whose job another worker took over (this one
+looked gone: its owner lease dropped while PostgreSQL was away) stops running it, as does one whose owner
+lease is lost (`lost`).
 """
 
 from __future__ import annotations
@@ -25,13 +33,14 @@ import logging
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 from ingest.jobs import Job
 from ingest.pipeline import IngestPipeline, SourceFile
-from rag.core.errors import BackendUnavailable, Conflict, NotFound, RagError
+from rag.core.errors import BackendUnavailable, Conflict, JobStalled, LeaseLost, NotFound, RagError
 from rag.store.postgres import LIVE_TOKENS, Connection, PgStep, migrate, owners_table, run_script
 from rag.store.sqlite import write_transaction
 
@@ -64,9 +73,11 @@ ALTER TABLE upload_jobs DROP CONSTRAINT IF EXISTS upload_jobs_state_check;
 ALTER TABLE upload_jobs ADD CONSTRAINT upload_jobs_state_check
     CHECK (state IN ('queued', 'running', 'done', 'failed', 'deleted', 'cancelled'))
 """
+_STALLS = "ALTER TABLE upload_jobs ADD COLUMN IF NOT EXISTS stalls INTEGER NOT NULL DEFAULT 0"
 STEPS: list[PgStep] = [
     ("upload jobs and their files", lambda db: run_script(db, _SCHEMA)),
     ("jobs cancelled from any replica", lambda db: run_script(db, _CANCEL)),
+    ("jobs given up when they stall", lambda db: run_script(db, _STALLS)),
 ]
 _NOW = "extract(epoch FROM clock_timestamp())"
 # A job's stored view once cancelled without its worker (queued, or its worker gone).
@@ -79,9 +90,21 @@ CANCEL_POLL_S = 2.0  # a running job's worker looks for a cancel (and renews its
 class JobQueue:
     """The upload jobs of every replica; `worker` names this replica's (its owner lease token)."""
 
-    def __init__(self, url: str, worker: str, lease_s: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        worker: str,
+        lease_s: float,
+        *,
+        stall_s: float = 900.0,
+        max_attempts: int = 3,
+        lost: Callable[[], str | None] = lambda: None,
+    ) -> None:
         self.worker = worker
         self.lease_s = lease_s
+        self.stall_s = stall_s
+        self.max_attempts = max_attempts
+        self._lost = lost  # why this worker's owner lease is lost (None while it holds it)
         self._db = Connection(url, "jobs")
         migrate(self._db, "jobs", STEPS)
         owners_table(self._db)  # take() reads which workers are alive
@@ -146,7 +169,7 @@ class JobQueue:
             return None
         job_id, collection, attempts = rows[0]
         if attempts > 1:
-            log.warning("job %s: taken again (attempt %d), its worker stopped renewing its lease", job_id, attempts)
+            log.warning("job %s: taken again (attempt %d): its worker was gone or gave it up", job_id, attempts)
         files = self._execute(
             "SELECT source, name, data FROM upload_files WHERE job_id = ? ORDER BY position", (job_id,)
         ).fetchall()
@@ -193,6 +216,40 @@ class JobQueue:
         if job.state in ("done", "failed", "deleted", "cancelled"):
             self._execute("DELETE FROM upload_files WHERE job_id = ?", (job.id,))
 
+    def give_up(self, job: Job) -> None:
+        """A job that stood still for `stall_s`: queued again for any worker, or failed with the reason once it
+        has stalled on `max_attempts` attempts."""
+        with write_transaction(self._db, self._lock) as db:  # type: ignore[arg-type]  # takes its calls
+            row = db.execute(
+                "UPDATE upload_jobs SET stalls = stalls + 1 WHERE id = ? AND worker = ? AND state = 'running' "
+                "RETURNING stalls",
+                (job.id, self.worker),
+            ).fetchone()
+            if row is None:
+                return
+            if row[0] < self.max_attempts:
+                log.warning("job %s: queued again after it stalled (%d of %d)", job.id, row[0], self.max_attempts)
+                db.execute(
+                    "UPDATE upload_jobs SET state = 'queued', worker = NULL, lease_until = NULL WHERE id = ?",
+                    (job.id,),
+                )
+                return
+            job.fail(self.stalled(job, f" on each of its {row[0]} attempts (RAG_JOB_MAX_ATTEMPTS)").to_dict())
+            log.error("job %s failed: %s", job.id, job.error and job.error["message"])
+            db.execute(
+                "UPDATE upload_jobs SET state = 'failed', progress = ?, lease_until = NULL WHERE id = ?",
+                (json.dumps(job.to_api()), job.id),
+            )
+            db.execute("DELETE FROM upload_files WHERE job_id = ?", (job.id,))
+
+    def stalled(self, job: Job, attempts: str = "") -> JobStalled:
+        """The error of a job that stood still for `stall_s`, naming where it stood."""
+        where = f" at {job.stalled_at}" if job.stalled_at else ""
+        return JobStalled(
+            f"the upload made no progress for {self.stall_s:g} s (RAG_JOB_STALL_S){where}{attempts}: "
+            "a step hung, and its worker stopped it (the files done before stay indexed)"
+        )
+
     def give_back(self, job: Job) -> None:
         """Queue the job again for any worker (this one stops: a shutdown, or a backend away)."""
         self._execute(
@@ -212,23 +269,31 @@ class JobQueue:
     @contextlib.asynccontextmanager
     async def holding(self, job: Job, *, again_when_away: bool = True) -> AsyncIterator[None]:
         """Renew the job's lease while the body runs it; store its outcome after, or queue it again when
-        the body is cancelled (a shutdown) or, with `again_when_away`, a backend is away."""
+        the body is cancelled (a shutdown) or, with `again_when_away`, a backend is away. The heartbeat
+        stops the body when its user cancels the job, when it stalls (JobStalled: queued again, or with
+        `again_when_away` false failed at once), when another worker took it over or this worker's owner
+        lease is lost (Conflict, LeaseLost: nothing stored over what the other worker stores)."""
         body = asyncio.current_task()
         inside = True
+        stopped: list[str] = []  # why the heartbeat stopped the body
 
-        def stop() -> None:  # a cancel reaches the body only while it runs the job
+        def stop(why: str) -> None:  # a cancel reaches the body only while it runs the job
             if inside and body is not None:
+                stopped.append(why)
                 body.cancel()
 
+        job.advanced = time.monotonic()  # a stall's clock starts with the run, not with the upload's receiving
         beat = asyncio.create_task(self._heartbeat(job, stop))
         outcome = "finish"
+        ended: RagError | None = None  # raised once the outcome is stored
         try:
             yield
         except asyncio.CancelledError:
-            if not job.cancelling or body is None or body.uncancel():
+            why = stopped[0] if stopped else "cancelled" if job.cancelling else None
+            if why is None or body is None or body.uncancel():
                 outcome = "give_back"  # a shutdown (a cancel asked for meanwhile waits for the next run)
                 raise
-            job.cancelled()  # asked for by its user: the files done stay, the one being read was rolled back
+            outcome, ended = self._stopped(job, why, again_when_away)
         except BackendUnavailable:
             if again_when_away:
                 outcome = "give_back"
@@ -240,22 +305,60 @@ class JobQueue:
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
+            store = {"finish": self.finish, "give_back": self.give_back, "give_up": self.give_up}.get(outcome)
             try:
-                await asyncio.to_thread(self.finish if outcome == "finish" else self.give_back, job)
+                if store is not None:
+                    await asyncio.to_thread(store, job)
             except BackendUnavailable:  # the database away too: run again here once it answers (take())
                 self._owed.add(job.id)
+        if ended is not None:
+            raise ended
 
-    async def _heartbeat(self, job: Job, stop: Callable[[], None]) -> None:
+    def _stopped(self, job: Job, why: str, again_when_away: bool) -> tuple[str, RagError | None]:
+        """What becomes of a job whose heartbeat stopped its run (`why`): how its outcome is stored, and
+        the error its holder raises then."""
+        if why == "cancelled":
+            job.cancelled()  # asked for by its user: the files done stay, the one being read was rolled back
+            return "finish", None
+        if why == "stalled":
+            stalled = self.stalled(job)
+            if again_when_away:
+                return "give_up", stalled
+            job.fail(stalled.to_dict())
+            return "finish", stalled
+        if why == "taken":
+            return "none", Conflict(f"job {job.id} was taken over by another worker")
+        return "give_back", LeaseLost(self._lost() or "the owner lease is lost")
+
+    async def _heartbeat(self, job: Job, stop: Callable[[str], None]) -> None:
         while True:
             await asyncio.sleep(min(self.lease_s / 3, CANCEL_POLL_S))
             try:
                 if not await asyncio.to_thread(self.renew, job):
-                    log.warning("job %s: its lease was taken by another worker", job.id)
+                    log.warning("job %s: another worker took it over; this worker stops running it", job.id)
+                    stop("taken")
+                    return
             except BackendUnavailable as exc:
                 log.warning("job %s: could not renew its lease: %s", job.id, exc.message)
             if job.cancelling:
                 log.info("job %s: cancelled by its user", job.id)
-                stop()
+                stop("cancelled")
+                return
+            if (lost := self._lost()) is not None:
+                log.error("job %s: stopped, this worker's %s", job.id, lost)
+                stop("lost")
+                return
+            still_s = time.monotonic() - job.advanced
+            if still_s > self.stall_s:
+                job.stalled_at = job.unfinished()
+                log.warning(
+                    "job %s: no progress for %.0f s (RAG_JOB_STALL_S=%g)%s; its worker gives it up",
+                    job.id,
+                    still_s,
+                    self.stall_s,
+                    f" at {job.stalled_at}" if job.stalled_at else "",
+                )
+                stop("stalled")
                 return
 
 
@@ -278,12 +381,15 @@ async def run_queued(
     keep: Callable[[], None] = lambda: None,
     poll_s: float = 0.5,
 ) -> None:
-    """This replica's worker: take jobs one at a time, forever (cancelled at shutdown). `keep` checks the
-    owner lease's connection between jobs (after a PostgreSQL restart it takes the lease again)."""
+    """This replica's worker: take jobs one at a time, until shutdown cancels it. `keep` checks the owner
+    lease between jobs: a lease lost (another process holds it since PostgreSQL restarted) ends the worker."""
     while True:
         try:
             await asyncio.to_thread(keep)
             taken = await asyncio.to_thread(queue.take)
+        except LeaseLost as exc:
+            log.error("upload worker stops, taking no more jobs: %s", exc.message)
+            return
         except BackendUnavailable as exc:
             log.warning("upload worker: %s", exc.message)
             await asyncio.sleep(max(poll_s, 2.0))

@@ -39,19 +39,34 @@ class Job:
     started: float = field(default_factory=time.time)
     finished: float | None = None
     cancelling: bool = False  # a cancel was asked for; the worker stops at its next step
+    advanced: float = field(default_factory=time.monotonic)  # when its progress last moved (a stall's clock)
+    stalled_at: str | None = None  # where it stood still, once its worker gave it up for that
+    opened: list[str] = field(default_factory=list)  # the files begun and not done, in the order begun
 
     def file_started(self, file: SourceFile) -> None:
         self.current_file, self.current_page = file.name, None
+        self.opened.append(file.name)
+        self.advanced = time.monotonic()
 
     def page_read(self, file: SourceFile, n: int, total: int | None) -> None:
         self.current_file, self.current_page = file.name, f"{n} of {total}" if total else str(n)
+        self.advanced = time.monotonic()
 
     def chunks_stored(self, n: int) -> None:
         self.chunks_done += n
+        self.advanced = time.monotonic()
 
     def file_done(self, result: FileResult) -> None:
         self.files_done += 1
         self.results.append(result)
+        if result.filename in self.opened:
+            self.opened.remove(result.filename)
+        self.advanced = time.monotonic()
+
+    def unfinished(self) -> str | None:
+        """The files begun and not done ("scan.pdf (page 3 of 40), notes.txt"), None before the first."""
+        page = f" (page {self.current_page})" if self.current_page else ""
+        return ", ".join(n + (page if n == self.current_file else "") for n in self.opened) or None
 
     def finish(self, results: list[FileResult]) -> None:
         self.results = results

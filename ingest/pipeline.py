@@ -198,6 +198,7 @@ class IngestPipeline:
                 source is not None and await asyncio.to_thread(self.catalog.drop_name, collection, doc_id, source)
             ):
                 return record
+            self.lease.check()  # a lost owner lease marks nothing for this process
             record = await asyncio.to_thread(
                 self.catalog.mark_deleting,
                 collection,

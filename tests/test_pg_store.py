@@ -183,6 +183,7 @@ def test_catalog_states_and_names(database_url: str) -> None:
 def test_an_owner_is_live_while_its_connection_lasts(database_url: str) -> None:
     mine, other = PgOwnerLease(database_url), PgOwnerLease(database_url)
     assert mine.is_live(other.token) and mine.held_elsewhere(other.token) and not mine.held_elsewhere(mine.token)
+    other._released.set()  # its keeper thread ends with its process
     other._held.close()  # as kill -9 of its process would close it
     deadline = time.monotonic() + 5  # the server's backend notices the closed socket within milliseconds
     while mine.is_live(other.token) and time.monotonic() < deadline:

@@ -73,7 +73,14 @@ class Services:
         """With RAG_DATABASE_URL: this replica takes queued uploads (its own and other replicas')."""
         if self.settings.database_url and self.worker is None:
             pipeline = self.pipeline()
-            self.queue = JobQueue(self.settings.database_url, pipeline.lease.token, self.settings.job_lease_s)
+            self.queue = JobQueue(
+                self.settings.database_url,
+                pipeline.lease.token,
+                self.settings.job_lease_s,
+                stall_s=self.settings.job_stall_s,
+                max_attempts=self.settings.job_max_attempts,
+                lost=lambda: pipeline.lease.lost,
+            )
             uploads = self.settings.data_dir / "uploads"
             keep = getattr(pipeline.lease, "keep", lambda: None)  # PgOwnerLease's
             self.worker = asyncio.create_task(run_queued(self.queue, pipeline, uploads, keep))

@@ -193,6 +193,13 @@ class Settings(BaseSettings):
     # (docs/scaling.md); uploads are then jobs there that any replica's worker takes, leased for job_lease_s.
     database_url: str | None = None
     job_lease_s: float = Field(default=20.0, ge=2)
+    # A job whose progress (a file begun or done, a page read by OCR, chunks stored) stands still this long
+    # is given up by its own worker, alive as it is (a step hung): the run stops, the job is queued again.
+    # Above the slowest step between two marks: a file's parse (RAG_PARSE_TIMEOUT_S, 60 s) plus one OCR page
+    # (RAG_OCR_PAGE_TIMEOUT_S, 180 s), or an embedding request with its retries (3 x 120 s).
+    job_stall_s: float = Field(default=900.0, ge=10)
+    # A job given up for standing still on this many attempts fails, saying so.
+    job_max_attempts: int = Field(default=3, ge=1)
 
     # Where the chunk vectors live: Chroma (the default; embedded on disk, or a `chroma run` server), or
     # pgvector tables in the PostgreSQL database of RAG_DATABASE_URL, beside the catalog and the record.

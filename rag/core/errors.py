@@ -22,11 +22,13 @@
     ├── UpstreamError (502)                a backend answered with something we cannot use
     │   ├── ContextOverflow (502)          llama-server's exceed_context_size_error
     │   └── PoolMismatch (502)             the servers of one pool serve different models or contexts
+    ├── JobStalled (504)                   an upload job made no progress for RAG_JOB_STALL_S: its worker gave it up
     └── BackendUnavailable (503)          with Retry-After: a backend that is down or loading comes back
         ├── LLMUnavailable (503)           llama-server down or loading its model
         ├── EmbedderUnavailable (503)
         └── StoreUnavailable (503)
-            └── StoreDamaged (503)         without Retry-After: a damaged collection waits for `rag store repair`
+            ├── StoreDamaged (503)         without Retry-After: a damaged collection waits for `rag store repair`
+            └── LeaseLost (503)            this replica's owner lease is another's (after a PostgreSQL restart)
 
 The API maps them to JSON errors (and SSE `error` events mid-stream) in `rag/api/errors.py`, in OpenAI's
 shape: `{"error": {"code", "message", "type", "param"}}`, `type` chosen by the status there.
@@ -146,6 +148,12 @@ class PoolMismatch(UpstreamError):
     code = "pool_mismatch"
 
 
+class JobStalled(RagError):
+    """An upload job whose progress stood still for RAG_JOB_STALL_S (a step hung): its worker stopped it."""
+
+    status, code = 504, "job_stalled"
+
+
 class BackendUnavailable(RagError):
     status, code = 503, "backend_unavailable"
     retry_after: int | None = (
@@ -176,6 +184,14 @@ class TooManyCollections(Conflict):
 class StoreDamaged(StoreUnavailable):
     code = "store_damaged"
     retry_after = None  # it never clears by itself: a client should not retry, an operator must repair
+
+
+class LeaseLost(StoreUnavailable):
+    """This process's owner lease could not be taken again after PostgreSQL came back: another process holds
+    it, or took its rows for a dead process's. The process works on no more rows under it; restart it."""
+
+    code = "lease_lost"
+    retry_after = 1  # another replica answers meanwhile
 
 
 class BackupInvalid(InvalidRequest):

@@ -20,6 +20,7 @@ class OwnerLease:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self.token = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.lost: str | None = None  # a file lock is never lost while its process lives (PgOwnerLease's can be)
         self._lock = FileLock(str(directory / f"{self.token}.lock"))
         self._lock.acquire(timeout=0)
 
@@ -39,6 +40,9 @@ class OwnerLease:
             return True
         probe.release()
         return False
+
+    def check(self) -> None:
+        """Raise when rows must not be claimed under this lease (never for a file lock)."""
 
     def held_elsewhere(self, token: str | None) -> bool:
         """Whether another live process works on a row owned by `token`. Callers hold the document's lock,

@@ -26,11 +26,12 @@ from urllib.parse import urlparse
 
 import psycopg
 
-from rag.core.errors import EmbedderMismatch, StoreTooNew, StoreUnavailable
+from rag.core.errors import EmbedderMismatch, LeaseLost, StoreTooNew, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 5
+KEEP_S = 1.0  # how often an owner lease checks its lock's connection (and takes the lock again after a restart)
 _OWNER_LOCKS = 0x7261_6701  # the advisory-lock namespace of owner leases ("rag" 1)
 _MARK = re.compile(r"\?")
 
@@ -256,26 +257,77 @@ def refuse_other_embedders(url: str, embedder: str) -> None:
 
 
 class PgOwnerLease:
-    """`OwnerLease` (rag/store/_lease.py) on PostgreSQL: the same calls, live while the lock is held."""
+    """`OwnerLease` (rag/store/_lease.py) on PostgreSQL: the same calls, live while the lock is held.
 
-    def __init__(self, url: str, embedder: str | None = None) -> None:
+    A PostgreSQL restart ends the lock's session, and with it the lease: other processes then see this one as
+    gone. A keeper thread checks the lock's connection every `keep_s` and takes the lock again as soon as the
+    server answers. Should it find the lock held by another session, or this owner's row gone (another process
+    cleared it as a dead one's), the lease is lost for good (`lost` says why, logged once): `keep()` and
+    `check()` raise LeaseLost, so this process claims no more rows and its job worker stops.
+    """
+
+    def __init__(self, url: str, embedder: str | None = None, keep_s: float = KEEP_S) -> None:
         self.url = url
         self.token = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.lost: str | None = None
+        self._released = threading.Event()
         self._db = Connection(url, "owners")
         owners_table(self._db)
         (row,) = self._db.execute(
             "INSERT INTO owners (token, embedder) VALUES (?, ?) RETURNING id", (self.token, embedder)
         ).fetchall()
         self._id = int(row[0])
-        # Taken on every (re)connection: a PostgreSQL restart drops the lock, the next `keep()` takes it again.
+        # Taken on every (re)connection: a PostgreSQL restart drops the lock, the keeper takes it again.
         self._held = Connection(url, "owners", on_connect=self._take)
+        self._keeper = threading.Thread(target=self._keep_held, args=(keep_s,), name="owner-lease", daemon=True)
+        self._keeper.start()
 
     def _take(self, conn: psycopg.Connection[Any]) -> None:
-        conn.execute("SELECT pg_advisory_lock(%s, %s)", (_OWNER_LOCKS, self._id))
+        """Take the lock on a new connection of the lease, or close it and raise LeaseLost."""
+        try:
+            if self.lost is not None or self._released.is_set():
+                raise LeaseLost(self.lost or "the owner lease was released")
+            (granted,) = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (_OWNER_LOCKS, self._id)).fetchone() or (
+                False,
+            )
+            if not granted:
+                self._lose("another process holds it")
+            if (
+                conn.execute("SELECT 1 FROM owners WHERE id = %s AND token = %s", (self._id, self.token)).fetchone()
+                is None
+            ):
+                self._lose("its row in `owners` is gone (another process cleared it as a dead process's)")
+        except BaseException:
+            conn.close()  # the lock, if taken, goes with it
+            raise
+
+    def _lose(self, why: str) -> None:
+        self.lost = (
+            f"the owner lease {self.token} could not be taken again after PostgreSQL came back: {why}; "
+            "this process works on no more documents or upload jobs under it (restart it)"
+        )
+        log.error("%s", self.lost)
+        raise LeaseLost(self.lost)
+
+    def _keep_held(self, every_s: float) -> None:
+        while not self._released.wait(every_s):
+            try:
+                self.keep()
+            except LeaseLost:
+                return
+            except StoreUnavailable:
+                continue  # the server is away: tried again at the next tick
 
     def keep(self) -> None:
-        """Check the lease's connection (called every few seconds); a broken one is opened again."""
+        """Check the lease's connection; a broken one is opened again and the lock taken again (LeaseLost
+        when it cannot be)."""
+        self.check()
         self._held.execute("SELECT 1")
+
+    def check(self) -> None:
+        """Raise LeaseLost when the lease is lost: rows must not be claimed under it."""
+        if self.lost is not None:
+            raise LeaseLost(self.lost)
 
     def is_live(self, token: str | None) -> bool:
         if token is None:
@@ -292,12 +344,14 @@ class PgOwnerLease:
             self._db.execute("DELETE FROM owners WHERE token = ?", (token,))
 
     def release(self) -> None:
+        self._released.set()  # before the close: the keeper takes the lock on no new connection
         try:
             self._db.execute("DELETE FROM owners WHERE token = ?", (self.token,))
         except StoreUnavailable:
             pass  # the server is away: the lock went with the connection
         self._held.close()
         self._db.close()
+        self._keeper.join(timeout=CONNECT_TIMEOUT_S + 1)
 
 
 def live_owners(url: str) -> int:
