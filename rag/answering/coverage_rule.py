@@ -11,14 +11,16 @@ Two rules, chosen by RAG_REFUSAL_RULE:
 The signals (`signals`), all on scales that mean the same across queries:
 
 - `cosine`: the best raw cosine of a hit (the dense top score, the embedder's own scale);
-- `cosine_gap`: that best cosine minus the k-th best one (how far the best chunk stands out: a question
-  about another article finds k chunks about equally near);
+- `cosine_gap`: that best cosine minus the lowest cosine among the k hits (how far the best chunk stands
+  out: a question about another article finds k chunks about equally near);
 - `coverage`: the best IDF-weighted share of the query's search terms that one hit holds;
 - `top_coverage`: the share the fused first hit holds (the chunk the generator reads first);
 - `absent`: the IDF-weighted share of the query's search terms that no chunk of the index holds at all
-  (a question about another subject names things the documents never mention);
-- `agreement`: the share of the dense top 5 that is also in the BM25 top 5 (rank overlap: two retrievers
-  that agree on the chunks point at one subject);
+  (a question about another subject names things the documents never mention). Its fitted weight is
+  small and negative for both embedders (the coverage already falls with such a term); leaving it out
+  still costs E5 2 points of refusals in cross-validation on TRAIN (bench/README.md);
+- `agreement`: the share of the dense top 5 that is also in the BM25 top 5, among the k hits (rank
+  overlap: two retrievers that agree on the chunks point at one subject);
 - `cjk` and its products with `cosine` and `coverage`: the share of CJK characters in the query, so that a
   Chinese query that an English embedder reads as [UNK]s is weighed by its own coefficients.
 
