@@ -74,6 +74,7 @@ class Asked:
     text: str
     answers: list[str]
     doc_id: str | None  # its paragraph, when the collection holds it
+    article: str = ""  # the title of its own article (CMRC's: its index)
 
 
 def _h(text: str) -> int:
@@ -113,7 +114,7 @@ def build(args: argparse.Namespace) -> tuple[dict[str, dict[str, tuple[str, str]
                 for i, text in enumerate(split(context)):
                     squad_chunks[f"{doc_id}:{i}"] = (doc_id, text)
             (pos if inside else neg).extend(
-                Asked("squad+" if inside else "squad-", q, ans, doc_id if inside else None) for q, ans in qas
+                Asked("squad+" if inside else "squad-", q, ans, doc_id if inside else None, title) for q, ans in qas
             )
     cmrc_chunks: dict[str, tuple[str, str]] = {}
     cmrc = []
@@ -122,11 +123,12 @@ def build(args: argparse.Namespace) -> tuple[dict[str, dict[str, tuple[str, str]
             doc_id = f"c{a:03d}-{p:03d}"
             for i, text in enumerate(split(context)):
                 cmrc_chunks[f"{doc_id}:{i}"] = (doc_id, text)
-            cmrc.extend(Asked("cmrc+", q, ans, doc_id) for q, ans in qas)
-    cmrc_pos = sample(cmrc, args.questions)
-    cmrc_neg = [Asked("cmrc-", q.text, q.answers, None) for q in sample(cmrc, 2 * args.questions)[args.questions :]]
+            cmrc.extend(Asked("cmrc+", q, ans, doc_id, f"cmrc-{a}") for q, ans in qas)
+    half = min(args.questions, len(cmrc) // 2)  # CMRC trial holds about 1,000 questions: half for each collection
+    cmrc_pos = sample(cmrc, half)
+    cmrc_neg = [Asked("cmrc-", q.text, q.answers, None, q.article) for q in sample(cmrc, 2 * half)[half:]]
     squad_neg = sample(neg, args.questions)
-    unrelated = [Asked("squad-x", q.text, q.answers, None) for q in squad_neg]
+    unrelated = [Asked("squad-x", q.text, q.answers, None, q.article) for q in squad_neg]
     asked = {
         "squad": sample(pos, args.questions) + squad_neg + cmrc_neg,
         "cmrc": cmrc_pos + unrelated,

@@ -158,6 +158,9 @@ class Hit:
     score: float
     cosine: float | None = None
     coverage: float = 0.0
+    dense_rank: int | None = None
+    lexical_rank: int | None = None
+    absent: float = 0.0
 
 
 @dataclass

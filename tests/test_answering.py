@@ -373,7 +373,7 @@ def test_a_chinese_question_gets_the_examples_in_chinese():
         "长城，东起哪里？",  # the overlap retriever matches the words between punctuation: "长城"
         chunks=chunks,
         server=server,
-        settings=Settings(llm_prompt_style="completion", min_relevance_cjk=0),
+        settings=Settings(llm_prompt_style="completion", min_relevance_cjk=0, refusal_rule="floor"),
         max_tokens=None,
     )
     [prompt] = server.prompts
@@ -441,7 +441,7 @@ def test_a_chinese_answer_line_is_kept_as_written_even_when_no_span():
         "长城，东起哪里？",
         chunks=chunks,
         server=server,
-        settings=Settings(llm_prompt_style="completion", min_relevance_cjk=0),
+        settings=Settings(llm_prompt_style="completion", min_relevance_cjk=0, refusal_rule="floor"),
         max_tokens=None,
     )
     assert by_name(events)["done"]["retried"] is False and len(server.prompts) == 1

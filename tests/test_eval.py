@@ -216,6 +216,7 @@ def test_a_run_records_where_its_numbers_come_from(baseline: dict[str, Any]) -> 
         "hybrid_dense_weight",
         "retrieval_depth",
         "rerank_depth",
+        "refusal_rule",
         "min_relevance",
         "context_budget",
     } <= set(config)

@@ -151,7 +151,7 @@ def test_an_off_topic_question_gets_the_fixed_answer_without_the_model() -> None
     async def go(question: str):
         llm = LlamaServerClient("http://llama.test", transport=server.transport())
         try:
-            answerer = Answerer(llm, retriever, Settings(min_relevance=0.5))
+            answerer = Answerer(llm, retriever, Settings(min_relevance=0.5, refusal_rule="floor"))
             started = await answerer.start(ChatQuery([{"role": "user", "content": question}], "default", 8, 64))
             return {e.name: e.data for e in [e async for e in started.events()]}
         finally:
@@ -279,7 +279,7 @@ def test_an_off_topic_question_over_the_budget_is_still_refused_with_the_numbers
     async def go():
         llm = LlamaServerClient("http://llama.test", transport=server.transport())
         try:
-            answerer = Answerer(llm, retriever, Settings(min_relevance=0.5))
+            answerer = Answerer(llm, retriever, Settings(min_relevance=0.5, refusal_rule="floor"))
             await answerer.start(ChatQuery([{"role": "user", "content": "Why the match? " * 100}], "default", 8, 16))
         finally:
             await llm.aclose()

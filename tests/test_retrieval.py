@@ -425,3 +425,10 @@ async def test_hybrid_search_with_the_real_embedder_and_chroma(
     finally:
         lexical.close()
         await embedder.aclose()
+
+
+async def test_every_hit_carries_the_share_of_the_query_terms_no_chunk_holds(retriever: Retriever) -> None:
+    known = await retriever.search("When was the University of Chicago founded?", collection="docs", k=3)
+    unknown = await retriever.search("Who painted the Quagmorphian frescoes?", collection="docs", k=3)
+    assert known and {h.absent for h in known} == {0.0}
+    assert unknown and len({h.absent for h in unknown}) == 1 and 0.5 < unknown[0].absent <= 1.0

@@ -12,8 +12,8 @@ llama-server rejects the prompt as over its context (its n_ctx changed since we 
 prompt is packed again with the server's own numbers and sent once more; fresh `sources` and `budget`
 events then precede the first token, and a client keeps the last ones.
 
-No good sources (empty collection, nothing retrieved at or above min_score, the best chunk under the
-relevance floor -- `not_relevant` --, or no chunk fits): the model is not called. A fixed answer says that the documents do not cover the question and cites
+No good sources (empty collection, nothing retrieved at or above min_score, the hits judged not to
+cover the question by rag.answering.coverage_rule -- `not_relevant` --, or no chunk fits): the model is not called. A fixed answer says that the documents do not cover the question and cites
 nothing. A small model asked to answer "from no sources" still invents; a fixed reply cannot, costs
 no generation slot, and reads the same in every language of the UI.
 """
@@ -29,6 +29,7 @@ from dataclasses import replace
 from rag.answering.answer_stream import Answer, NoSourcesAnswer, discard
 from rag.answering.budget import Candidate, PackedPrompt, PromptBudget
 from rag.answering.continuation import Sent, SentSources, questions_so_far_key, user_turns
+from rag.answering.coverage_rule import covered
 from rag.answering.ellipsis import whole_question
 from rag.answering.events import (
     Dropped,
@@ -47,7 +48,6 @@ from rag.answering.prompt import (
     choose_style,
 )
 from rag.answering.query import ChatQuery, Clock, Searcher, cut_off, split_question
-from rag.answering.retrieval import relevance, relevance_floor
 from rag.answering.shared_gate import SharedGenerationGate
 from rag.answering.shared_sent import SharedSentSources
 from rag.clients.backends import LLMBackend
@@ -176,7 +176,7 @@ class Answerer:
             Dropped(chunk_id=h.chunk_id, reason="below_min_score") for h in hits if h.score < self.settings.min_score
         ]
         reason: NoSourcesReason = "no_match" if hits else "nothing_retrieved"
-        if good and relevance(searched.text, good, self.settings) < relevance_floor(searched.text, self.settings):
+        if good and not covered(searched.text, good, self.settings):
             reason, good = "not_relevant", []
             below = [Dropped(chunk_id=h.chunk_id, reason="below_min_relevance") for h in hits]
         good, far = cut_off(good, self.settings.pack_relative_score)

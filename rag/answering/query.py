@@ -29,6 +29,9 @@ class Hit(Protocol):
     score: float
     cosine: float | None
     coverage: float
+    dense_rank: int | None
+    lexical_rank: int | None
+    absent: float
 
 
 class Searcher(Protocol):

@@ -63,6 +63,7 @@ class RetrievedChunk:
     lexical_rank: int | None
     cosine: float | None = None  # raw cosine similarity to the query (None when not a dense candidate)
     coverage: float = 0.0  # share of the query's search terms that the chunk contains, weighted by their IDF
+    absent: float = 0.0  # share of the query's search terms that no chunk of the index holds (IDF-weighted; per query)
 
 
 @dataclass
@@ -78,7 +79,7 @@ class _Candidate:
     score: float = 0.0
     name: str = ""  # the document's name now, from the catalog: the chunk's stored one may be a twin's
 
-    def result(self, weights: dict[str, float], tokenize: Any) -> RetrievedChunk:
+    def result(self, weights: dict[str, float], tokenize: Any, absent: float = 0.0) -> RetrievedChunk:
         text = self.text or ""
         total = sum(weights.values())
         coverage = sum(weights[t] for t in set(tokenize(text)) & weights.keys()) / total if total > 0 else 0.0
@@ -94,7 +95,19 @@ class _Candidate:
             self.lexical_rank,
             self.dense_score,
             round(coverage, 4),
+            absent,
         )
+
+
+_NO_TERM = "\x00"  # a term no tokenizer makes: its IDF is the weight of a term that no chunk holds
+
+
+def absent_share(weights: dict[str, float], unseen: float) -> float:
+    """The IDF-weighted share of the terms that no chunk of the index holds (those weighing `unseen`)."""
+    total = sum(weights.values())
+    if total <= 0:
+        return 0.0
+    return round(sum(w for w in weights.values() if w >= unseen - 1e-9) / total, 4)
 
 
 def dense_weight_for(query: str, settings: Settings) -> float:
@@ -214,8 +227,9 @@ class Retriever:
         top = ranked[:k]
         await self._attach_texts(collection, top)
         tokenize = self.lexical.tokenizer
-        weights = await asyncio.to_thread(self.lexical.idf, tokenize(query)) if top else {}
-        return [c.result(weights, tokenize) for c in top if c.text is not None]
+        weights = await asyncio.to_thread(self.lexical.idf, [*tokenize(query), _NO_TERM]) if top else {}
+        absent = absent_share(weights, weights.pop(_NO_TERM, 0.0))
+        return [c.result(weights, tokenize, absent) for c in top if c.text is not None]
 
     async def _candidates(
         self, query: str, collection: str, depth: int, only: list[str] | None, mode: str

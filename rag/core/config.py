@@ -231,6 +231,10 @@ class Settings(BaseSettings):
     min_relevance_cjk: float = Field(default=0.16, ge=0, le=1)
     # The relevance's cosine share is the query's dense weight times this (capped at 1).
     relevance_dense_scale: float = Field(default=1.0, gt=0)
+    # Which rule refuses: `floor` (the relevance under the floors above) or `model` (a logistic regression
+    # over the hits' signals with the embedder's coefficients, rag/answering/coverage_rule.py; an embedder
+    # without coefficients falls back to the floor). Measured by bench/refusal.py.
+    refusal_rule: Literal["floor", "model"] = "model"
     # Follow-ups: how the searched query is made from the conversation (rag/answering/followup.py), and
     # the share of the prompt budget kept for the latest turn pair before sources fill the rest.
     followup_rewrite: Literal["off", "rule", "generator"] = "rule"

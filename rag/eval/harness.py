@@ -295,6 +295,7 @@ class Evaluation:
             "completion_max_sources": s.completion_max_sources,
             "embed_model_path": s.embed_model_path,
             "rerank_depth": s.rerank_depth,
+            "refusal_rule": s.refusal_rule,
             "min_relevance": s.min_relevance,
             "min_relevance_cjk": s.min_relevance_cjk,
             "context_budget": s.context_budget,
