@@ -80,6 +80,15 @@ def test_a_question_about_another_article_is_refused_and_one_about_its_article_a
     assert covered(other_question, hits(other_hits), Settings(embed_model=MULTILINGUAL_E5, refusal_rule="floor"))
 
 
+def test_a_floor_of_zero_turns_refusal_off_under_the_model_rule_too() -> None:
+    other_question, other_hits = OTHER_ARTICLE
+    off = Settings(embed_model=MULTILINGUAL_E5, refusal_rule="model", min_relevance=0)
+    assert covered(other_question, hits(other_hits), off)
+    chinese = Settings(embed_model=MULTILINGUAL_E5, refusal_rule="model", min_relevance_cjk=0)
+    assert covered("长城有多长？", hits([(0.1, 0.0, 1, None, 1.0)]), chinese)
+    assert not covered(other_question, hits(other_hits), chinese)  # the English floor still stands
+
+
 def test_the_probability_grows_with_the_dense_top_and_the_coverage() -> None:
     coefficients = COEFFICIENTS[MULTILINGUAL_E5]
     low = signals("Who built it?", hits([(0.80, 0.2, 1, 4, 0.0), (0.79, 0.2, 2, 1, 0.0)]))

@@ -143,9 +143,12 @@ def coefficients_for(settings: Settings) -> Mapping[str, float] | None:
 
 
 def covered(query: str, hits: Sequence[Hit], settings: Settings) -> bool:
-    """Whether the hits answer `query` by the configured rule (False: "not in the documents")."""
+    """Whether the hits answer `query` by the configured rule (False: "not in the documents"). A floor set
+    to 0 turns refusal off under either rule, as it always has."""
     if not hits:
         return False
+    if relevance_floor(query, settings) == 0:  # RAG_MIN_RELEVANCE=0 (or its CJK twin, for such a query): off
+        return True
     coefficients = coefficients_for(settings)
     if coefficients is None or all(h.cosine is None for h in hits):  # no dense signal: what the model reads most
         return relevance(query, hits, settings) >= relevance_floor(query, settings)
