@@ -320,6 +320,7 @@ ALTIVEC_SOURCE = "AltiVec可以提高处理器的数据处理效率，从而降�
         # The right chunk's other number: its sentence is about Chopin, not about Pulaski.
         ("What year was Casimir Pulaski born?", "1810", PULASKI_SOURCE),
         ("Which port does ldap use?", "443/tcp", SERVICES_SOURCE),  # a cell of another row
+        ("Which port does the pop3s service use?", "5432/tcp", SERVICES_SOURCE),  # only the header names them
         (
             "AltiVec提高处理器的数据处理效率有什么好处？",
             "它会提高处理器的数据处理效率",

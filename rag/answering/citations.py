@@ -17,8 +17,8 @@ sentence is supported only where the chunk holds it as a span (SPAN of its words
 that stands by what the question asks about:
 
     words   the span's sentence of the chunk with the one before it (a table row: the row under its
-            header row) holds TERMS_HELD of the question's terms (compared as Snowball stems:
-            "satellites" finds "satellite"), one of them within NEAR words of the span;
+            header row, with one of them in its own cells) holds TERMS_HELD of the question's terms
+            (compared as Snowball stems: "satellites" finds "satellite"), one within NEAR words of the span;
     CJK     TERMS_HELD_CJK of the question's characters stand within NEAR characters of the span (a
             sentence of Chinese holds any common character by chance, so the sentence is too wide).
 
@@ -173,12 +173,14 @@ def split_sentences(text: str) -> list[Sentence]:
 
 @dataclass
 class _Passage:
-    """A sentence of a chunk, or a table row after its header row: its words, their stems, and the stems
-    of its context (the sentence before it as well, which "It was completed in 1889." may refer to)."""
+    """A sentence of a chunk, or a table row after its header row: its words, their stems, the stems of
+    its context (the sentence before it as well, which "It was completed in 1889." may refer to) and of
+    its own words (a row's own cells, not its header's: a column's name is in every row)."""
 
     words: list[str]
     stems: list[str]
     context: frozenset[str]
+    own: frozenset[str]
 
 
 @dataclass
@@ -219,7 +221,8 @@ class _Source:
 
     def holds_span(self, said: list[str], cjk: bool) -> bool:
         """Whether a passage holds SPAN of `said` in one run, standing by TERMS_HELD of the question's terms:
-        in its passage with one within NEAR words of it, or (CJK) within NEAR characters of it."""
+        in its passage with one within NEAR words of it, or (CJK) within NEAR characters of it; a table
+        row holding one of them in its own cells."""
         need = max(1, math.ceil((TERMS_HELD_CJK if cjk else TERMS_HELD) * len(self.term_stems)))
         for passage in self.passages:
             run = SequenceMatcher(None, said, passage.words, autojunk=False).find_longest_match()
@@ -228,7 +231,7 @@ class _Source:
             around = passage.stems[max(0, run.b - NEAR) : run.b + run.size + NEAR]
             near = self.term_stems.intersection(around)
             held = near if cjk else self.term_stems.intersection(passage.context)
-            if near and len(held) >= min(need, len(self.term_stems)):
+            if near and len(held) >= min(need, len(self.term_stems)) and not self.term_stems.isdisjoint(passage.own):
                 return True
         return False
 
@@ -249,14 +252,15 @@ def passages_of(text: str) -> list[_Passage]:
             row = words_of(line) if is_header else header + words_of(line)
             header = row if is_header else header
             row_stems = stems(row)
-            passages.append(_Passage(row, row_stems, frozenset(row_stems)))
+            own = frozenset(row_stems if is_header else stems(words_of(line)))
+            passages.append(_Passage(row, row_stems, frozenset(row_stems), own))
             before = []
             continue
         header = []
         for piece in _SOURCE_SENTENCE.split(line):
             if words := words_of(piece):
                 said = stems(words)
-                passages.append(_Passage(words, said, frozenset(before + said)))
+                passages.append(_Passage(words, said, frozenset(before + said), frozenset(before + said)))
                 before = said
     return passages
 
