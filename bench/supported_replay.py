@@ -114,6 +114,8 @@ def main() -> None:
     out: dict[str, Any] = {
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
         "inputs": {"file": str(args.inputs), "provenance": recorded.get("provenance")},
+        "before": str(args.before),
+        "after": "the code on PYTHONPATH (this file's provenance)",
     }
     for name in ("squad", "cmrc"):
         if name not in recorded:
