@@ -9,6 +9,10 @@ the bundled Gemma 3 270M gave in the recorded runs (`bench/results/eval-*-answer
 the same answers go through the attribution of whichever code is on PYTHONPATH, so two checkouts compare
 on identical text. A replayed answer meets today's prompt, which may hold another chunk than the one it
 was generated from; the precision is of the attribution, not of the model.
+
+`--dump FILE` also keeps what the attribution was given per question (the question, the answer, the
+prompt's chunks) with the answer's F1, so that `bench/supported_replay.py` can judge another
+attribution on the same inputs in milliseconds, without the embedder.
 """
 
 from __future__ import annotations
@@ -53,7 +57,26 @@ class RecordedAnswers(ReplayLlamaServer):
         return super().handle(request)
 
 
-async def measure(name: str, embed_url: str, work: Path) -> dict[str, Any]:
+class AttributionInputs:
+    """What `citations_event` was given per answer (question -> answer text and prompt chunks)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, dict[str, Any]] = {}
+
+    def install(self) -> None:
+        from rag.answering import answer_stream
+
+        original = answer_stream.citations_event
+
+        def recording(text: str, chunks: Any, hits: Any, **kwargs: Any) -> Any:
+            question = kwargs.get("question", "")
+            self.seen[question.strip()] = {"question": question, "text": text, "chunks": dict(chunks)}
+            return original(text, chunks, hits, **kwargs)
+
+        answer_stream.citations_event = recording  # type: ignore[assignment]
+
+
+async def measure(name: str, embed_url: str, work: Path, inputs: AttributionInputs) -> dict[str, Any]:
     from rag.api.services import build_services
     from rag.clients.llm import LlamaServerClient
     from rag.core.config import Settings
@@ -79,10 +102,14 @@ async def measure(name: str, embed_url: str, work: Path) -> dict[str, Any]:
         await services.aclose()
     answers = result["answers"]
     keys = ("questions", "exact_match", "f1", "supported_answers", "supported_precision", "attribution_precision")
+    by_qid = {q.qid: inputs.seen.get(q.question.strip()) for q in questions}
     return {
         "questions_replayed": len(questions),
         **{k: answers[k] for k in keys},
-        "per_question": [{k: q[k] for k in ("qid", "answer", "f1", "supported")} for q in answers["per_question"]],
+        "per_question": [
+            {**{k: q[k] for k in ("qid", "answer", "f1", "supported")}, "inputs": by_qid.get(q["qid"])}
+            for q in answers["per_question"]
+        ],
         "provenance": result["provenance"],
     }
 
@@ -91,18 +118,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--sets", default="squad,cmrc")
+    parser.add_argument("--dump", type=Path, help="also write the attribution's inputs per question here")
     args = parser.parse_args()
     print(header(), flush=True)
     work = Path(tempfile.mkdtemp(prefix="supported-precision-"))
     embedder = start_embedding_server(work, server_env(work / "embedder", RAG_EMBED_MODEL="multilingual-e5-small"))
     out: dict[str, Any] = {"load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
+    inputs = AttributionInputs()
+    inputs.install()
     try:
         for name in args.sets.split(","):
-            out[name] = asyncio.run(measure(name, embedder.url, work))
+            out[name] = asyncio.run(measure(name, embedder.url, work, inputs))
             shown = {k: out[name][k] for k in ("questions", "supported_answers", "supported_precision", "f1")}
             print(name, shown, flush=True)
     finally:
         embedder.stop()
+    if args.dump:
+        write_json(args.dump, out)
+    for name in args.sets.split(","):
+        for q in out[name]["per_question"]:
+            q.pop("inputs")
     write_json(args.out, out)
 
 

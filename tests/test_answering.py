@@ -211,13 +211,19 @@ def test_an_echo_of_the_instructions_cites_nothing():
 
 
 def test_every_answer_sentence_is_attributed_or_flagged():
-    events, *_ = answer("The Louvre opened in 1793. Bananas grow on the moon.")
+    events, *_ = answer("It was completed in 1889. Bananas grow on the moon.")
     data = by_name(events)
     first, second = data["citations"]["sentences"]
-    assert first["sources"] == ["S2"] and first["supported"] and first["support"] == 1.0
+    assert first["sources"] == ["S1"] and first["supported"] and first["support"] == 1.0
     assert second["sources"] == [] and not second["supported"] and second["support"] < 0.5
-    assert [(c["id"], c["kind"]) for c in data["citations"]["citations"]] == [("S2", "attributed")]
+    assert [(c["id"], c["kind"]) for c in data["citations"]["citations"]] == [("S1", "attributed")]
     assert data["done"]["unsupported_sentences"] == 1
+
+
+def test_a_sentence_of_a_source_that_does_not_touch_the_question_is_not_supported():
+    events, *_ = answer("The Louvre opened in 1793.")  # S2 holds it, but the question asks about the tower
+    [sentence] = by_name(events)["citations"]["sentences"]
+    assert sentence["sources"] == [] and not sentence["supported"]
 
 
 def test_attribution_of_a_short_span_and_of_chinese():
@@ -288,6 +294,20 @@ BZIP2_SOURCE = (
 )
 
 
+SHADOW_TABLE = (
+    "The fields of /etc/shadow\n\nFields of a line of /etc/shadow, from shadow(5)\n"
+    "| Field | Name | Meaning |\n| --- | --- | --- |\n"
+    "| 1 | login name | It must be a valid account name, which exist on the system. |\n"
+    "| 2 | encrypted password | Refer to crypt(3). |"
+)
+PULASKI_SOURCE = (
+    "Though Chopin was born in the village of Żelazowa Wola in 1810, about 60 km (37 mi) from Warsaw, he moved "
+    "to the city with his family when he was seven months old. Casimir Pulaski, a Polish general and hero of "
+    "the American Revolutionary War, was born here in 1745."
+)
+ALTIVEC_SOURCE = "AltiVec可以提高处理器的数据处理效率，从而降低功耗。"
+
+
 @pytest.mark.parametrize(
     ("question", "answer", "source"),
     [
@@ -295,9 +315,22 @@ BZIP2_SOURCE = (
         ("In /etc/shadow, what does an empty expiration field mean?", "an empty expiration field", SHADOW_SOURCE),
         # Words of the source, but nowhere near what the question asks about.
         ("Which algorithm does bzip2 use to compress files?", "PPM family", BZIP2_SOURCE),
+        # A bare number of the source next to unrelated text (the row of another field), not the count asked.
+        ("How many fields does each line of /etc/shadow contain?", "1", SHADOW_TABLE),
+        # The right chunk's other number: its sentence is about Chopin, not about Pulaski.
+        ("What year was Casimir Pulaski born?", "1810", PULASKI_SOURCE),
+        ("Which port does ldap use?", "443/tcp", SERVICES_SOURCE),  # a cell of another row
+        ("Which port does the pop3s service use?", "5432/tcp", SERVICES_SOURCE),  # only the header names them
+        (
+            "AltiVec提高处理器的数据处理效率有什么好处？",
+            "它会提高处理器的数据处理效率",
+            ALTIVEC_SOURCE,
+        ),  # the question back
+        # Words of the source, but not one run of it: a sentence put together from its pieces.
+        ("What year was Casimir Pulaski born?", "Chopin was born in 1745 in Warsaw", PULASKI_SOURCE),
     ],
 )
-def test_an_answer_that_adds_nothing_to_the_question_or_stands_far_from_it_is_not_supported(
+def test_an_answer_the_source_holds_but_not_by_what_the_question_asks_is_not_supported(
     question: str, answer: str, source: str
 ):
     from rag.answering.citations import attribute
@@ -316,12 +349,16 @@ def test_an_answer_that_adds_nothing_to_the_question_or_stands_far_from_it_is_no
             "the Burrows-Wheeler block sorting algorithm",
             BZIP2_SOURCE,
         ),
+        ("What year was Casimir Pulaski born?", "1745", PULASKI_SOURCE),
+        ("What year was Casimir Pulaski born?", "He was born here in 1745.", PULASKI_SOURCE),
+        ("Which port does ldap use?", "389/tcp", SERVICES_SOURCE),  # the cell in the row of the question's term
+        ("What is field 2 of /etc/shadow?", "the encrypted password", SHADOW_TABLE),
     ],
 )
-def test_a_short_answer_standing_by_the_questions_terms_is_supported(question: str, answer: str, source: str):
+def test_a_span_of_the_source_next_to_the_questions_terms_is_supported(question: str, answer: str, source: str):
     from rag.answering.citations import attribute
 
-    sentence = attribute(answer, {"S1": source}, question).sentences[0]
+    sentence = attribute(answer, {"S0": "Something else entirely.", "S1": source}, question).sentences[0]
     assert sentence.sources == ["S1"] and sentence.support == 1.0, sentence
 
 

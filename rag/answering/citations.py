@@ -11,24 +11,38 @@ Two kinds of citation, reported apart (the `citations` event):
 
 Support is lexical: the share of the sentence's words (CJK text: characters) found in the chunk, numbers
 compared as numbers (十八 and 18, 8,800 and 8800);
-ties go to the chunk holding the sentence verbatim, then to the better ranked. A bare answer (one
-character, or one number: "1", "0") occurs in almost any chunk, so it is supported only where it stands
-within NEAR words of one of the question's terms, and never when it is itself a word of the question. An extractive answer is copied
-from its chunk, so word overlap finds it exactly and costs microseconds; an embedding comparison
-would need the embedder on the answer path and rates paraphrases of the wrong chunk too highly.
+ties go to the chunk holding the sentence verbatim, then to the better ranked. Holding the words is not
+enough when there is a question: the model mostly errs by copying the wrong part of the right chunk, so a
+sentence is supported only where the chunk holds it as a span (SPAN of its words in one unbroken run)
+that stands by what the question asks about:
+
+    words   the span's sentence of the chunk with the one before it (a table row: the row under its
+            header row, with one of them in its own cells) holds TERMS_HELD of the question's terms
+            (compared as Snowball stems: "satellites" finds "satellite"), one within NEAR words of the span;
+    CJK     TERMS_HELD_CJK of the question's characters stand within NEAR characters of the span (a
+            sentence of Chinese holds any common character by chance, so the sentence is too wide).
+
+A sentence made mostly (REPEATS) of the question's terms gives the question back and is not supported; a
+bare answer (one character, or one number: "1", "0") never when it is itself a word of the question. An
+extractive answer is copied from its chunk, so word overlap finds it exactly and costs microseconds; an
+embedding comparison would need the embedder on the answer path and rates paraphrases of the wrong chunk
+too highly.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from difflib import SequenceMatcher
 from typing import Any, Literal, Protocol
 
 from rag.answering.budget import sentence_ends
 from rag.answering.events import CitationEntry, Citations, SentenceEntry
 from rag.core.cjk import has_cjk
+from rag.core.stemming import stems
 
 # [S1], [S1, S3], [S1][S2], also the full-width brackets and comma a model may use in Chinese text.
 _GROUP = re.compile(r"[\[【［]\s*(S\d+(?:\s*[,，;；]\s*S\d+)*)\s*[\]】］]", re.IGNORECASE)
@@ -37,6 +51,8 @@ _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 _CJK_PIECE = re.compile(r"\d+|\D")
 _CHINESE_NUMERAL = re.compile(r"[零〇一二两三四五六七八九十百千万亿]")
 _THOUSANDS = re.compile(r"(?<=\d)[,，\u00a0\u202f'](?=\d{3}(?!\d))")
+_SOURCE_SENTENCE = re.compile(r"(?<=[.!?;])\s+|(?<=[。！？；])")
+_TABLE_RULE = re.compile(r"\|?(\s*:?-{3,}:?\s*\|)+\s*(:?-{3,}:?)?")  # | --- | :---: |
 
 SUPPORTED = 0.5  # a sentence is supported when a chunk holds at least this share of its words
 ECHO_CHARS = 24  # a sentence this long (normalized) found verbatim in our fixed prompt text is an echo
@@ -47,7 +63,11 @@ STOPWORDS = frozenset(
 QUESTION_WORDS = frozenset(
     "what which who whom whose when where why how many much does do did can could name 什 么 哪 几 多 少 谁 吗 呢 怎 样 何 的 是 了 在 有".split()
 )
-NEAR = 8  # words between an answer and a term of the question, at most, for it to count as supported
+NEAR = 8  # words (CJK: characters) between an answer's span and a term of the question, at most
+SPAN = 0.6  # share of a sentence's words that a chunk must hold as one unbroken run
+TERMS_HELD = 0.5  # share of the question's terms that must stand by that span
+TERMS_HELD_CJK = 0.6  # the same of a CJK question's characters (one character is a term: more chance hits)
+REPEATS = 0.7  # a sentence more than this share of whose words are the question's terms gives it back
 
 
 class CitedChunk(Protocol):
@@ -152,27 +172,39 @@ def split_sentences(text: str) -> list[Sentence]:
 
 
 @dataclass
+class _Passage:
+    """A sentence of a chunk, or a table row after its header row: its words, their stems, the stems of
+    its context (the sentence before it as well, which "It was completed in 1889." may refer to) and of
+    its own words (a row's own cells, not its header's: a column's name is in every row)."""
+
+    words: list[str]
+    stems: list[str]
+    context: frozenset[str]
+    own: frozenset[str]
+
+
+@dataclass
 class _Source:
-    """A chunk's words as a set (for support), those within NEAR words of a term of the question, and
-    its words joined (for a verbatim match)."""
+    """A chunk's words as a set (for support), its passages (for where a span stands) and its words joined
+    (for a verbatim match)."""
 
     found: frozenset[str]
-    beside_terms: frozenset[str]
+    passages: list[_Passage]
     flat: str
+    term_stems: frozenset[str]
 
     @classmethod
     def of(cls, text: str, terms: Collection[str]) -> _Source:
         words = words_of(text)
-        at = [i for i, w in enumerate(words) if w in terms]
-        beside = frozenset(words[i] for j in at for i in range(max(0, j - NEAR), min(len(words), j + NEAR + 1)))
-        return cls(frozenset(words), beside, " ".join(words))
+        passages = passages_of(text) if terms else []
+        return cls(frozenset(words), passages, " ".join(words), frozenset(stems(sorted(terms))))
 
     def support(self, sentence: str, terms: Collection[str]) -> float:
         """The share of what the sentence adds to the question (its content words that are no term of
         the question) found here. 0 when it adds nothing ("port 5432" to "Which service uses port
-        5432?"), when it names no term of the question and none of its words stands near one here (a span
-        of the wrong part of a source), and for a bare answer that repeats a term ("1" to a question
-        about ASN.1)."""
+        5432?") or is mostly the question's own words, for a bare answer that repeats a term ("1" to a
+        question about ASN.1), and when this chunk does not hold it as a span standing by the question's
+        terms (a span of the wrong part of a source)."""
         wanted = content_words(strip_ids(sentence))
         if not wanted:
             return 0.0
@@ -181,9 +213,56 @@ class _Source:
         added = [w for w in wanted if w not in terms] if terms else wanted
         if not added:
             return 0.0
-        if terms and not any(w in terms for w in wanted) and not any(w in self.beside_terms for w in added):
-            return 0.0
+        if terms:
+            said = words_of(strip_ids(sentence))
+            if sum(w in terms for w in said) > REPEATS * len(said) or not self.holds_span(said, has_cjk(sentence)):
+                return 0.0
         return sum(w in self.found for w in added) / len(added)
+
+    def holds_span(self, said: list[str], cjk: bool) -> bool:
+        """Whether a passage holds SPAN of `said` in one run, standing by TERMS_HELD of the question's terms:
+        in its passage with one within NEAR words of it, or (CJK) within NEAR characters of it; a table
+        row holding one of them in its own cells."""
+        need = max(1, math.ceil((TERMS_HELD_CJK if cjk else TERMS_HELD) * len(self.term_stems)))
+        for passage in self.passages:
+            run = SequenceMatcher(None, said, passage.words, autojunk=False).find_longest_match()
+            if run.size < SPAN * len(said):
+                continue
+            around = passage.stems[max(0, run.b - NEAR) : run.b + run.size + NEAR]
+            near = self.term_stems.intersection(around)
+            held = near if cjk else self.term_stems.intersection(passage.context)
+            if near and len(held) >= min(need, len(self.term_stems)) and not self.term_stems.isdisjoint(passage.own):
+                return True
+        return False
+
+
+def passages_of(text: str) -> list[_Passage]:
+    """A chunk's sentences and lines; a markdown table's rows each after its header row's words, so that
+    a row is judged with the names of its columns."""
+    passages: list[_Passage] = []
+    header: list[str] = []
+    before: list[str] = []  # the stems of the sentence before
+    lines = text.splitlines()
+    for index, line in enumerate(lines):
+        line = line.strip()
+        if _TABLE_RULE.fullmatch(line):
+            continue
+        if line.startswith("|"):
+            is_header = index + 1 < len(lines) and bool(_TABLE_RULE.fullmatch(lines[index + 1].strip()))
+            row = words_of(line) if is_header else header + words_of(line)
+            header = row if is_header else header
+            row_stems = stems(row)
+            own = frozenset(row_stems if is_header else stems(words_of(line)))
+            passages.append(_Passage(row, row_stems, frozenset(row_stems), own))
+            before = []
+            continue
+        header = []
+        for piece in _SOURCE_SENTENCE.split(line):
+            if words := words_of(piece):
+                said = stems(words)
+                passages.append(_Passage(words, said, frozenset(before + said), frozenset(before + said)))
+                before = said
+    return passages
 
 
 def is_bare(words: Sequence[str]) -> bool:

@@ -4,12 +4,10 @@ words dropped and ASCII words Snowball-stemmed."""
 from __future__ import annotations
 
 import re
-import threading
 from dataclasses import dataclass
 
-import Stemmer
-
 from rag.core.cjk import CJK_CHARS, is_cjk
+from rag.core.stemming import stems
 
 _TOKEN = re.compile(rf"[{CJK_CHARS}]+|[^\W_{CJK_CHARS}]+", re.UNICODE)
 
@@ -20,16 +18,6 @@ STOPWORDS_EN = frozenset(
     "they this to was will with what which who whom whose when where why how do does did has have had were "
     "been being s t".split()
 )
-
-_local = threading.local()
-
-
-def _stemmer() -> Stemmer.Stemmer:
-    # A Snowball stemmer keeps state: one per thread.
-    stemmer = getattr(_local, "stemmer", None)
-    if stemmer is None:
-        stemmer = _local.stemmer = Stemmer.Stemmer("english")
-    return stemmer
 
 
 def cjk_fraction(text: str) -> float:
@@ -59,7 +47,7 @@ class Tokenizer:
             elif not (self.stopwords and run in STOPWORDS_EN):
                 (words if self.stem and run.isascii() else tokens).append(run)
         if words:
-            tokens.extend(_stemmer().stemWords(words))
+            tokens.extend(stems(words))
         return tokens
 
 
