@@ -3,8 +3,9 @@
 The app image is docker/app.Dockerfile on a local stand-in for python:3.11-slim (Docker Hub is out of reach) and
 torch from a local index standing in for PyTorch's CPU index; the llm image is docker/llm.Dockerfile's CPU
 variant, which reuses the host's cached llama-server build. compose.yaml runs with docker/compose.cpu.yaml,
-which swaps only the GPU and the production models. Timings are printed (`pytest -s`) and kept in
-docs/deployment.md.
+which swaps only the GPU and the production models. Then, on the same images plus a PostgreSQL and an
+HAProxy image, docker/compose.replicas.yaml (with its CPU file) runs three API replicas on PostgreSQL behind
+the balancer, under a project of its own. Timings are printed (`pytest -s`) and kept in docs/deployment.md.
 
 Each run has its own compose project and image tags (the pid and a random part), so two copies of the suite
 do not meet, and at the end it removes what it made: containers, volumes and networks (`down -v`) and every
