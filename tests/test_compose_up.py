@@ -99,13 +99,21 @@ def image_ids() -> set[str]:
     return set(podman("images", "-a", "-q", "--no-trunc").stdout.split())
 
 
+def tagged_by_others() -> set[str]:
+    """Images holding a tag that is not this run's: another run's, kept until that run removes them."""
+    listing = podman("images", "-a", "--no-trunc", "--format", "{{.ID}} {{.Repository}}:{{.Tag}}").stdout
+    rows = [line.split(" ", 1) for line in listing.splitlines() if " " in line]
+    return {image for image, name in rows if RUN not in name and not name.startswith("<none>")}
+
+
 def remove_images_since(before: set[str]) -> None:
     """Remove every image made since `before` was listed (this run's tags and the untagged layers under
-    them), BASE excepted. An image another run's container still uses is refused by podman and stays."""
+    them), BASE and images another run tagged meanwhile excepted (a run beside this one still needs its
+    images between its stacks). An image another run's container still uses is refused by podman and stays."""
     keep = set(podman("images", "-q", "--no-trunc", BASE, check=False).stdout.split())
     for tag in (APP, LLM, POSTGRES, HAPROXY, PYTHON):
         podman("rmi", tag, check=False, timeout=300)
-    new = image_ids() - before - keep
+    new = image_ids() - before - keep - tagged_by_others()
     if new:
         podman("rmi", *sorted(new), check=False, timeout=300)
     left = image_ids() - before - keep
