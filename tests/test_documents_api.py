@@ -509,6 +509,41 @@ def test_chroma_server_down_is_503_never_500(ingest_settings: Settings, tmp_path
         chroma.stop()
 
 
+def test_an_api_started_before_its_chroma_server_answers_503_until_the_server_comes(
+    ingest_settings: Settings, tmp_path: Path
+) -> None:
+    import sys
+
+    from tests.servers import start_server
+
+    port = free_port()
+    command = [str(Path(sys.executable).parent / "chroma"), "run", "--path", str(tmp_path / "chroma")]
+    command += ["--host", "127.0.0.1", "--port", str(port)]
+    settings = ingest_settings.model_copy(update={"chroma_mode": "server", "chroma_url": f"http://127.0.0.1:{port}"})
+    server, thread, url, _ = serve(settings)  # no Chroma yet: the API starts all the same
+    chroma = None
+    try:
+        with httpx.Client(base_url=url, timeout=60) as client:
+            health = client.get("/health")
+            assert health.status_code == 503 and health.json()["backends"]["store"]["state"] != "ok"
+            early = client.post("/v1/documents", files={"files": ("a.txt", text_of(2, "a"))})
+            assert early.status_code == 503, early.text
+            assert early.json()["error"]["code"] == "store_unavailable" and early.headers["Retry-After"]
+
+            chroma = start_server("chroma", command, port, tmp_path, ready_path="/api/v2/heartbeat")
+            later = client.post("/v1/documents", files={"files": ("a.txt", text_of(2, "a"))})
+            assert later.status_code == 200 and later.json()["results"][0]["status"] == "indexed", later.text
+            deadline = time.monotonic() + 30  # the health probes are cached a moment
+            while client.get("/health").json()["backends"]["store"]["state"] != "ok":
+                assert time.monotonic() < deadline, client.get("/health").text
+                time.sleep(1)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        if chroma:
+            chroma.stop()
+
+
 # No silent loss.
 
 

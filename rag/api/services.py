@@ -184,8 +184,11 @@ def find_lost_vectors(services: Services) -> None:
             held = store.count(name)
             if held > expected and services.settings.embedded_chroma:  # no other writer
                 held -= remove_orphans(services, name, indexed)
-        except (BackendUnavailable, NotFound):
+        except NotFound:
             held = 0
+        except BackendUnavailable as exc:  # a store server that is away: checked at the next start
+            log.warning("could not count the vectors of collection %r: %s", name, exc.message)
+            continue
         if held < expected:
             where = "pgvector" if services.settings.vector_store == "pgvector" else "Chroma"
             store.out_of_step[name] = f"{where} holds {held:,} vectors for {expected:,} indexed chunks"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Iterator
@@ -24,6 +25,8 @@ from rag.core.errors import (
     UpstreamError,
 )
 from rag.store.record import Vectors
+
+log = logging.getLogger(__name__)
 
 # sync_threshold 1: Chroma writes its HNSW files after every write. At its default (1000) the last
 # writes live only in its log and are inserted again, in parallel, at each start: another graph, so
@@ -116,6 +119,20 @@ def _chroma_settings() -> Any:
     return ChromaSettings(anonymized_telemetry=False, allow_reset=False)
 
 
+def http_client(url: str | None) -> Any:
+    """A client of the Chroma server at `url`; chromadb asks the server who we are on creation, so this
+    raises while the server is away."""
+    import chromadb
+
+    parts = urlparse(url or "")
+    return chromadb.HttpClient(
+        host=parts.hostname or "127.0.0.1",
+        port=parts.port or 8000,
+        ssl=parts.scheme == "https",
+        settings=_chroma_settings(),
+    )
+
+
 def persistent_client(path: Path | str) -> Any:
     """An embedded Chroma client on `path`: the store's, the repair's and the probe's, with one set of
     settings (Chroma refuses a second client of a path with other settings in one process)."""
@@ -141,25 +158,33 @@ class ChunkStore:
         # chromadb's embedded writer, once it failed, blocks the next write for good (1.5.x); a new client goes on.
         self.path: Path | None = None
         self._failed_write = False
+        # A Chroma server's URL: a server that was away when this process started is connected to at the
+        # first use after it came (meanwhile every use is StoreUnavailable, a 503), not a crash at start.
+        self.server_url: str | None = None
 
     @classmethod
     def open(cls, settings: Settings) -> ChunkStore:
         if settings.chroma_mode == "server":
-            import chromadb
-
-            url = urlparse(settings.chroma_url or "")
-            client = chromadb.HttpClient(
-                host=url.hostname or "127.0.0.1",
-                port=url.port or 8000,
-                ssl=url.scheme == "https",
-                settings=_chroma_settings(),
-            )
-        else:
-            settings.chroma_path.mkdir(parents=True, exist_ok=True)
-            client = persistent_client(settings.chroma_path)
-        store = cls(client, settings.collection)
-        store.path = None if settings.chroma_mode == "server" else settings.chroma_path
+            store = cls(None, settings.collection)
+            store.server_url = settings.chroma_url
+            try:
+                store._connected()
+            except StoreUnavailable as exc:
+                log.warning("%s; connecting again at the next use", exc.message)
+            return store
+        settings.chroma_path.mkdir(parents=True, exist_ok=True)
+        store = cls(persistent_client(settings.chroma_path), settings.collection)
+        store.path = settings.chroma_path
         return store
+
+    def _connected(self) -> Any:
+        """The client; a Chroma server that was away is connected to now (StoreUnavailable while it is away)."""
+        if self._client is None and self.server_url is not None:
+            try:
+                self._client = http_client(self.server_url)
+            except Exception as exc:  # chromadb raises ValueError, httpx errors and more when the server is away
+                raise StoreUnavailable(f"Chroma is unavailable: {exc}") from exc
+        return self._client
 
     @contextmanager
     def _writing(self) -> Iterator[None]:
@@ -178,6 +203,8 @@ class ChunkStore:
     def collection(self, name: str, *, create: bool = False) -> Any:
         """The Chroma collection `name`; only writes create it, a read of an unknown one is NotFound."""
         reason = self.unreadable or self.damaged.get(name)
+        if reason is None:
+            self._connected()
         if reason is not None or self._client is None:
             raise StoreDamaged(
                 f"Chroma's collection {name!r} is damaged ({reason}); {REPAIR_HINT}", fix="rag store repair"
@@ -204,7 +231,7 @@ class ChunkStore:
 
     def names(self) -> list[str]:
         """The collections that exist in Chroma."""
-        if self._client is None:
+        if self._connected() is None:
             return sorted(self.damaged)
         try:
             found = self._client.list_collections()
@@ -229,16 +256,17 @@ class ChunkStore:
             raise
 
     def max_batch_size(self) -> int:
-        return int(self._client.get_max_batch_size())
+        return int(self._connected().get_max_batch_size())
 
     def close(self) -> None:
         """Nothing to close: Chroma's client lives as long as the process (its system cache holds it)."""
 
     def heartbeat(self) -> bool:
-        if self._client is None:
-            return False
         try:
-            self._client.heartbeat()
+            client = self._connected()
+            if client is None:
+                return False
+            client.heartbeat()
         except Exception:
             return False
         return True
@@ -350,7 +378,7 @@ class ChunkStore:
         from chromadb.errors import NotFoundError
 
         try:
-            self._client.delete_collection(name)
+            self._connected().delete_collection(name)
         except NotFoundError:
             pass
 
