@@ -137,6 +137,9 @@ def answer(client: httpx.Client, q: Question) -> Verdict:
             messages.append({"role": "assistant", "content": ask(client, messages)["answer"]})
         started = time.perf_counter()
         reply = ask(client, [*messages, {"role": "user", "content": q.question}])
+    except httpx.HTTPStatusError as exc:  # the API's own error body says why (a 503's reason)
+        reason = f"{exc.response.status_code} {exc.response.text[:500]}"
+        return failed(q, f"HTTPStatusError: {reason}", time.perf_counter() - started)
     except httpx.HTTPError as exc:
         return failed(q, f"{type(exc).__name__}: {exc}", time.perf_counter() - started)
     return judge(q, reply, time.perf_counter() - started, history=messages)
