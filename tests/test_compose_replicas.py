@@ -152,6 +152,16 @@ def test_depends_on_waits_for_the_database_and_its_schema(model: dict) -> None:
     assert set(services["balancer"]["depends_on"]) == set(REPLICAS)
 
 
+def test_each_replica_names_its_dependencies_and_restart_itself_not_through_extends() -> None:
+    # podman-compose gives a service that `extends` another its own depends_on alone (a replica started
+    # before Chroma was healthy) and not always the restart policy: the replica file says both itself.
+    base = load(COMPOSE)["services"]["api"]
+    services = load(DOCKER / "compose.replicas.yaml")["services"]
+    for name in REPLICAS:
+        assert set(base["depends_on"]) <= set(services[name]["depends_on"]), name
+        assert services[name]["restart"] == "unless-stopped", name
+
+
 def test_the_replicas_are_one_service_written_three_times(model: dict) -> None:
     services = model["services"]
     api = services["api"]
