@@ -93,6 +93,19 @@ def test_an_expected_list_needs_every_word_and_chinese_is_matched_by_character()
     assert not judge(both, _reply("It will expire.", []), 1.0).right
 
 
+def test_a_latin_word_run_into_chinese_is_a_word_of_its_own():
+    # OCR of a Chinese page runs an option into the text after it ("--link使用硬链接取代复制"): the
+    # option is still there for the answer and for "answer in sources".
+    q = Question("t-6", "scan-pdf", "scans/cp.1-zh_CN-scan.pdf", "cp 的哪个选项使用硬链接取代复制？", ("-l", "--link"))
+    chunk = "-H 跟随源文件命令行中显式给出的符号链接-1, --link使用硬链接取代复制-L, --dereference总是跟随"
+    verdict = judge(q, _reply("--link使用硬链接", [chunk]), 1.0)
+    assert verdict.right and verdict.answer_in_sources
+    preserve = Question(
+        "t-7", "scan-pdf", "scans/cp.1-zh_CN-scan.pdf", "cp 的 -a 选项与什么相同？", ("-dR --preserve=all",)
+    )
+    assert judge(preserve, _reply("与-dR --preserve=all相同", []), 1.0).right
+
+
 def test_a_limited_run_asks_every_kind_before_a_second_question_of_any():
     from bench.real_docs.run import pick
 

@@ -8,7 +8,8 @@ An answer is *right* when it holds an expected answer: its words, in order, amon
 (`contains`, for short facts: "993" in "The imaps service uses port 993/tcp"), or, for an expected entry
 that is a list, every word of that list somewhere in it; a question marked `"match": "exact"` needs the
 answer to be an expected answer and nothing more ("no" for a yes/no default, where "no" inside a longer
-answer says nothing). Words are runs of letters and digits, each CJK character a word of its own, compared
+answer says nothing). Words are runs of letters and digits, each CJK character a word of its own (also
+right after a Latin word: OCR of a Chinese page runs "--link" into the "使用" after it), compared
 case-folded unless the question says `case` (`-S` and `-s` are different ls options); the model's `[Sn]`
 markers are removed first. `exact` (normalized equality with an expected answer) is reported beside it.
 
@@ -56,7 +57,8 @@ KINDS = (
 TARGETS = {"right_covered": 0.60, "wrong_shown_supported": 0, "refused_uncovered": 0.90}
 
 _CITATION = re.compile(r"\[S\d+\]")
-_WORD = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]|[^\W_]+")
+_HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_WORD = re.compile(rf"[{_HAN}]|[^\W_{_HAN}]+")
 _REFUSAL = re.compile(
     r"not (?:in|found in|mentioned in|covered by|contained in) the (?:documents|sources|context|provided)"
     r"|(?:documents|sources|context) (?:do not|don't|does not) (?:say|mention|contain|cover)"
