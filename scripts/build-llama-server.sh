@@ -25,7 +25,9 @@
 # Prints the path of the cached binary on its last line of stdout.
 # Environment: RAG_CACHE_DIR (default ~/.cache/rag-stack), LLAMA_SRC_VERSION, LLAMA_SRC_SHA256,
 # EXTRA_TARGETS (e.g. "llama-bench"), JOBS (default: nproc), LLAMA_CPU_FORM (the forms to try, e.g. "noamx"),
-# LLAMA_CHECK_MODEL (the GGUF to test-run; default: the bundled generator, through PYTHON's `rag`).
+# LLAMA_CHECK_MODEL (the GGUF to test-run; default: the bundled generator, through PYTHON's `rag`),
+# LLAMA_CMAKE_ARGS (extra cmake arguments, space-separated, e.g. "-DGGML_CUDA_FORCE_CUBLAS=ON": the build goes
+# to its own cache folder, the form's name plus "-x" and the arguments' hash).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -43,6 +45,9 @@ cuda=${GGML_CUDA:-OFF}
 arch=${CMAKE_CUDA_ARCHITECTURES:-}
 jobs=${JOBS:-$(nproc)}
 targets="llama-server ${EXTRA_TARGETS:-}"
+read -r -a extra_cmake <<<"${LLAMA_CMAKE_ARGS:-}"
+extra_key=""
+[ ${#extra_cmake[@]} -gt 0 ] && extra_key="-x$(printf '%s\n' "${extra_cmake[@]}" | sha256sum | cut -c1-8)"
 cpu_flags=$(grep -m1 -E '^(flags|Features)' /proc/cpuinfo | cut -d: -f2- || true)
 # GGML_NATIVE=ON ties the binary to this CPU's instruction set: key the cache by it.
 cpu_key=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | sort | sha256sum | cut -c1-12)
@@ -58,7 +63,12 @@ cpu_forms() {
     echo native portable
   fi
 }
-form_dir() {
+form_dir() {  # the form's cache folder; LLAMA_CMAKE_ARGS adds their hash
+  local dir
+  dir=$(base_form_dir "$1") || exit 2
+  echo "$dir$extra_key"
+}
+base_form_dir() {
   case $1 in
     native) echo "${sha256:0:16}-cpu-$cpu_key" ;;
     amxfix) echo "${sha256:0:16}-cpu-$cpu_key-amxfix" ;;
@@ -241,6 +251,7 @@ build_form() {  # FORM DIR: compile the targets into DIR/bin
     [ -n "$arch" ] && cmake_args+=(-DCMAKE_CUDA_ARCHITECTURES="$arch")
   fi
   command -v ninja >/dev/null && cmake_args+=(-G Ninja)
+  [ ${#extra_cmake[@]} -gt 0 ] && cmake_args+=("${extra_cmake[@]}")
 
   # The compiler's output (thousands of lines, hundreds of warnings from intrinsics headers) goes to a log;
   # the terminal gets one progress line (refreshed in place on a terminal, every minute otherwise) and, if

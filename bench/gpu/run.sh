@@ -8,10 +8,12 @@
 #   4. sweep flags with llama-bench, then time llama-server (TTFT, decode) under each flag set;
 #   5. `stage` + `stack`: the whole stack (bench/gpu/stack.py) in front of the GPU llama-server;
 #   6. `pool`: one llama-server with -np 2 against two sharing the card behind one pool (bench/gpu/pool.py);
-#   7. `batching`: -b / -ub for two users on the 16 GB emulation of the GPU profile (bench/gpu/batching.py).
+#   7. `batching`: -b / -ub for two users on the 16 GB emulation of the GPU profile (bench/gpu/batching.py);
+#   8. `prefill`: prompt processing of one build (llama-bench) and the shipped profile's full-budget first
+#      token on the 16 GB emulation (bench/gpu/prefill.py), under the label PREFILL_LABEL.
 #
 #   bench/gpu/run.sh [PHASE...]    PHASE: build models probe emulate bench server (default: all, in order),
-#                                  stage stack pool batching (only when named)
+#                                  stage stack pool batching prefill (only when named)
 #
 # The machine has no network and lacks the stack's Python packages: `stage` installs the wheels in $WHEELS
 # (cp312 manylinux, `pip download` here; see bench/README.md) into $WORK/site, or unpacks $SITE_XZ there
@@ -24,6 +26,8 @@
 # Results: $OUT/results-h200.json (merged into the previous bench/gpu/results-h200.json), $OUT/logs.tgz.
 # DRY_RUN=1 runs the same steps on this CPU with toy models (no GPU memory held). REMEASURE=1 measures
 # again the steps the committed results file already holds (otherwise they are skipped).
+# LLAMA_CMAKE_ARGS: extra cmake arguments for the build (e.g. "-DGGML_CUDA_FORCE_CUBLAS=ON"); each set of them
+# is its own detached build (build-<hash>), so two builds can be started on one machine and compared.
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -106,10 +110,12 @@ fi
 # The GGUF writer needs the gguf package: the pinned source carries it (gguf-py).
 python3 -c "import gguf" 2>/dev/null || export PYTHONPATH="$src_tree/llama.cpp/gguf-py:${PYTHONPATH:-}"
 
+build_name=build
+[ -n "${LLAMA_CMAKE_ARGS:-}" ] && build_name="build-$(printf '%s' "$LLAMA_CMAKE_ARGS" | sha256sum | cut -c1-8)"
 want() { local p; for p in "${phases[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
 
 if want build; then
-  detach build env "${build_env[@]}" EXTRA_TARGETS="${EXTRA_TARGETS-llama-bench}" JOBS="$(nproc)" bash scripts/build-llama-server.sh
+  detach "$build_name" env "${build_env[@]}" LLAMA_CMAKE_ARGS="${LLAMA_CMAKE_ARGS:-}" EXTRA_TARGETS="${EXTRA_TARGETS-llama-bench}" JOBS="$(nproc)" bash scripts/build-llama-server.sh
 fi
 if want models; then
   # shellcheck disable=SC2086
@@ -133,11 +139,11 @@ if want stage; then
 fi
 # START_ONLY=1: start the build and the models, stage, and return (the next call waits for them).
 [ "${START_ONLY:-0}" = 1 ] && { log "started; not waiting"; exit 0; }
-if want build || want stack || want pool || want batching; then await build || exit 1; fi
-bin_dir=$(dirname "$(tail -1 "$WORK/build.log")")
+if want build || want stack || want pool || want batching || want prefill; then await "$build_name" || exit 1; fi
+bin_dir=$(dirname "$(tail -1 "$WORK/$build_name.log")")
 log "binaries: $bin_dir"
 "$bin_dir/llama-server" --version > "$WORK/logs/version.txt" 2>&1
-if want models || want stack || want pool || want batching; then await models || exit 1; fi
+if want models || want stack || want pool || want batching || want prefill; then await models || exit 1; fi
 cp "$WORK/models.log" "$WORK/logs/models.log" 2>/dev/null
 
 driver_phases=()
@@ -181,5 +187,14 @@ if want batching; then
   PYTHONUNBUFFERED=1 timeout "$(( $(left) + 60 ))" python3 bench/gpu/batching.py --bin "$bin_dir" \
     --model "$WORK/models/qwen3.6-27b-shape-$quant.gguf" --out "$WORK" --deadline "$deadline" "${settings[@]}" \
     "${dry[@]}" 2>&1 | tee -a "$WORK/logs/run.log"
+fi
+if want prefill; then
+  quant=${PREFILL_QUANT:-Q4_K_S}
+  dry=(); [ "$DRY_RUN" = 1 ] && dry=(--dry-run)
+  log "prefill ${PREFILL_LABEL:-default} ($(left) s left)"
+  PYTHONUNBUFFERED=1 timeout "$(( $(left) + 60 ))" python3 bench/gpu/prefill.py --bin "$bin_dir" \
+    --model "$WORK/models/qwen3.6-27b-shape-$quant.gguf" --out "$WORK" --deadline "$deadline" \
+    --label "${PREFILL_LABEL:-default}" --bench-ub "${PREFILL_BENCH_UB:-512,2048}" \
+    --server-ub "${PREFILL_SERVER_UB:-512}" "${dry[@]}" 2>&1 | tee -a "$WORK/logs/run.log"
 fi
 log "done"
