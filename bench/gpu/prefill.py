@@ -135,12 +135,18 @@ def main() -> None:
             continue
         if "pp" in entry:
             for row in entry["pp"] + entry.get("tg", []):
-                print(f"[prefill] {key} p{row['n_prompt']} n{row['n_gen']} ub{row['n_ubatch']}: "
-                      f"{row['avg_ts']:.1f} +- {row['stddev_ts']:.1f} tok/s (load {entry['load_before']})", flush=True)
+                print(
+                    f"[prefill] {key} p{row['n_prompt']} n{row['n_gen']} ub{row['n_ubatch']}: "
+                    f"{row['avg_ts']:.1f} +- {row['stddev_ts']:.1f} tok/s (load {entry['load_before']})",
+                    flush=True,
+                )
         else:
-            print(f"[prefill] {key}: first token {entry.get('full_budget_ttft_s_median')} s, "
-                  f"{entry.get('prompt_tok_s_median')} tok/s, free {entry.get('free_after_load_mib')} / "
-                  f"{entry.get('free_after_serving_mib')} MiB, {entry.get('error', '')}", flush=True)
+            print(
+                f"[prefill] {key}: first token {entry.get('full_budget_ttft_s_median')} s, "
+                f"{entry.get('prompt_tok_s_median')} tok/s, free {entry.get('free_after_load_mib')} / "
+                f"{entry.get('free_after_serving_mib')} MiB, {entry.get('error', '')}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
