@@ -454,6 +454,27 @@ def test_the_shipped_profile_is_what_the_16gb_emulation_measured() -> None:
     assert summary["two_users_per_user_tok_s_median"] >= 0.85 * summary["one_user_decode_tok_s"]
 
 
+def test_the_v100s_prefill_path_in_the_16gb_emulation_holds_the_pool_the_planner_counts() -> None:
+    """The same flags built two ways on one H100 machine (bench/gpu/run.sh, batching): with the quantized MMQ
+    kernels a Hopper card runs, the planner's Hopper prediction holds; forced onto cuBLAS, the path a V100
+    takes for prompt batches, the card keeps the fp16 pool that the planner counts for Volta, within 100 MiB,
+    and still serves two users."""
+    batching = json.loads(H200_RESULTS.read_text())["batching"]
+    model = qwen35_model(QWEN36_27B, "Q4_K_S")
+    for key, compute_capability in (("b8192-ub512-v4-h100-mmq", (9, 0)), ("b8192-ub512-v4-h100-cublas", (7, 0))):
+        entry = batching[key]
+        window = replace(get_gpu("h200"), memory_mib=16_160, compute_capability=compute_capability)
+        result = plan(model, window, Flags.from_server_args(entry["flags"]))
+        assert result.memory.compute / MIB == pytest.approx(entry["buffers_mib"]["CUDA0 compute"], rel=0.03)
+        assert result.free / MIB == pytest.approx(entry["free_after_serving_mib"], abs=100), key
+        assert entry["summary"]["errors"] == 0
+    pool_measured = (
+        batching["b8192-ub512-v4-h100-mmq"]["free_after_serving_mib"]
+        - batching["b8192-ub512-v4-h100-cublas"]["free_after_serving_mib"]
+    )
+    assert 200 < pool_measured < 300  # the fp16 copy of the widest weight matrix and its activations
+
+
 def test_a_logical_batch_of_the_whole_context_costs_no_memory_in_the_16gb_emulation() -> None:
     """The batching runs (bench/gpu/batching.py): -b 8192 left the card the buffers and free memory of -b 512,
     as the planner predicts."""

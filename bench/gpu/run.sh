@@ -26,8 +26,13 @@
 # Results: $OUT/results-h200.json (merged into the previous bench/gpu/results-h200.json), $OUT/logs.tgz.
 # DRY_RUN=1 runs the same steps on this CPU with toy models (no GPU memory held). REMEASURE=1 measures
 # again the steps the committed results file already holds (otherwise they are skipped).
-# LLAMA_CMAKE_ARGS: extra cmake arguments for the build (e.g. "-DGGML_CUDA_FORCE_CUBLAS=ON"); each set of them
-# is its own detached build (build-<hash>), so two builds can be started on one machine and compared.
+# LLAMA_CMAKE_ARGS: extra cmake arguments for the build; each set of them is its own detached build
+# (build-<hash>), so two builds can be started on one machine and compared. Unset, a GPU run builds with
+# -DGGML_CUDA_FORCE_CUBLAS=ON, so the emulation takes a V100's code path: a V100 has no int8 tensor cores,
+# and ggml sends its prompt batches (64 tokens and more) through cuBLAS on fp16 weights dequantized into
+# the CUDA pool, where a Hopper card runs the quantized MMQ kernels (on an H100 machine MMQ prefilled the
+# Q4_K_S shape ~16% slower and took 272 MiB less of the pool). LLAMA_CMAKE_ARGS= (set, empty) builds
+# the Hopper default.
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -110,6 +115,7 @@ fi
 # The GGUF writer needs the gguf package: the pinned source carries it (gguf-py).
 python3 -c "import gguf" 2>/dev/null || export PYTHONPATH="$src_tree/llama.cpp/gguf-py:${PYTHONPATH:-}"
 
+if [ "$DRY_RUN" != 1 ] && [ -z "${LLAMA_CMAKE_ARGS+set}" ]; then LLAMA_CMAKE_ARGS="-DGGML_CUDA_FORCE_CUBLAS=ON"; fi
 build_name=build
 [ -n "${LLAMA_CMAKE_ARGS:-}" ] && build_name="build-$(printf '%s' "$LLAMA_CMAKE_ARGS" | sha256sum | cut -c1-8)"
 want() { local p; for p in "${phases[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
