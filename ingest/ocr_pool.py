@@ -1,7 +1,7 @@
 """The OCR workers: page images in, OCR lines out, one page at a time, each page within its own bounds.
 
     reader = get_ocr_pool(settings).reader(name)       # for ParserPool.parse(..., ocr=reader)
-    reader(image) -> PageLines([OcrLine, ...]) | PageLeftOut(why)   (`ingest.ocr_messages`)
+    reader(image) -> PageLines([OcrLine, ...]) | PageLeftOut(why)   (`ingest.ocr_messages`; the loaders' `PageRead`)
 
 A parser worker that meets a scanned page renders it and hands the image up to the parent, which
 passes it here. An OCR worker is a process of its own like the parser's (`ingest.sandbox`), limited to
@@ -18,10 +18,10 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .ocr_messages import OcrAnswer, OcrFailed, PageImage, PageLeftOut, PageLines
+from .loaders.ocr import OcrFn
+from .ocr_messages import OcrFailed, PageImage, PageLeftOut, PageLines, PageRead
 from .worker_processes import BOOT_PREFIX, READY, Worker, WorkerPool, serve_from_parent
 
 if TYPE_CHECKING:
@@ -73,11 +73,11 @@ class OcrPool(WorkerPool):
         super().__init__(memory_mb, max_workers=workers)
         self.page_timeout_s = page_timeout_s
 
-    def reader(self, name: str) -> Callable[[Any], OcrAnswer]:
+    def reader(self, name: str) -> OcrFn:
         """The `ocr` function for `ParserPool.parse` on the file `name`."""
         return lambda image: self.read(image, name)
 
-    def read(self, image: Any, name: str) -> OcrAnswer:
+    def read(self, image: Any, name: str) -> PageRead:
         """The lines of the page `image` of the file `name`, or why it was left out; a page over its time
         or memory costs its worker (the next page gets a fresh one)."""
         worker = self._acquire()

@@ -2,13 +2,14 @@
 
     lines = recognize(make_engine(), image)          # in the OCR worker (ingest.ocr_pool)
     add_ocr_page(builder, n, image, ocr, 0.8, carry) # in a loader: page n's text and tables, through `ocr`
+                                                     # (an image in; PageLines(lines) or PageLeftOut(why) out)
     blocks = layout(lines)                           # the lines in reading order: TextBlock, TableBlock
 
 The engine is RapidOCR 3.10 (PP-OCRv6 detection and recognition, Chinese and English in one model;
 its 180° line classifier is off, see `make_engine`), run by onnxruntime on one thread; its model files come inside the
 `rapidocr` wheel and are pinned in models.lock. The spaces inside a line that the recogniser ran
 together ("andstored") are put back from the white gaps of the line's image (`word_spaces`). A loader
-does not call the engine itself: it gets an `OcrFn` (an image in, the lines out), which the parser
+does not call the engine itself: it gets an `OcrFn` (an image in, a `PageRead` out), which the parser
 worker forwards to the OCR worker, so the OCR of a page has its own time and memory bounds.
 
 Reading order, done here because RapidOCR only sorts lines top to bottom: lines that span most of the
@@ -72,11 +73,22 @@ class OcrLine:
         return (self.y0 + self.y1) / 2
 
 
-class PageSkipped(Exception):
-    """The OCR of a page did not finish (over its time or memory): the page is left out, with a warning."""
+@dataclass(frozen=True, slots=True)
+class PageLines:
+    """The lines OCR read on a page."""
+
+    lines: list[OcrLine]
 
 
-OcrFn = Callable[[Any], list[OcrLine]]  # a 2-D uint8 image (grayscale) in, its lines out; may raise PageSkipped
+@dataclass(frozen=True, slots=True)
+class PageLeftOut:
+    """The page was not read (over its time or memory, or its OCR worker failed): why, for the warning."""
+
+    why: str
+
+
+PageRead = PageLines | PageLeftOut  # what OCR made of one page, from the OCR worker up to the layout
+OcrFn = Callable[[Any], PageRead]  # a 2-D uint8 image (grayscale) in, its lines or why it was left out
 
 
 def make_engine(threads: int = 1, params: Mapping[str, Any] | None = None) -> Any:
@@ -372,35 +384,32 @@ def announce_pages(ocr: OcrFn, total: int) -> None:
         expect(total)
 
 
-def read_page(image: Any, ocr: OcrFn) -> list[OcrLine] | PageSkipped:
+def read_page(image: Any, ocr: OcrFn) -> PageRead:
     """The lines `ocr` reads on a page, or why it did not (a document's pages are read before they are
     laid out, so that what repeats on every page is known: see `ingest.loaders.furniture`)."""
     if _blank(image):
-        return []
-    try:
-        return ocr(image)
-    except PageSkipped as exc:
-        return exc
+        return PageLines([])
+    return ocr(image)
 
 
 def add_read_page(
     builder: DocumentBuilder,
     number: int,
-    lines: list[OcrLine] | PageSkipped,
+    page: PageRead,
     min_confidence: float,
     carry: TableCarry | None = None,
 ) -> list[str]:
     """`add_ocr_page` of a page read already (`read_page`)."""
     builder.page(number)
-    if isinstance(lines, PageSkipped):
-        return [f"page {number} was left out: {lines}"]
+    if isinstance(page, PageLeftOut):
+        return [f"page {number} was left out: {page.why}"]
     carry = carry if carry is not None else TableCarry()
-    for n, block in enumerate(layout(lines, len(carry.header or ()))):
+    for n, block in enumerate(layout(page.lines, len(carry.header or ()))):
         if isinstance(block, TableBlock):
             _add_table(builder, block, carry, first_on_page=n == 0)
         else:
             builder.block(block.text, boxes=block.boxes)
-    return _doubtful(number, lines, min_confidence)
+    return _doubtful(number, page.lines, min_confidence)
 
 
 def _doubtful(number: int, lines: list[OcrLine], min_confidence: float) -> list[str]:
