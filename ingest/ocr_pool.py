@@ -13,16 +13,14 @@ the next page starts a fresh one) and is left out with a warning; the rest of th
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
-import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 from .loaders.ocr import OcrFn
 from .ocr_messages import OcrFailed, PageImage, PageLeftOut, PageLines, PageRead
-from .worker_processes import BOOT_PREFIX, READY, Worker, WorkerPool, serve_from_parent
+from .worker_processes import BOOT_PREFIX, READY, PoolRegistry, Worker, WorkerPool, serve_from_parent
 
 if TYPE_CHECKING:
     from rag.core.config import Settings
@@ -110,26 +108,14 @@ class OcrPool(WorkerPool):
         return PageLeftOut(f"OCR failed on {name} ({failed.why})")
 
 
-_pools: dict[tuple[int, int, float], OcrPool] = {}
-_pools_lock = threading.Lock()
+_pools: PoolRegistry[tuple[int, int, float], OcrPool] = PoolRegistry(lambda key: OcrPool(*key))
 
 
 def get_ocr_pool(settings: Settings) -> OcrPool:
     """The process-wide OCR pool for these settings (created on first use, stopped at exit)."""
-    key = (settings.ocr_memory_mb, settings.ocr_workers, settings.ocr_page_timeout_s)
-    with _pools_lock:
-        pool = _pools.get(key)
-        if pool is None:
-            if not _pools:
-                atexit.register(close_ocr_pools)
-            pool = _pools[key] = OcrPool(*key)
-        return pool
+    return _pools.get((settings.ocr_memory_mb, settings.ocr_workers, settings.ocr_page_timeout_s))
 
 
 def close_ocr_pools() -> None:
     """Stop every OCR pool's workers (for shutdown hooks and tests)."""
-    with _pools_lock:
-        pools = list(_pools.values())
-        _pools.clear()
-    for pool in pools:
-        pool.close()
+    _pools.close()

@@ -24,12 +24,10 @@ subprocess with its own socket has no such coupling and no shared global state.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -42,7 +40,7 @@ from rag.core import errors
 from .loaders.ocr import OcrFn
 from .models import DocKind, LoadedDocument
 from .ocr_messages import PageImage, PageRead
-from .worker_processes import BOOT_PREFIX, READY, Worker, WorkerPool, serve_from_parent
+from .worker_processes import BOOT_PREFIX, READY, PoolRegistry, Worker, WorkerPool, serve_from_parent
 
 log = logging.getLogger(__name__)
 
@@ -235,25 +233,14 @@ class ParserPool(WorkerPool):
         raise errors.DocumentRejected(f"{name} could not be parsed ({reply[1]})")
 
 
-_pools: dict[int, ParserPool] = {}
-_pools_lock = threading.Lock()
+_pools: PoolRegistry[int, ParserPool] = PoolRegistry(ParserPool)
 
 
 def get_pool(memory_mb: int) -> ParserPool:
     """The process-wide pool for this memory limit (created on first use, stopped at exit)."""
-    with _pools_lock:
-        pool = _pools.get(memory_mb)
-        if pool is None:
-            if not _pools:
-                atexit.register(close_pools)
-            pool = _pools[memory_mb] = ParserPool(memory_mb)
-        return pool
+    return _pools.get(memory_mb)
 
 
 def close_pools() -> None:
     """Stop every pool's workers (for shutdown hooks and tests)."""
-    with _pools_lock:
-        pools = list(_pools.values())
-        _pools.clear()
-    for pool in pools:
-        pool.close()
+    _pools.close()
