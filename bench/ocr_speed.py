@@ -59,7 +59,7 @@ def read(eng: Any, image: np.ndarray, raw: bool) -> str:
     if raw:
         eng = _WithoutCharacterBoxes(eng)
     builder = DocumentBuilder()
-    ocr.add_read_page(builder, 1, ocr.recognize(eng, image), min_confidence=0.0)
+    ocr.add_read_page(builder, 1, ocr.PageLines(ocr.recognize(eng, image)), min_confidence=0.0)
     try:
         return builder.build("page.png", DocKind.IMAGE).text
     except DocumentRejected:  # nothing read

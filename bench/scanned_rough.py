@@ -50,7 +50,7 @@ from bench.retrieval_quality import (
 )
 from bench.scanned import LEXICAL, cer
 from ingest.loaders import parse
-from ingest.loaders.ocr import make_engine, recognize
+from ingest.loaders.ocr import PageLines, make_engine, recognize
 from ingest.models import DocKind
 from rag.core.config import Settings
 from tests import scans
@@ -130,7 +130,7 @@ def glued(reference: str, read: str) -> tuple[int, int]:
 def read_pdf(data: bytes, engine) -> tuple[list[str], float]:
     """The OCR text of each page of an image-only PDF, and the seconds it took."""
     started = time.perf_counter()
-    doc = parse(DocKind.PDF, data, "scan.pdf", ocr=lambda image: recognize(engine, image))
+    doc = parse(DocKind.PDF, data, "scan.pdf", ocr=lambda image: PageLines(recognize(engine, image)))
     seconds = time.perf_counter() - started
     by_page: dict[int, list[str]] = {}
     for section in doc.sections:

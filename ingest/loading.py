@@ -19,7 +19,7 @@ encrypted, scanned, a bomb, over the time or memory limit).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rag.core.errors import UnsupportedFileType
 
@@ -54,31 +54,23 @@ def _load(data: bytes, name: str, type_name: str, settings: Settings, pool: Pars
     """`data` parsed by its type (`type_name`'s extension breaks ties among text kinds)."""
     detection = classify(data, type_name)
     kind = detection.kind
+    options = _worker_options(kind, name, settings)
+    if options is None:
+        return parse(kind, data, name, text=detection.text, encoding=detection.encoding)
+    pool = pool or get_pool(settings.parse_memory_mb)
+    return pool.parse(
+        kind, data, name, timeout_s=settings.parse_timeout_s, max_pages=settings.max_document_pages, **options
+    )
+
+
+def _worker_options(kind: DocKind, name: str, settings: Settings) -> dict[str, Any] | None:
+    """What the parser worker takes for a file of `kind` besides its bounds; None for a kind parsed here."""
     if kind in (DocKind.PDF, DocKind.IMAGE):
-        pool = pool or get_pool(settings.parse_memory_mb)
-        return pool.parse(
-            kind,
-            data,
-            name,
-            timeout_s=settings.parse_timeout_s,
-            ocr=get_ocr_pool(settings).reader(name),
-            on_page=page_listener.get(),
-            max_pages=settings.max_document_pages,
-            **ocr_options(settings),
-        )
+        return {"ocr": get_ocr_pool(settings).reader(name), "on_page": page_listener.get(), **ocr_options(settings)}
     if kind in SANDBOXED_KINDS:
-        pool = pool or get_pool(settings.parse_memory_mb)
-        return pool.parse(
-            kind,
-            data,
-            name,
-            timeout_s=settings.parse_timeout_s,
-            max_inflated=inflate_limit(settings),
-            max_pages=settings.max_document_pages,
-            # groff, which the worker starts for a man page, must stop before the worker's own deadline.
-            render_timeout_s=settings.parse_timeout_s / 2,
-        )
-    return parse(kind, data, name, text=detection.text, encoding=detection.encoding)
+        # groff, which the worker starts for a man page, must stop before the worker's own deadline.
+        return {"max_inflated": inflate_limit(settings), "render_timeout_s": settings.parse_timeout_s / 2}
+    return None
 
 
 def ocr_options(settings: Settings) -> dict[str, int | float]:

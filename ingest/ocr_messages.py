@@ -3,7 +3,7 @@
     parser worker -> parent:   PageImage(image, number, total)   (`ingest.sandbox`)
     parent -> OCR worker:      PageImage                         (`ingest.ocr_pool`)
     OCR worker -> parent:      PageLines(lines) | OcrFailed(why, memory)
-    parent -> parser worker:   PageLines(lines) | PageLeftOut(why)
+    parent -> parser worker:   PageLines(lines) | PageLeftOut(why)   (`PageRead`, as the loaders take it)
 
 Each is pickled over a socket pair (multiprocessing's Connection), so both ends are our code: a worker
 that gets another message than it expects has a bug, not a hostile file.
@@ -12,10 +12,12 @@ that gets another message than it expects has a bug, not a hostile file.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ingest.loaders.ocr import OcrLine
+# One page's result is one type from the OCR worker up to the layout (`PageRead`): the loaders take it too.
+from .loaders.ocr import PageLeftOut, PageLines, PageRead
+
+__all__ = ["OcrFailed", "PageImage", "PageLeftOut", "PageLines", "PageRead"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,25 +30,8 @@ class PageImage:
 
 
 @dataclass(frozen=True, slots=True)
-class PageLines:
-    """The lines OCR read on a page."""
-
-    lines: list[OcrLine]
-
-
-@dataclass(frozen=True, slots=True)
-class PageLeftOut:
-    """The page was not read (over its time or memory, or its worker failed): why, for the warning."""
-
-    why: str
-
-
-@dataclass(frozen=True, slots=True)
 class OcrFailed:
     """An OCR worker's last answer before it retires: it ran out of memory, or the engine failed."""
 
     why: str
     memory: bool = False
-
-
-OcrAnswer = PageLines | PageLeftOut  # what the parent answers a parser worker's PageImage with

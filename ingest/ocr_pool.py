@@ -1,7 +1,7 @@
 """The OCR workers: page images in, OCR lines out, one page at a time, each page within its own bounds.
 
     reader = get_ocr_pool(settings).reader(name)       # for ParserPool.parse(..., ocr=reader)
-    reader(image) -> PageLines([OcrLine, ...]) | PageLeftOut(why)   (`ingest.ocr_messages`)
+    reader(image) -> PageLines([OcrLine, ...]) | PageLeftOut(why)   (`ingest.ocr_messages`; the loaders' `PageRead`)
 
 A parser worker that meets a scanned page renders it and hands the image up to the parent, which
 passes it here. An OCR worker is a process of its own like the parser's (`ingest.sandbox`), limited to
@@ -13,16 +13,14 @@ the next page starts a fresh one) and is left out with a warning; the rest of th
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
-import threading
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .ocr_messages import OcrAnswer, OcrFailed, PageImage, PageLeftOut, PageLines
-from .worker_processes import BOOT_PREFIX, READY, Worker, WorkerPool, serve_from_parent
+from .loaders.ocr import OcrFn
+from .ocr_messages import OcrFailed, PageImage, PageLeftOut, PageLines, PageRead
+from .worker_processes import BOOT_PREFIX, READY, PoolRegistry, Worker, WorkerPool, serve_from_parent
 
 if TYPE_CHECKING:
     from rag.core.config import Settings
@@ -73,11 +71,11 @@ class OcrPool(WorkerPool):
         super().__init__(memory_mb, max_workers=workers)
         self.page_timeout_s = page_timeout_s
 
-    def reader(self, name: str) -> Callable[[Any], OcrAnswer]:
+    def reader(self, name: str) -> OcrFn:
         """The `ocr` function for `ParserPool.parse` on the file `name`."""
         return lambda image: self.read(image, name)
 
-    def read(self, image: Any, name: str) -> OcrAnswer:
+    def read(self, image: Any, name: str) -> PageRead:
         """The lines of the page `image` of the file `name`, or why it was left out; a page over its time
         or memory costs its worker (the next page gets a fresh one)."""
         worker = self._acquire()
@@ -110,26 +108,14 @@ class OcrPool(WorkerPool):
         return PageLeftOut(f"OCR failed on {name} ({failed.why})")
 
 
-_pools: dict[tuple[int, int, float], OcrPool] = {}
-_pools_lock = threading.Lock()
+_pools: PoolRegistry[tuple[int, int, float], OcrPool] = PoolRegistry(lambda key: OcrPool(*key))
 
 
 def get_ocr_pool(settings: Settings) -> OcrPool:
     """The process-wide OCR pool for these settings (created on first use, stopped at exit)."""
-    key = (settings.ocr_memory_mb, settings.ocr_workers, settings.ocr_page_timeout_s)
-    with _pools_lock:
-        pool = _pools.get(key)
-        if pool is None:
-            if not _pools:
-                atexit.register(close_ocr_pools)
-            pool = _pools[key] = OcrPool(*key)
-        return pool
+    return _pools.get((settings.ocr_memory_mb, settings.ocr_workers, settings.ocr_page_timeout_s))
 
 
 def close_ocr_pools() -> None:
     """Stop every OCR pool's workers (for shutdown hooks and tests)."""
-    with _pools_lock:
-        pools = list(_pools.values())
-        _pools.clear()
-    for pool in pools:
-        pool.close()
+    _pools.close()

@@ -24,34 +24,29 @@ subprocess with its own socket has no such coupling and no shared global state.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from rag.core import errors
 
+from .loaders.ocr import OcrFn
 from .models import DocKind, LoadedDocument
-from .ocr_messages import OcrAnswer, PageImage, PageLeftOut
-from .worker_processes import BOOT_PREFIX, READY, Worker, WorkerPool, serve_from_parent
-
-if TYPE_CHECKING:
-    from ingest.loaders.ocr import OcrLine
+from .ocr_messages import PageImage, PageRead
+from .worker_processes import BOOT_PREFIX, READY, PoolRegistry, Worker, WorkerPool, serve_from_parent
 
 log = logging.getLogger(__name__)
 
 DEFAULT_WORKERS = 2
 RENDER = "render-page"  # a request to render a page (`ingest.loaders.render`) rather than to parse
 _BOOT = BOOT_PREFIX + "sandbox import worker_main; worker_main()"
-OcrReader = Callable[[Any], OcrAnswer]  # a page image in, its lines or why it was left out (`ingest.ocr_pool`)
 
 PageProgress = Callable[[int, "int | None"], None]  # (n, total): the n-th page image of `total` goes to OCR
 # Who hears of each page OCR reads in the load running in this context (`ingest.loading` passes it to
@@ -132,15 +127,11 @@ class _OcrThrough:
     def expect_pages(self, total: int) -> None:
         self.sent, self.total = 0, total
 
-    def __call__(self, image: Any) -> list[OcrLine]:
-        from ingest.loaders.ocr import PageSkipped
-
+    def __call__(self, image: Any) -> PageRead:
         self.sent += 1
         self.conn.send(PageImage(image, self.sent, self.total))
-        answer: OcrAnswer = self.conn.recv()
-        if isinstance(answer, PageLeftOut):
-            raise PageSkipped(answer.why)
-        return answer.lines
+        answer: PageRead = self.conn.recv()
+        return answer
 
 
 class ParserPool(WorkerPool):
@@ -159,7 +150,7 @@ class ParserPool(WorkerPool):
         data: bytes,
         name: str,
         timeout_s: float,
-        ocr: OcrReader | None = None,
+        ocr: OcrFn | None = None,
         on_page: PageProgress | None = None,
         **options: Any,
     ) -> LoadedDocument:
@@ -181,7 +172,7 @@ class ParserPool(WorkerPool):
         name: str,
         timeout_s: float,
         options: dict[str, Any],
-        ocr: OcrReader | None = None,
+        ocr: OcrFn | None = None,
         on_page: PageProgress | None = None,
     ) -> Any:
         worker = self._acquire()
@@ -242,25 +233,14 @@ class ParserPool(WorkerPool):
         raise errors.DocumentRejected(f"{name} could not be parsed ({reply[1]})")
 
 
-_pools: dict[int, ParserPool] = {}
-_pools_lock = threading.Lock()
+_pools: PoolRegistry[int, ParserPool] = PoolRegistry(ParserPool)
 
 
 def get_pool(memory_mb: int) -> ParserPool:
     """The process-wide pool for this memory limit (created on first use, stopped at exit)."""
-    with _pools_lock:
-        pool = _pools.get(memory_mb)
-        if pool is None:
-            if not _pools:
-                atexit.register(close_pools)
-            pool = _pools[memory_mb] = ParserPool(memory_mb)
-        return pool
+    return _pools.get(memory_mb)
 
 
 def close_pools() -> None:
     """Stop every pool's workers (for shutdown hooks and tests)."""
-    with _pools_lock:
-        pools = list(_pools.values())
-        _pools.clear()
-    for pool in pools:
-        pool.close()
+    _pools.close()

@@ -9,11 +9,13 @@ A worker is a fresh interpreter started as `python -c BOOT root fd memory_mb par
 `serve_from_parent()` (exit with the parent, limit its address space, take the socket) and sends READY,
 then answers requests over the socket pair until it is retired. A pool keeps up to `max_workers` of
 them, hands one to one caller at a time (`_acquire`, `_release`) and replaces one that died or served
-`MAX_TASKS_PER_WORKER` requests. What a request and its answer are is each pool's own.
+`MAX_TASKS_PER_WORKER` requests. What a request and its answer are is each pool's own. A `PoolRegistry`
+holds a process's pools of one kind, one per set of limits.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import resource
 import socket
@@ -21,9 +23,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from rag.core import errors
 
@@ -34,6 +38,8 @@ ROOT = str(Path(__file__).resolve().parents[1])  # the directory holding the ing
 BOOT_PREFIX = "import sys; sys.path.insert(0, sys.argv[1]); from ingest."
 READY = ("ready",)  # a worker's first message: it is limited and serves
 _PARENT_CHECK_S = 0.2
+K = TypeVar("K", bound=Hashable)
+P = TypeVar("P", bound="WorkerPool")
 
 
 def serve_from_parent() -> Connection:
@@ -157,3 +163,30 @@ class WorkerPool:
             self._count -= 1
             self._cond.notify()
         worker.stop()
+
+
+class PoolRegistry(Generic[K, P]):
+    """The process-wide pools of one kind, one per `key` (the limits they were made with): made by `make`
+    on first use, all stopped at exit; thread-safe."""
+
+    def __init__(self, make: Callable[[K], P]) -> None:
+        self._make = make
+        self._pools: dict[K, P] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> P:
+        with self._lock:
+            pool = self._pools.get(key)
+            if pool is None:
+                if not self._pools:
+                    atexit.register(self.close)
+                pool = self._pools[key] = self._make(key)
+            return pool
+
+    def close(self) -> None:
+        """Stop every pool's workers (for shutdown hooks and tests)."""
+        with self._lock:
+            pools = list(self._pools.values())
+            self._pools.clear()
+        for pool in pools:
+            pool.close()

@@ -476,8 +476,7 @@ def test_workers_serve_concurrent_callers(settings: Settings) -> None:
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from ingest.loaders.ocr import OcrLine
-    from ingest.ocr_messages import PageLines
+    from ingest.loaders.ocr import OcrLine, PageLines
 
     both_in = threading.Barrier(2, timeout=60)  # broken, and the parse fails, if the pool serves one at a time
     in_ocr, most = 0, 0

@@ -16,17 +16,16 @@ import pytest
 from ingest.chunking import Chunker, chunk_document
 from ingest.detect import detect
 from ingest.loaders import parse
-from ingest.loaders.ocr import OcrLine, PageSkipped, TableBlock, TextBlock, layout, ocr_flags
+from ingest.loaders.ocr import OcrLine, PageLeftOut, PageLines, PageRead, TableBlock, TextBlock, layout, ocr_flags
 from ingest.models import DocKind, TextBox
-from ingest.ocr_messages import PageLeftOut, PageLines
 from ingest.ocr_pool import OcrPool
 from rag.core.errors import DocumentRejected, RagError, UnsupportedFileType
 from tests import hostile, scans
 
 
 class StandInOcr:
-    """Answers every page with the same lines, or page n with `pages[n - 1]` (or raises PageSkipped on the
-    pages listed in `skip`); counts calls."""
+    """Answers every page with the same lines, or page n with `pages[n - 1]` (or leaves out the pages
+    listed in `skip`); counts calls."""
 
     def __init__(
         self, lines: list[OcrLine], skip: tuple[int, ...] = (), pages: list[list[OcrLine]] | None = None
@@ -36,11 +35,11 @@ class StandInOcr:
         self.pages = pages
         self.calls = 0
 
-    def __call__(self, image: object) -> list[OcrLine]:
+    def __call__(self, image: object) -> PageRead:
         self.calls += 1
         if self.calls in self.skip:
-            raise PageSkipped("OCR did not finish within 1 s (RAG_OCR_PAGE_TIMEOUT_S)")
-        return self.pages[self.calls - 1] if self.pages is not None else self.lines
+            return PageLeftOut("OCR did not finish within 1 s (RAG_OCR_PAGE_TIMEOUT_S)")
+        return PageLines(self.pages[self.calls - 1] if self.pages is not None else self.lines)
 
 
 def line(text: str, x0: float, y0: float, x1: float, confidence: float = 0.99) -> OcrLine:
@@ -366,14 +365,8 @@ def test_a_rendered_scan_keeps_its_page_numbers_and_running_header_out_of_the_te
     ]
     pool = OcrPool(memory_mb=2048, workers=1, page_timeout_s=120)
 
-    def ocr(image: object) -> list[OcrLine]:
-        answer = pool.read(image, "report.pdf")
-        if isinstance(answer, PageLeftOut):
-            raise PageSkipped(answer.why)
-        return answer.lines
-
     try:
-        doc = parse(DocKind.PDF, scans.image_pdf(pages), "report.pdf", ocr=ocr)
+        doc = parse(DocKind.PDF, scans.image_pdf(pages), "report.pdf", ocr=pool.reader("report.pdf"))
     finally:
         pool.close()
     assert [s.page for s in doc.sections] == [1, 2]
@@ -409,14 +402,16 @@ def test_pages_that_cannot_hold_text_cost_no_ocr(what: str, page: np.ndarray) ->
 
     calls: list[tuple[int, ...]] = []
 
-    def ocr(image: np.ndarray) -> list[OcrLine]:
+    def ocr(image: np.ndarray) -> PageRead:
         calls.append(image.shape)
-        return []
+        return PageLines([])
 
     with pytest.raises(DocumentRejected, match="no text that OCR could read on its 180 page"):
         load_image(_tiff([page] * 180), "nothing.tif", ocr)
     assert calls == [], f"{len(calls)} {what} pages sent to OCR"
     load_image(
-        _tiff([page, _inked()]), "one.tif", lambda image: calls.append(image.shape) or [line("ink", 10, 15, 190)]
+        _tiff([page, _inked()]),
+        "one.tif",
+        lambda image: calls.append(image.shape) or PageLines([line("ink", 10, 15, 190)]),
     )
     assert calls == [(40, 200)]

@@ -10,7 +10,7 @@ import difflib
 import pytest
 
 from ingest.loaders import parse
-from ingest.loaders.ocr import OcrLine, make_engine, recognize
+from ingest.loaders.ocr import PageLines, make_engine, recognize
 from ingest.models import DocKind
 from tests import scans
 
@@ -52,8 +52,8 @@ def test_a_scanned_page_reads_the_same_as_an_image_and_as_an_image_only_pdf(engi
     paragraphs = ENGLISH if page == "english" else CHINESE
     scan = scans.scanned(scans.render_page(paragraphs, dpi=150, point_size=10 if page == "english" else 9), seed=7)
 
-    def ocr(image: object) -> list[OcrLine]:
-        return recognize(engine, image)
+    def ocr(image: object) -> PageLines:
+        return PageLines(recognize(engine, image))
 
     as_image = parse(DocKind.IMAGE, scans.image_bytes(scan, "PNG"), "page.png", ocr=ocr)
     as_pdf = parse(DocKind.PDF, scans.image_pdf([scan], dpi=150), "page.pdf", ocr=ocr)

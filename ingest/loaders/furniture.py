@@ -1,6 +1,6 @@
 """Page furniture of scanned pages: page numbers and running headers and footers, kept out of the text.
 
-    pages = without_furniture({1: lines_of_page_1, 2: lines_of_page_2, ...})
+    pages = without_furniture({1: PageLines(lines_of_page_1), 2: PageLeftOut(why), ...})
 
 OCR reads a page's margins like its body, so a page number ("1", "- 2 -", "Page 3 of 9", "第 4 页") would
 become a chunk of its own, and a running header ("Annual Report 2024 — Chapter 2") would be repeated in
@@ -18,7 +18,7 @@ import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from .ocr import OcrLine, PageSkipped
+from .ocr import OcrLine, PageLeftOut, PageLines, PageRead
 
 EDGE = 0.12  # the top and bottom bands of a page, as a share of its height, where furniture sits
 _GAP = 1.0  # in line heights: furniture stands apart from the body
@@ -30,24 +30,22 @@ _PAGE_NUMBER = re.compile(
 _DIGITS = re.compile(r"\d+")
 _SPACE = re.compile(r"\s+")
 
-Page = list[OcrLine] | PageSkipped
 
-
-def without_furniture(pages: Mapping[int, Page]) -> dict[int, Page]:
-    """The pages' lines less their page numbers and running headers and footers (skipped pages as they are)."""
-    edges = {n: _edge_lines(lines) for n, lines in pages.items() if not isinstance(lines, PageSkipped)}
+def without_furniture(pages: Mapping[int, PageRead]) -> dict[int, PageRead]:
+    """The pages' lines less their page numbers and running headers and footers (pages left out as they are)."""
+    edges = {n: _edge_lines(page.lines) for n, page in pages.items() if isinstance(page, PageLines)}
     seen = Counter(key for found in edges.values() for key in {_key(line, edge) for line, edge, _ in found})
-    out: dict[int, Page] = {}
-    for number, lines in pages.items():
-        if isinstance(lines, PageSkipped):
-            out[number] = lines
+    out: dict[int, PageRead] = {}
+    for number, page in pages.items():
+        if isinstance(page, PageLeftOut):
+            out[number] = page
             continue
         furniture = {
             id(line)
             for line, edge, alone in edges[number]
             if alone and _PAGE_NUMBER.match(line.text.strip()) or seen[_key(line, edge)] > 1
         }
-        out[number] = [line for line in lines if id(line) not in furniture]
+        out[number] = PageLines([line for line in page.lines if id(line) not in furniture])
     return out
 
 

@@ -88,12 +88,9 @@ def _package_dir(package: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def sha256_of(path: Path, chunk: int = 4 << 20) -> str:
-    digest = hashlib.sha256()
+def sha256_of(path: Path) -> str:
     with path.open("rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 @dataclass

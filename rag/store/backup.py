@@ -49,15 +49,11 @@ RECORD_FILES = ("catalog.sqlite", "lexical.sqlite")
 INDEX_DIRS = ("chroma", "lexical.tantivy")
 ORIGINALS_DIR = "originals"
 RESTORE_MARK = "restore.json"
-_CHUNK = 1 << 20
 
 
 def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as f:
-        while block := f.read(_CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 @contextmanager

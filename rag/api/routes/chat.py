@@ -100,15 +100,18 @@ def event_stream(answer: Answer | NoSourcesAnswer, events: AsyncIterator[dict[st
     return _AnswerStream(answer, events)
 
 
-STREAMED: dict[int | str, dict[str, Any]] = {
-    200: {
-        "description": "With `stream` (the default): server-sent events `sources` (the document's `sources` "
-        'with its `search` fields beside them), `budget`, `token` (`{"text": ...}`)..., `citations` and `done` '
-        '(as the document\'s fields of those names), or `error`. With `"stream": false`: the whole answer as one '
-        "JSON document.",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
-    }
-}
+def streamed(description: str) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI `responses` of a route that answers server-sent events or one JSON document (its
+    `response_model`); `description` says which when."""
+    return {200: {"description": description, "content": {"text/event-stream": {"schema": {"type": "string"}}}}}
+
+
+STREAMED = streamed(
+    "With `stream` (the default): server-sent events `sources` (the document's `sources` "
+    'with its `search` fields beside them), `budget`, `token` (`{"text": ...}`)..., `citations` and `done` '
+    '(as the document\'s fields of those names), or `error`. With `"stream": false`: the whole answer as one '
+    "JSON document."
+)
 
 
 @router.post("/chat", response_model=AnswerDocument, responses=STREAMED)

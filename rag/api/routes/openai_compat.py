@@ -24,8 +24,8 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any, Literal, NotRequired
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Literal, NotRequired, TypeVar
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -40,12 +40,13 @@ from rag.api.citation_links import Annotation, SystemMessage, url_citations
 from rag.api.client_tasks import ClientTask, client_task
 from rag.api.deps import AccessDep, AnswererDep, SettingsDep
 from rag.api.errors import error_body
-from rag.api.routes.chat import event_stream, whole
+from rag.api.routes.chat import event_stream, streamed, whole
 from rag.api.routes.models import ChatModel, check_chat_model
 from rag.core.errors import InvalidRequest, RagError
 
 log = logging.getLogger(__name__)
 router = APIRouter()
+T = TypeVar("T")
 
 
 class OpenAIMessage(BaseModel):
@@ -314,24 +315,17 @@ def stream_error(exc: Exception) -> dict[str, str]:
     return {"data": json.dumps(error_body(exc), ensure_ascii=False)}
 
 
-async def absorb_all(answer: Answer | NoSourcesAnswer, collected: Collected) -> None:
-    """Read a whole (non-streamed) answer into `collected`."""
+async def absorbed(answer: Answer | NoSourcesAnswer, collected: Collected, response: Callable[[], T]) -> T:
+    """Read a whole (non-streamed) answer into `collected`; then the `response` made of it."""
     async for event in answer.events():
         collected.absorb(event)
+    return response()
 
 
-async def _whole(answer: Answer | NoSourcesAnswer, completion: _Completion) -> ChatCompletion:
-    await absorb_all(answer, completion.answer)
-    return completion.response()
-
-
-STREAMED: dict[int | str, dict[str, Any]] = {
-    200: {
-        "description": "With `stream`: OpenAI's `chat.completion.chunk` server-sent events, the last chunk with "
-        "choices carrying `rag`, then `[DONE]`. Without: one `chat.completion`.",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
-    }
-}
+STREAMED = streamed(
+    "With `stream`: OpenAI's `chat.completion.chunk` server-sent events, the last chunk with "
+    "choices carrying `rag`, then `[DONE]`. Without: one `chat.completion`."
+)
 
 
 def usage_mode(stream: bool, options: StreamOptions | None) -> UsageMode:
@@ -412,4 +406,4 @@ async def chat_completions(
     )
     if body.stream:
         return event_stream(answer, _chunks(answer, completion))
-    return await whole(request, answer, _whole(answer, completion))
+    return await whole(request, answer, absorbed(answer, completion.answer, completion.response))

@@ -13,7 +13,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Literal
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -23,14 +23,14 @@ from rag.answering.answerer import Answer, NoSourcesAnswer
 from rag.answering.events import Collected
 from rag.api.asking import chat_query
 from rag.api.deps import AccessDep, AnswererDep, SettingsDep
-from rag.api.routes.chat import event_stream, whole
+from rag.api.routes.chat import event_stream, streamed, whole
 from rag.api.routes.models import check_chat_model
 from rag.api.routes.openai_compat import (
     Rag,
     StreamOptions,
     Usage,
     UsageMode,
-    absorb_all,
+    absorbed,
     chosen_collection,
     finish_reason,
     rag_part,
@@ -124,18 +124,10 @@ async def _chunks(answer: Answer | NoSourcesAnswer, text: _Text) -> AsyncIterato
         yield stream_error(exc)
 
 
-async def _whole(answer: Answer | NoSourcesAnswer, text: _Text) -> TextCompletion:
-    await absorb_all(answer, text.answer)
-    return text.whole()
-
-
-STREAMED: dict[int | str, dict[str, Any]] = {
-    200: {
-        "description": "With `stream`: `text_completion` chunks as server-sent events, the last with `rag` "
-        "(and `usage`), then `[DONE]`. Without: one `text_completion`.",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
-    }
-}
+STREAMED = streamed(
+    "With `stream`: `text_completion` chunks as server-sent events, the last with `rag` "
+    "(and `usage`), then `[DONE]`. Without: one `text_completion`."
+)
 
 
 @router.post("/completions", response_model=TextCompletion, responses=STREAMED)
@@ -157,4 +149,4 @@ async def text_completions(
     text = _Text(model.name, usage_mode(body.stream, body.stream_options))
     if body.stream:
         return event_stream(answer, _chunks(answer, text))
-    return await whole(request, answer, _whole(answer, text))
+    return await whole(request, answer, absorbed(answer, text.answer, text.whole))
