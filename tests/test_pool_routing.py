@@ -128,3 +128,33 @@ def test_a_conversation_is_known_by_its_first_question() -> None:
     assert (
         first_question_key(first) == first_question_key(later) != first_question_key([{"role": "user", "content": "?"}])
     )
+
+
+def test_replicas_send_a_conversation_to_the_same_server_while_the_servers_are_equally_free() -> None:
+    """Two API replicas over the same two llama-servers, neither having seen the conversations: each sends every
+    conversation where the other does (so a follow-up through either finds its prompt), the conversations
+    spread over both servers, and a busy preferred server gives way to a free one."""
+    servers = Servers()
+
+    async def run() -> tuple[list[list[str]], str, str]:
+        replicas = [
+            LlamaServerPool(["http://a:1", "http://b:1"], transport=servers.transport(), probe_s=3600) for _ in range(2)
+        ]
+        try:
+            for pool in replicas:
+                await pool.check()
+            keys = [first_question_key([{"role": "user", "content": f"Question {i}?"}]) for i in range(40)]
+            chosen = [[pool.pick(key).url for key in keys] for pool in replicas]
+            home = replicas[0].pick(keys[0])
+            home.active = home.slots
+            elsewhere = replicas[0].pick(keys[0]).url
+            home.active = 0
+            return chosen, home.url, elsewhere
+        finally:
+            for pool in replicas:
+                await pool.aclose()
+
+    chosen, home, elsewhere = asyncio.run(run())
+    assert chosen[0] == chosen[1]
+    assert 10 <= chosen[0].count("http://a:1") <= 30, chosen[0]
+    assert elsewhere != home

@@ -12,11 +12,12 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from rag.clients.llm_pool import LlamaServerPool
+from rag.clients.llm_pool import LlamaServerPool, first_question_key, preference
 from rag.core.config import Settings
 from rag.core.errors import PoolMismatch
 from tests.chat_helpers import ask, changed, parse_sse, serve, upload
@@ -60,6 +61,13 @@ def test_two_streams_at_once_go_to_the_two_servers(endless_pair: list[Server]) -
     assert asyncio.run(two_at_once()) == [1, 1]
 
 
+def preferred_server(body: dict[str, Any], members: list[str]) -> str:
+    """The server an idle pool sends a new conversation to: the one its first question ranks first."""
+    key = first_question_key(body["messages"])
+    assert key is not None
+    return max(members, key=lambda member: preference(key, member))
+
+
 def test_a_followup_goes_back_to_its_server_and_reuses_its_prompt(
     generator_model: Path, session_dir: Path, backend_settings: Settings
 ) -> None:
@@ -69,17 +77,27 @@ def test_a_followup_goes_back_to_its_server_and_reuses_its_prompt(
         settings = changed(backend_settings, llm_url=",".join(s.url for s in servers), completion_spans="off")
         with serve(settings) as url:
             upload(url)
+            members = [s["url"] for s in httpx.get(f"{url}/health", timeout=30).json()["backends"]["llm"]["servers"]]
             first = ask("When was the Eiffel Tower completed?")
+            home = preferred_server(first, members)
             reply = httpx.post(f"{url}/v1/chat", json={**first, "stream": False}, timeout=120).json()
             turns = [*first["messages"], {"role": "assistant", "content": reply["answer"]}]
-            # Another conversation in between takes the least loaded server: the other one.
-            httpx.post(f"{url}/v1/chat", json={**ask("Where does the Amazon rise?"), "stream": False}, timeout=120)
+            # Another conversation in between, one that an idle pool sends to the other server.
+            other = next(
+                q
+                for q in map(ask, ("Where does the Amazon rise?", "Who built it?", "What is it made of?", "Why?"))
+                if preferred_server(q, members) != home
+            )
+            httpx.post(f"{url}/v1/chat", json={**other, "stream": False}, timeout=120)
             follow = {**first, "messages": [*turns, {"role": "user", "content": "How tall is it?"}], "stream": False}
             done = httpx.post(f"{url}/v1/chat", json=follow, timeout=120).json()
             health = httpx.get(f"{url}/health", timeout=30).json()
             routed = _pool_metric(url, "rag_llm_affinity_followups")
             reuse = _pool_metric(url, "rag_llm_affinity_prompt_reuse_ratio")
-        assert [s["served"] for s in health["backends"]["llm"]["servers"]] == [2, 1]
+        assert {s["url"]: s["served"] for s in health["backends"]["llm"]["servers"]} == {
+            home: 2,
+            next(m for m in members if m != home): 1,
+        }
         assert routed['{to="previous_server"}'] == 1
         assert done["done"]["cache_n"] > 0 and reuse[""] > 0.5, (done["done"], reuse)
     finally:

@@ -2,7 +2,11 @@
 
 Routing is ours, and thin: a generation goes to the ready server that holds its conversation's previous
 turn (its slot still has that prompt, so only the new tokens are prefilled) when that server has a free
-slot, else to the ready server with the most free slots. The load balancers that would fit in front of
+slot, else to the ready server with the most free slots. Among servers with as many free slots, a
+conversation prefers the one its key ranks first (rendezvous hashing over the members' URLs): every API
+replica with the same members ranks them alike, so a follow-up that the balancer sends to another
+replica, which has not seen the conversation, still reaches the server of its first turn whenever that
+turn found the servers equally free (an idle pool among them). The load balancers that would fit in front of
 several HTTP servers (LiteLLM's router, nginx, HAProxy) know neither a conversation nor a llama-server
 slot; the one that does (SGLang's cache-aware router) is a process of its own for SGLang's workers.
 
@@ -46,6 +50,12 @@ def first_question_key(messages: list[Message]) -> str | None:
     a chat without one)."""
     first = next((m.get("content", "") for m in messages if m.get("role") == "user"), None)
     return None if first is None else hashlib.sha256(first.strip().encode("utf-8", "replace")).hexdigest()[:32]
+
+
+def preference(conversation: str, url: str) -> int:
+    """How much a conversation prefers a server (rendezvous hashing): the same on every replica, spread evenly
+    over the servers across conversations."""
+    return int.from_bytes(hashlib.sha256(f"{conversation}\n{url}".encode()).digest()[:8], "big")
 
 
 @dataclass(eq=False)  # members are told apart by identity
@@ -205,7 +215,9 @@ class LlamaServerPool:
                 self.affinity.routed += 1
                 return known
             self.affinity.moved += 1
-        return max(ready, key=lambda m: (m.free, -m.served))
+        if affinity is None:
+            return max(ready, key=lambda m: (m.free, -m.served))
+        return max(ready, key=lambda m: (m.free, preference(affinity, m.url)))
 
     def _remember(self, affinity: str | None, member: Member) -> None:
         if affinity is not None:
