@@ -1,7 +1,8 @@
 """The chunk store on pgvector (`RAG_VECTOR_STORE=pgvector`) against a real PostgreSQL 18 with pgvector
 0.8.5: the same answers as the Chroma store for the same calls, the API's upload, search and delete on
-it, `rag store check` and `rag store repair` finding and putting back a lost vector, and the same top 10
-after the database restarts."""
+it, `rag store check` and `rag store repair` finding and putting back a lost vector (and filling an
+emptied store by a bulk load, its HNSW index built once after), and the same top 10 after the database
+restarts."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import psycopg
 import pytest
 from click.testing import CliRunner
 
@@ -146,6 +148,48 @@ def test_a_restart_of_postgresql_keeps_the_top_10(postgres_server: Any, database
     assert _top(PgVectorStore(database_url), "scale", queries) == before
 
 
+def _hnsw(url: str, collection: str) -> str | None:
+    """The definition of a collection's HNSW index; None while it has none."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT indexdef FROM pg_indexes JOIN vector_collections c ON indexname = 'vectors_' || c.id || '_hnsw' "
+            "WHERE c.name = %s",
+            (collection,),
+        ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def test_a_load_into_an_empty_collection_builds_its_hnsw_index_once_after(database_url: str) -> None:
+    """`loading` (a repair filling an empty store): the rows go in with no HNSW index, which is there after,
+    with the parameters of a collection made by an upload, and every query's top 10 is the exact top 10;
+    a load cut short still leaves the index, and a load into a collection that holds rows keeps it."""
+    vectors, queries = _vectors(2000, 64), _vectors(30, 64, seed=2)
+    store = PgVectorStore(database_url)
+    _fill(store, "uploaded", vectors[:10])
+    made_by_upload = _hnsw(database_url, "uploaded")
+    assert made_by_upload is not None and "WITH (m='16', ef_construction='200')" in made_by_upload
+    with store.loading("loaded"):
+        ids = _fill(store, "loaded", vectors)
+        assert _hnsw(database_url, "loaded") is None
+    assert _hnsw(database_url, "loaded") == made_by_upload.replace("vectors_1", "vectors_2")
+    exact = [[ids[i] for i in np.argsort(-(vectors @ q), kind="stable")[:10]] for q in queries]
+    assert _top(store, "loaded", queries) == exact
+
+    with store.loading("uploaded"):  # holds rows: written through its index
+        assert _hnsw(database_url, "uploaded") == made_by_upload
+        _fill(store, "uploaded", vectors[10:20])  # the same ids, other vectors
+    assert store.count("uploaded") == 10
+    assert np.allclose(store.vectors_of("uploaded", ["doc0:0"])["doc0:0"], vectors[10])
+
+    with pytest.raises(RuntimeError, match="cut short"), store.loading("cut"):
+        _fill(store, "cut", vectors[:500])
+        raise RuntimeError("cut short")
+    assert _hnsw(database_url, "cut") is not None and store.count("cut") == 500
+    with store.loading("cut"):  # non-empty: the index stays, the rows are upserted through it
+        _fill(store, "cut", vectors[:600])
+    assert store.count("cut") == 600 and _hnsw(database_url, "cut") is not None
+
+
 def _cli(args: list[str], env: dict[str, str]) -> Any:
     return CliRunner().invoke(cli, args, env=env, catch_exceptions=False)
 
@@ -195,6 +239,14 @@ def test_upload_search_delete_check_and_repair_through_the_api_on_postgresql(
     checked = _cli(["store", "check"], env)
     assert checked.exit_code == 0 and checked.output.rstrip().endswith("consistent"), checked.output
     assert lost in store.ids("default")
+
+    held = store.ids("default")
+    store.delete_collection("default")  # an empty store: the repair fills it by a bulk load
+    repaired = _cli(["store", "repair"], env)
+    assert repaired.exit_code == 0, repaired.output
+    assert store.ids("default") == held and _cli(["store", "check"], env).exit_code == 0
+    if vectors == "pgvector":
+        assert _hnsw(database_url, "default") is not None
 
 
 def test_repair_is_refused_while_an_api_holds_the_database(backend_settings: Settings, database_url: str) -> None:

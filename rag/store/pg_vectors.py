@@ -12,7 +12,8 @@ rows and a graph left full of dead entries.
 The rows are Chroma's: the chunk id, the text, the metadata (JSONB) and the vector, with the document id
 in a column of its own, indexed, for the filters the API uses (a document's chunks, searches within
 some documents). Scores are cosine similarities (1 - pgvector's `<=>` distance), ties in id order, as
-the Chroma store gives them. HNSW with Chroma's parameters (m 16, ef_construction 200, ef_search 200).
+the Chroma store gives them. HNSW with Chroma's parameters (m 16, ef_construction 200, ef_search 200). A repair that fills an empty
+collection writes its rows first and builds the index once after (`loading`): several times faster.
 A search within some documents is exact over their chunks: pgvector's HNSW scan would filter after the
 graph's first ef_search neighbours and miss the documents' chunks that lie farther away.
 """
@@ -21,7 +22,8 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -34,6 +36,12 @@ from rag.store.sqlite import write_transaction
 
 HNSW_M = 16  # Chroma's default M
 BATCH = 1000  # rows per INSERT: one statement, its vectors as text
+# An index build's maintenance_work_mem: pgvector builds many times slower once its graph no longer fits
+# in it, and a parallel build takes all of it as shared memory at once. Per row, the vector and 1 KiB
+# (the element, its neighbour lists at m 16: above pgvector's maintainers' rule of 1.3 times the
+# vector); never less than the server's own setting, and at most BUILD_MEMORY_MAX unless that is more.
+BUILD_BYTES_PER_ROW = 1024
+BUILD_MEMORY_MAX = 2 * 2**30
 
 _COLLECTIONS = (
     "CREATE TABLE IF NOT EXISTS vector_collections (name TEXT PRIMARY KEY, id SERIAL UNIQUE NOT NULL, "
@@ -75,6 +83,7 @@ class PgVectorStore:
         migrate(self._db, "vectors", STEPS)
         self._lock = threading.Lock()
         self._read_lock = threading.Lock()
+        self._loading: set[str] = set()  # collections written without their HNSW index (`loading`)
 
     @classmethod
     def open(cls, url: str, default_collection: str = "default") -> PgVectorStore:
@@ -109,7 +118,8 @@ class PgVectorStore:
         return found
 
     def _create(self, name: str, dimensions: int) -> tuple[str, int]:
-        """The collection's table, made with its HNSW index at the width of its first vectors."""
+        """The collection's table, made at the width of its first vectors, with its HNSW index unless it is
+        being loaded."""
         with write_transaction(self._db, self._lock) as db:  # type: ignore[arg-type]  # Connection takes the calls
             row = db.execute("SELECT id, dimensions FROM vector_collections WHERE name = ?", (name,)).fetchone()
             if row is not None:
@@ -123,11 +133,50 @@ class PgVectorStore:
                 f"metadata JSONB, embedding vector({int(dimensions)}) NOT NULL)"
             )
             db.execute(f"CREATE INDEX {table}_by_doc ON {table} (doc_id)")
-            db.execute(
-                f"CREATE INDEX {table}_hnsw ON {table} USING hnsw (embedding vector_cosine_ops) "
-                f"WITH (m = {HNSW_M}, ef_construction = {HNSW['ef_construction']})"
-            )
+            if name not in self._loading:
+                db.execute(_HNSW_INDEX.format(table=table))
         return table, dimensions
+
+    @contextmanager
+    def loading(self, collection: str) -> Iterator[None]:
+        """Writes into an empty collection (a repair filling a new store) go in without its HNSW index,
+        which is built once at the end: pgvector builds a graph from a full table many times faster than
+        it inserts row by row through it. A collection that holds rows keeps its index and its writes
+        go through it. A load cut short leaves a table without the index (searches are exact then); the
+        next load into it builds it."""
+        found = self._find(collection)
+        if found is not None and self._indexed(found[0]) and not self._empty(found[0]):
+            yield
+            return
+        self._loading.add(collection)
+        try:
+            if found is not None:
+                self._db.execute(f"DROP INDEX IF EXISTS {found[0]}_hnsw")
+            yield
+        finally:
+            self._loading.discard(collection)
+            found = self._find(collection)
+            if found is not None:
+                self._build_index(found[0])
+
+    def _indexed(self, table: str) -> bool:
+        return bool(self._read("SELECT to_regclass(?) IS NOT NULL", (f"{table}_hnsw",))[0][0])
+
+    def _empty(self, table: str) -> bool:
+        return not self._read(f"SELECT 1 FROM {table} LIMIT 1")
+
+    def _build_index(self, table: str) -> None:
+        """The table's HNSW index, built in one pass with a maintenance_work_mem that holds its graph."""
+        if self._indexed(table):
+            return
+        rows, dimensions, usual = self._read(
+            f"SELECT count(*), max(vector_dims(embedding)), pg_size_bytes(current_setting('maintenance_work_mem')) "
+            f"FROM {table}"
+        )[0]
+        memory = max(int(usual), min(int(rows) * (4 * int(dimensions or 0) + BUILD_BYTES_PER_ROW), BUILD_MEMORY_MAX))
+        with write_transaction(self._db, self._lock) as db:  # type: ignore[arg-type]  # Connection takes the calls
+            db.execute(f"SET LOCAL maintenance_work_mem = '{memory // 2**20}MB'")
+            db.execute(_HNSW_INDEX.format(table=table))
 
     def _unknown(self, name: str) -> NotFound:
         return unknown_collection(name, self.names())
@@ -262,26 +311,33 @@ class PgVectorStore:
             sql = f"SELECT {columns}, embedding <=> ?::vector AS d FROM {table} ORDER BY d LIMIT ?"
             params = (vector, k)
         with self._read_lock:
-            rows = self._search(sql, params, k)
+            rows = _search(self._reader, sql, params, k)
         hits = [
             StoredChunk(i, (doc or "") if texts else None, dict(meta or {}) if texts else {}, 1.0 - float(d))
             for i, doc, meta, d in rows
         ]
         return sorted(hits, key=lambda h: (-h.score, h.id))
 
-    def _search(self, sql: str, params: tuple[Any, ...], k: int) -> list[tuple[Any, ...]]:
-        """The rows of a search, with an ef_search of at least k (pgvector's HNSW scan returns no more)."""
-        usual = EF_SEARCH
-        if k <= usual:
-            return self._reader.execute(sql, params).fetchall()
-        self._reader.execute("SELECT set_config('hnsw.ef_search', ?, false)", (str(k),))
-        try:
-            return self._reader.execute(sql, params).fetchall()
-        finally:
-            self._reader.execute("SELECT set_config('hnsw.ef_search', ?, false)", (str(usual),))
-
     def describe(self) -> str:
         return f"pgvector at {shown_url(self.url)}"
+
+
+_HNSW_INDEX = (
+    "CREATE INDEX IF NOT EXISTS {table}_hnsw ON {table} USING hnsw (embedding vector_cosine_ops) "
+    f"WITH (m = {HNSW_M}, ef_construction = {HNSW['ef_construction']})"
+)
+
+
+def _search(reader: Connection, sql: str, params: tuple[Any, ...], k: int) -> list[tuple[Any, ...]]:
+    """The rows of a search, with an ef_search of at least k (pgvector's HNSW scan returns no more)."""
+    usual = EF_SEARCH
+    if k <= usual:
+        return reader.execute(sql, params).fetchall()
+    reader.execute("SELECT set_config('hnsw.ef_search', ?, false)", (str(k),))
+    try:
+        return reader.execute(sql, params).fetchall()
+    finally:
+        reader.execute("SELECT set_config('hnsw.ef_search', ?, false)", (str(usual),))
 
 
 def _search_settings(conn: Any) -> None:

@@ -1,0 +1,144 @@
+"""Filling an empty pgvector collection, row by row through its HNSW index against a bulk load with the
+index built once after (`PgVectorStore.loading`, what `rag store repair` does into an empty store).
+
+    nice -n 10 .venv/bin/python -m bench.pgvector_load                       # 20k chunks, 384-d
+    nice -n 10 .venv/bin/python -m bench.pgvector_load --chunks 5000 --queries 50   # a quick look
+    nice -n 10 .venv/bin/python -m bench.pgvector_load --database-url postgresql://...
+
+The chunks are synthetic: unit vectors in clusters (a centre per 50 chunks plus Gaussian noise), in
+documents of 10 chunks, written in batches of `rag store repair`'s size. Each way fills a new database
+of the same PostgreSQL (the wheel's PostgreSQL 18.4 with pgvector 0.8.5, started here unless
+--database-url names one), timed as a whole (the bulk load also split into its load and its index
+build). Recall: each query's top 10 from the store (HNSW, ef_search 200) against the exact top 10 by
+cosine.
+
+Results: bench/results/pgvector_load.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench._provenance import header, write_json  # noqa: E402
+from rag.store.pg_vectors import PgVectorStore  # noqa: E402
+from rag.store.repair import BATCH  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+COLLECTION = "bench"
+
+
+def clustered(n: int, dim: int, seed: int) -> np.ndarray:
+    """Unit vectors in clusters (as chunks of a few topics are), float32."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(max(n // 50, 1), dim))
+    points = centres[rng.integers(0, len(centres), n)] + 0.6 * rng.normal(size=(n, dim))
+    return (points / np.linalg.norm(points, axis=1, keepdims=True)).astype(np.float32)
+
+
+def load_avg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def fill(store: PgVectorStore, vectors: np.ndarray, bulk: bool) -> dict[str, Any]:
+    """Write every vector in repair-sized batches; seconds in all (and, for a bulk load, of the index)."""
+    ids = [f"doc{i // 10}:{i % 10}" for i in range(len(vectors))]
+    started = time.perf_counter()
+    with store.loading(COLLECTION) if bulk else nullcontext():
+        for start in range(0, len(ids), BATCH):
+            part = ids[start : start + BATCH]
+            metadatas = [{"doc_id": i.split(":")[0], "chunk_index": int(i.split(":")[1])} for i in part]
+            store.upsert(COLLECTION, part, vectors[start : start + BATCH], [f"chunk {i}" for i in part], metadatas)
+        loaded = time.perf_counter()
+    done = time.perf_counter()
+    out = {"seconds": round(done - started, 1), "load_avg_after": load_avg()}
+    if bulk:
+        out.update(load_s=round(loaded - started, 1), index_s=round(done - loaded, 1))
+    return out
+
+
+def recall(store: PgVectorStore, vectors: np.ndarray, queries: np.ndarray) -> dict[str, Any]:
+    """The store's top 10 against the exact top 10 by cosine: mean recall, queries with all ten."""
+    ids = [f"doc{i // 10}:{i % 10}" for i in range(len(vectors))]
+    found = [{h.id for h in store.query(COLLECTION, q.tolist(), 10, texts=False)} for q in queries]
+    exact = [{ids[i] for i in np.argsort(-(vectors @ q), kind="stable")[:10]} for q in queries]
+    hits = [len(f & e) / 10 for f, e in zip(found, exact, strict=True)]
+    return {"recall_at_10": round(float(np.mean(hits)), 4), "all_ten": sum(h == 1.0 for h in hits)}
+
+
+@contextmanager
+def databases(url: str | None, workdir: Path) -> Iterator[Callable[[], str]]:
+    """A function that makes a new database and returns its URL, on `url`'s server or the wheel's."""
+    import psycopg
+
+    stop = None
+    if url is None:
+        from rag.deploy.replicas import embedded_postgres
+
+        url, stop = embedded_postgres(workdir / "postgres")
+    server = url
+    count = iter(range(1000))
+
+    def new() -> str:
+        name = f"bench_load_{os.getpid()}_{next(count)}"
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return urlparse(server)._replace(path=f"/{name}").geturl()
+
+    try:
+        yield new
+    finally:
+        if stop is not None:
+            stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--chunks", type=int, default=20_000)
+    parser.add_argument("--dimensions", type=int, default=384)
+    parser.add_argument("--queries", type=int, default=200, help="recall queries")
+    parser.add_argument("--ways", nargs="+", choices=["row_by_row", "bulk"], default=["row_by_row", "bulk"])
+    parser.add_argument("--database-url", default=None, help="a PostgreSQL with pgvector (default: the wheel's)")
+    parser.add_argument("--json", type=Path, default=RESULTS / "pgvector_load.json")
+    args = parser.parse_args(argv)
+    print(header(), flush=True)
+    vectors = clustered(args.chunks, args.dimensions, seed=0)
+    queries = clustered(args.queries, args.dimensions, seed=1)
+    results: dict[str, Any] = {
+        "chunks": args.chunks,
+        "dimensions": args.dimensions,
+        "batch": BATCH,
+        "queries": args.queries,
+        "load_avg_at_start": load_avg(),
+        "ways": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="rag-pgvector-load-") as tmp:
+        Path(tmp).chmod(0o755)  # PostgreSQL runs as its own user when this runs as root
+        with databases(args.database_url, Path(tmp)) as new:
+            for way in args.ways:
+                store = PgVectorStore(new())
+                try:
+                    results["ways"][way] = fill(store, vectors, bulk=way == "bulk") | recall(store, vectors, queries)
+                    print(way, json.dumps(results["ways"][way]), flush=True)
+                finally:
+                    store.close()
+    write_json(args.json, results)
+    print(f"wrote {args.json}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
