@@ -1,5 +1,6 @@
 """Filling an empty pgvector collection, row by row through its HNSW index against a bulk load with the
-index built once after (`PgVectorStore.loading`, what `rag store repair` does into an empty store).
+index built once after (`PgVectorStore.loading`, what `rag store repair` does into an empty store), and
+concurrent dense queries on it.
 
     nice -n 10 .venv/bin/python -m bench.pgvector_load                       # 20k chunks, 384-d
     nice -n 10 .venv/bin/python -m bench.pgvector_load --chunks 5000 --queries 50   # a quick look
@@ -10,7 +11,10 @@ documents of 10 chunks, written in batches of `rag store repair`'s size. Each wa
 of the same PostgreSQL (the wheel's PostgreSQL 18.4 with pgvector 0.8.5, started here unless
 --database-url names one), timed as a whole (the bulk load also split into its load and its index
 build). Recall: each query's top 10 from the store (HNSW, ef_search 200) against the exact top 10 by
-cosine.
+cosine. Then, on the bulk-built store, --parallel threads ask the --queries dense queries between them
+(depth 50, ids and scores, as a hybrid search asks), through a store of one reader connection (as before
+the pool) and through the store's pool of readers, in turns, 3 rounds each: the median wall time of all
+of them (and one thread's, for scale).
 
 Results: bench/results/pgvector_load.json.
 """
@@ -24,6 +28,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -80,6 +85,14 @@ def recall(store: PgVectorStore, vectors: np.ndarray, queries: np.ndarray) -> di
     return {"recall_at_10": round(float(np.mean(hits)), 4), "all_ten": sum(h == 1.0 for h in hits)}
 
 
+def parallel(store: PgVectorStore, queries: np.ndarray, threads: int) -> float:
+    """Seconds for `threads` threads to ask every query between them."""
+    started = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda q: store.query(COLLECTION, q.tolist(), 50, texts=False), queries))
+    return round(time.perf_counter() - started, 2)
+
+
 @contextmanager
 def databases(url: str | None, workdir: Path) -> Iterator[Callable[[], str]]:
     """A function that makes a new database and returns its URL, on `url`'s server or the wheel's."""
@@ -110,7 +123,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--chunks", type=int, default=20_000)
     parser.add_argument("--dimensions", type=int, default=384)
-    parser.add_argument("--queries", type=int, default=200, help="recall queries")
+    parser.add_argument("--queries", type=int, default=200, help="recall queries, and the parallel ones")
+    parser.add_argument("--parallel", type=int, default=8, help="threads asking queries at once")
     parser.add_argument("--ways", nargs="+", choices=["row_by_row", "bulk"], default=["row_by_row", "bulk"])
     parser.add_argument("--database-url", default=None, help="a PostgreSQL with pgvector (default: the wheel's)")
     parser.add_argument("--json", type=Path, default=RESULTS / "pgvector_load.json")
@@ -129,15 +143,41 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="rag-pgvector-load-") as tmp:
         Path(tmp).chmod(0o755)  # PostgreSQL runs as its own user when this runs as root
         with databases(args.database_url, Path(tmp)) as new:
+            urls = {}
             for way in args.ways:
-                store = PgVectorStore(new())
+                store = PgVectorStore(urls.setdefault(way, new()))
                 try:
                     results["ways"][way] = fill(store, vectors, bulk=way == "bulk") | recall(store, vectors, queries)
                     print(way, json.dumps(results["ways"][way]), flush=True)
                 finally:
                     store.close()
+            searched = urls.get("bulk") or urls[args.ways[0]]  # the store an API would search
+            results["parallel"] = {"threads": args.parallel, **parallel_queries(searched, queries, args.parallel)}
+            print("parallel", json.dumps(results["parallel"]), flush=True)
     write_json(args.json, results)
     print(f"wrote {args.json}", file=sys.stderr)
+
+
+def parallel_queries(url: str, queries: np.ndarray, threads: int, rounds: int = 3) -> dict[str, Any]:
+    """The wall time of every query asked by `threads` threads, through one reader connection (as before
+    the pool) and through the store's pool, in turns (`rounds` each, the median), and by one thread."""
+    pooled, one = PgVectorStore(url), PgVectorStore(url, readers=1)
+    try:
+        parallel(pooled, queries, threads)  # warm: the index's pages in shared buffers, the pool's connections
+        times: dict[str, list[float]] = {"one_reader_s": [], "pool_s": []}
+        for _ in range(rounds):
+            times["one_reader_s"].append(parallel(one, queries, threads))
+            times["pool_s"].append(parallel(pooled, queries, threads))
+        return {
+            **{key: float(np.median(values)) for key, values in times.items()},
+            "rounds": times,
+            "one_thread_s": parallel(pooled, queries, 1),
+            "readers": pooled.readers,
+            "load_avg_after": load_avg(),
+        }
+    finally:
+        one.close()
+        pooled.close()
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ restarts."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +190,38 @@ def test_a_load_into_an_empty_collection_builds_its_hnsw_index_once_after(databa
     with store.loading("cut"):  # non-empty: the index stays, the rows are upserted through it
         _fill(store, "cut", vectors[:600])
     assert store.count("cut") == 600 and _hnsw(database_url, "cut") is not None
+
+
+def _at_once(calls: list[Any]) -> float:
+    """Seconds for every call to end, each on a thread of its own, started together."""
+    threads = [threading.Thread(target=call) for call in calls]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.monotonic() - started
+
+
+def test_concurrent_queries_search_at_once_on_readers_of_their_own(database_url: str) -> None:
+    """Reads take a connection of the store's pool each: 4 reads of 0.4 s end together (about 0.4 s, not
+    1.6 s, which one shared reader would take; a store of one reader takes that long), and 16 queries
+    from 16 threads, half of them past ef_search (set on their own connection and put back), find what
+    they find one at a time."""
+    store = PgVectorStore(database_url, readers=4)
+    vectors, queries = _vectors(1000, 32), _vectors(16, 32, seed=3)
+    _fill(store, "harbour", vectors)
+    assert _at_once([lambda: store._read("SELECT pg_sleep(0.4)") for _ in range(4)]) < 1.2
+
+    def top(i: int) -> list[str]:
+        return _top(store, "harbour", queries[i : i + 1], k=10 if i % 2 else 300)[0]
+
+    alone = [top(i) for i in range(len(queries))]
+    together: dict[int, list[str]] = {}
+    _at_once([lambda i=i: together.__setitem__(i, top(i)) for i in range(len(queries))])
+    assert [together[i] for i in range(len(queries))] == alone
+    one = PgVectorStore(database_url, readers=1)
+    assert _at_once([lambda: one._read("SELECT pg_sleep(0.2)") for _ in range(3)]) >= 0.6  # one after another
 
 
 def _cli(args: list[str], env: dict[str, str]) -> Any:

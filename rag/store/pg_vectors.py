@@ -30,12 +30,14 @@ import numpy as np
 
 from rag.core.errors import NotFound, StoreDamaged
 from rag.store.chroma_vectors import HNSW, StoredChunk, dimension_mismatch, unknown_collection
+from rag.store.pg_pool import ConnectionPool
 from rag.store.postgres import Connection, PgStep, migrate, require_pgvector, shown_url
 from rag.store.record import Vectors
 from rag.store.sqlite import write_transaction
 
 HNSW_M = 16  # Chroma's default M
 BATCH = 1000  # rows per INSERT: one statement, its vectors as text
+READERS = 4  # reader connections per store: concurrent queries search at once, not one after another
 # An index build's maintenance_work_mem: pgvector builds many times slower once its graph no longer fits
 # in it, and a parallel build takes all of it as shared memory at once. Per row, the vector and 1 KiB
 # (the element, its neighbour lists at m 16: above pgvector's maintainers' rule of 1.3 times the
@@ -70,7 +72,7 @@ def _literal(vector: Sequence[float] | np.ndarray) -> str:
 class PgVectorStore:
     """Collections of chunk vectors with their text and metadata, in PostgreSQL tables with HNSW indexes."""
 
-    def __init__(self, url: str, default_collection: str = "default") -> None:
+    def __init__(self, url: str, default_collection: str = "default", readers: int = READERS) -> None:
         self.url = url
         self.default_collection = default_collection
         # The Chroma store's state of a start-up probe; a database has none to find (no engine to crash).
@@ -79,10 +81,11 @@ class PgVectorStore:
         self.unreadable: str | None = None
         self.path = None
         self._db = Connection(url, "vectors", on_connect=_search_settings)
-        self._reader = Connection(url, "vectors", on_connect=_search_settings)  # queries do not wait on writes
+        self.readers = readers
+        # Reads do not wait on writes, nor on each other (up to `readers` at once).
+        self._pool = ConnectionPool(url, "vectors", readers, on_connect=_search_settings)
         migrate(self._db, "vectors", STEPS)
         self._lock = threading.Lock()
-        self._read_lock = threading.Lock()
         self._loading: set[str] = set()  # collections written without their HNSW index (`loading`)
 
     @classmethod
@@ -90,12 +93,12 @@ class PgVectorStore:
         return cls(url, default_collection)
 
     def close(self) -> None:
-        self._reader.close()
+        self._pool.close()
         self._db.close()
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        with self._read_lock:
-            return self._reader.execute(sql, params).fetchall()
+        with self._pool.connection() as reader:
+            return reader.execute(sql, params).fetchall()
 
     # Collections.
 
@@ -310,8 +313,8 @@ class PgVectorStore:
         else:
             sql = f"SELECT {columns}, embedding <=> ?::vector AS d FROM {table} ORDER BY d LIMIT ?"
             params = (vector, k)
-        with self._read_lock:
-            rows = _search(self._reader, sql, params, k)
+        with self._pool.connection() as reader:
+            rows = _search(reader, sql, params, k)
         hits = [
             StoredChunk(i, (doc or "") if texts else None, dict(meta or {}) if texts else {}, 1.0 - float(d))
             for i, doc, meta, d in rows
