@@ -4,17 +4,20 @@ concurrent dense queries on it.
 
     nice -n 10 .venv/bin/python -m bench.pgvector_load                       # 20k chunks, 384-d
     nice -n 10 .venv/bin/python -m bench.pgvector_load --chunks 5000 --queries 50   # a quick look
+    nice -n 10 .venv/bin/python -m bench.pgvector_load --chunks 100000 --ways bulk bulk_server_memory \
+        --json bench/results/pgvector_load-100k.json      # what sizing maintenance_work_mem gives
     nice -n 10 .venv/bin/python -m bench.pgvector_load --database-url postgresql://...
 
 The chunks are synthetic: unit vectors in clusters (a centre per 50 chunks plus Gaussian noise), in
 documents of 10 chunks, written in batches of `rag store repair`'s size. Each way fills a new database
 of the same PostgreSQL (the wheel's PostgreSQL 18.4 with pgvector 0.8.5, started here unless
---database-url names one), timed as a whole (the bulk load also split into its load and its index
-build). Recall: each query's top 10 from the store (HNSW, ef_search 200) against the exact top 10 by
-cosine. Then, on the bulk-built store, --parallel threads ask the --queries dense queries between them
-(depth 50, ids and scores, as a hybrid search asks), through a store of one reader connection (as before
-the pool) and through the store's pool of readers, in turns, 3 rounds each: the median wall time of all
-of them (and one thread's, for scale).
+--database-url names one), timed as a whole (a bulk load also split into its load and its index build;
+`bulk_server_memory` builds with the server's maintenance_work_mem, not one sized to the graph; the
+notices PostgreSQL sent meanwhile are kept). Recall: each query's top 10 from the store (HNSW, ef_search
+200) against the exact top 10 by cosine. Then, on the bulk-built store, --parallel threads ask the
+--queries dense queries between them (depth 50, ids and scores, as a hybrid search asks), through a
+store of one reader connection (as before the pool) and through the store's pool of readers, in turns,
+3 rounds each: the median wall time of all of them (and one thread's, for scale).
 
 Results: bench/results/pgvector_load.json.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -40,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._provenance import header, write_json  # noqa: E402
+from rag.store import pg_vectors  # noqa: E402
 from rag.store.pg_vectors import PgVectorStore  # noqa: E402
 from rag.store.repair import BATCH  # noqa: E402
 
@@ -94,6 +99,31 @@ def parallel(store: PgVectorStore, queries: np.ndarray, threads: int) -> float:
 
 
 @contextmanager
+def notices() -> Iterator[list[str]]:
+    """The PostgreSQL notices the store logs meanwhile (pgvector's, when a graph outgrows its memory)."""
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    pg_vectors.log.addHandler(handler)
+    try:
+        yield said
+    finally:
+        pg_vectors.log.removeHandler(handler)
+
+
+@contextmanager
+def build_memory(way: str) -> Iterator[None]:
+    """For bulk_server_memory, an index build that keeps the server's maintenance_work_mem."""
+    kept = pg_vectors.BUILD_MEMORY_MAX
+    if way == "bulk_server_memory":
+        pg_vectors.BUILD_MEMORY_MAX = 0
+    try:
+        yield
+    finally:
+        pg_vectors.BUILD_MEMORY_MAX = kept
+
+
+@contextmanager
 def databases(url: str | None, workdir: Path) -> Iterator[Callable[[], str]]:
     """A function that makes a new database and returns its URL, on `url`'s server or the wheel's."""
     import psycopg
@@ -125,7 +155,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dimensions", type=int, default=384)
     parser.add_argument("--queries", type=int, default=200, help="recall queries, and the parallel ones")
     parser.add_argument("--parallel", type=int, default=8, help="threads asking queries at once")
-    parser.add_argument("--ways", nargs="+", choices=["row_by_row", "bulk"], default=["row_by_row", "bulk"])
+    parser.add_argument(
+        "--ways",
+        nargs="+",
+        choices=["row_by_row", "bulk", "bulk_server_memory"],
+        default=["row_by_row", "bulk"],
+        help="bulk_server_memory: the bulk load with the server's maintenance_work_mem, not one sized to the graph",
+    )
     parser.add_argument("--database-url", default=None, help="a PostgreSQL with pgvector (default: the wheel's)")
     parser.add_argument("--json", type=Path, default=RESULTS / "pgvector_load.json")
     args = parser.parse_args(argv)
@@ -147,7 +183,9 @@ def main(argv: list[str] | None = None) -> None:
             for way in args.ways:
                 store = PgVectorStore(urls.setdefault(way, new()))
                 try:
-                    results["ways"][way] = fill(store, vectors, bulk=way == "bulk") | recall(store, vectors, queries)
+                    with notices() as said, build_memory(way):
+                        results["ways"][way] = fill(store, vectors, bulk=way != "row_by_row")
+                    results["ways"][way].update(recall(store, vectors, queries), notices=said)
                     print(way, json.dumps(results["ways"][way]), flush=True)
                 finally:
                     store.close()

@@ -21,6 +21,7 @@ from click.testing import CliRunner
 from rag.cli import cli
 from rag.core.config import Settings
 from rag.core.errors import NotFound, StoreUnavailable, UpstreamError
+from rag.store import pg_vectors
 from rag.store.backend import open_vectors
 from rag.store.chroma_vectors import ChunkStore, persistent_client
 from rag.store.pg_vectors import PgVectorStore
@@ -190,6 +191,26 @@ def test_a_load_into_an_empty_collection_builds_its_hnsw_index_once_after(databa
     with store.loading("cut"):  # non-empty: the index stays, the rows are upserted through it
         _fill(store, "cut", vectors[:600])
     assert store.count("cut") == 600 and _hnsw(database_url, "cut") is not None
+
+
+@pytest.mark.parametrize("sized", [True, False])
+def test_an_index_build_sizes_its_memory_to_the_graph_and_logs_when_it_does_not_fit(
+    sized: bool, database_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the server's maintenance_work_mem at 1 MB, a load of 2,000 384-d vectors builds its graph in
+    memory sized to it, and pgvector says nothing; kept at the server's 1 MB, the graph outgrows it and
+    pgvector's notice is logged as a warning."""
+    name = database_url.split("?")[0].rsplit("/", 1)[1]
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE \"{name}\" SET maintenance_work_mem = '1MB'")
+    if not sized:
+        monkeypatch.setattr(pg_vectors, "BUILD_MEMORY_MAX", 0)
+    store = PgVectorStore(database_url)
+    with caplog.at_level("WARNING", logger=pg_vectors.log.name), store.loading("big"):
+        _fill(store, "big", _vectors(2000, 384))
+    said = [r.getMessage() for r in caplog.records if "maintenance_work_mem" in r.getMessage()]
+    assert (said == []) if sized else said[0].startswith("PostgreSQL: hnsw graph no longer fits"), said
+    assert _hnsw(database_url, "big") is not None
 
 
 def _at_once(calls: list[Any]) -> float:
