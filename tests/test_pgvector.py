@@ -165,7 +165,8 @@ def _hnsw(url: str, collection: str) -> str | None:
 def test_a_load_into_an_empty_collection_builds_its_hnsw_index_once_after(database_url: str) -> None:
     """`loading` (a repair filling an empty store): the rows go in with no HNSW index, which is there after,
     with the parameters of a collection made by an upload, and every query's top 10 is the exact top 10;
-    a load cut short still leaves the index, and a load into a collection that holds rows keeps it."""
+    a load cut short still leaves the index, and a load into a collection that holds rows keeps it. The
+    vectors are stored as they were sent."""
     vectors, queries = _vectors(2000, 64), _vectors(30, 64, seed=2)
     store = PgVectorStore(database_url)
     _fill(store, "uploaded", vectors[:10])
@@ -177,6 +178,8 @@ def test_a_load_into_an_empty_collection_builds_its_hnsw_index_once_after(databa
     assert _hnsw(database_url, "loaded") == made_by_upload.replace("vectors_1", "vectors_2")
     exact = [[ids[i] for i in np.argsort(-(vectors @ q), kind="stable")[:10]] for q in queries]
     assert _top(store, "loaded", queries) == exact
+    held = store.vectors_of("loaded", ids[:50])  # sent in binary: the same float32s, bit for bit
+    assert all(np.array_equal(held[i], vectors[n]) for n, i in enumerate(ids[:50]))
 
     with store.loading("uploaded"):  # holds rows: written through its index
         assert _hnsw(database_url, "uploaded") == made_by_upload

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from rag.core.errors import NotFound, StoreDamaged
+from rag.store import _pgvector_wire as wire
 from rag.store.chroma_vectors import HNSW, StoredChunk, dimension_mismatch, unknown_collection
 from rag.store.pg_pool import ConnectionPool
 from rag.store.postgres import Connection, PgStep, connect, migrate, require_pgvector, shown_url
@@ -39,7 +40,7 @@ from rag.store.sqlite import write_transaction
 log = logging.getLogger(__name__)
 
 HNSW_M = 16  # Chroma's default M
-BATCH = 1000  # rows per INSERT: one statement, its vectors as text
+BATCH = 1000  # rows per INSERT: one statement, its vectors one binary vector[] (`_pgvector_wire`)
 READERS = 4  # reader connections per store: concurrent queries search at once, not one after another
 # An index build's maintenance_work_mem: pgvector builds many times slower once its graph no longer fits
 # in it, and a parallel build takes all of it as shared memory at once. Per row, the vector and 1 KiB
@@ -84,11 +85,12 @@ class PgVectorStore:
         self.out_of_step: dict[str, str] = {}
         self.unreadable: str | None = None
         self.path = None
-        self._db = Connection(url, "vectors", on_connect=_search_settings)
+        self._db = Connection(url, "vectors", on_connect=_writer_settings)
         self.readers = readers
         # Reads do not wait on writes, nor on each other (up to `readers` at once).
         self._pool = ConnectionPool(url, "vectors", readers, on_connect=_search_settings)
         migrate(self._db, "vectors", STEPS)
+        self._db.close()  # opened again at its next call: a connection older than the extension lacks its type
         self._lock = threading.Lock()
         self._loading: set[str] = set()  # collections written without their HNSW index (`loading`)
 
@@ -238,7 +240,7 @@ class PgVectorStore:
             end = start + BATCH
             self._db.execute(
                 f"INSERT INTO {table} (id, doc_id, document, metadata, embedding) "
-                "SELECT i, d, t, m::jsonb, e::vector FROM unnest(?::text[], ?::text[], ?::text[], ?::text[], ?::text[]) "
+                "SELECT i, d, t, m::jsonb, e FROM unnest(?::text[], ?::text[], ?::text[], ?::text[], ?::vector[]) "
                 "AS u (i, d, t, m, e) ON CONFLICT (id) DO UPDATE SET doc_id = excluded.doc_id, "
                 "document = excluded.document, metadata = excluded.metadata, embedding = excluded.embedding",
                 (
@@ -246,7 +248,7 @@ class PgVectorStore:
                     [str(m.get("doc_id") or i.rsplit(":", 1)[0]) for i, m in zip(ids[start:end], metadatas[start:end])],
                     documents[start:end],
                     [json.dumps(m) for m in metadatas[start:end]],
-                    [_literal(v) for v in embeddings[start:end]],
+                    wire.VectorArray(embeddings[start:end]),
                 ),
             )
 
@@ -352,6 +354,11 @@ def _search(reader: Connection, sql: str, params: tuple[Any, ...], k: int) -> li
 
 def _log_notice(notice: Any) -> None:
     log.warning("PostgreSQL: %s %s", notice.message_primary, notice.message_hint or "")
+
+
+def _writer_settings(conn: Any) -> None:
+    _search_settings(conn)
+    wire.register(conn)
 
 
 def _search_settings(conn: Any) -> None:
