@@ -12,10 +12,14 @@ rows and a graph left full of dead entries.
 The rows are Chroma's: the chunk id, the text, the metadata (JSONB) and the vector, with the document id
 in a column of its own, indexed, for the filters the API uses (a document's chunks, searches within
 some documents). Scores are cosine similarities (1 - pgvector's `<=>` distance), ties in id order, as
-the Chroma store gives them. HNSW with Chroma's parameters (m 16, ef_construction 200, ef_search 200). A repair that fills an empty
-collection writes its rows first and builds the index once after (`loading`): several times faster.
+the Chroma store gives them. HNSW with Chroma's parameters (m 16, ef_construction 200, ef_search 200).
 A search within some documents is exact over their chunks: pgvector's HNSW scan would filter after the
 graph's first ef_search neighbours and miss the documents' chunks that lie farther away.
+
+Writes go through one connection, their vectors in binary (`_pgvector_wire`); a repair that fills an
+empty collection writes its rows first and builds the index once after (`loading`), several times
+faster than through the index. Reads take a connection of their own from a small pool (`pg_pool`), so
+concurrent queries search at once.
 """
 
 from __future__ import annotations
