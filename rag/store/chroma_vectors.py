@@ -258,6 +258,11 @@ class ChunkStore:
     def max_batch_size(self) -> int:
         return int(self._connected().get_max_batch_size())
 
+    @contextmanager
+    def loading(self, collection: str) -> Iterator[None]:
+        """A bulk write into `collection`: as any other here (Chroma builds its graph as vectors come)."""
+        yield
+
     def close(self) -> None:
         """Nothing to close: Chroma's client lives as long as the process (its system cache holds it)."""
 

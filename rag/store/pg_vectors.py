@@ -15,25 +15,44 @@ some documents). Scores are cosine similarities (1 - pgvector's `<=>` distance),
 the Chroma store gives them. HNSW with Chroma's parameters (m 16, ef_construction 200, ef_search 200).
 A search within some documents is exact over their chunks: pgvector's HNSW scan would filter after the
 graph's first ef_search neighbours and miss the documents' chunks that lie farther away.
+
+Writes go through one connection, their vectors in binary (`_pgvector_wire`); a repair that fills an
+empty collection writes its rows first and builds the index once after (`loading`), several times
+faster than through the index. Reads take a connection of their own from a small pool (`pg_pool`), so
+concurrent queries search at once.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from rag.core.errors import NotFound, StoreDamaged
+from rag.store import _pgvector_wire as wire
 from rag.store.chroma_vectors import HNSW, StoredChunk, dimension_mismatch, unknown_collection
-from rag.store.postgres import Connection, PgStep, migrate, require_pgvector, shown_url
+from rag.store.pg_pool import ConnectionPool
+from rag.store.postgres import Connection, PgStep, connect, migrate, require_pgvector, shown_url
 from rag.store.record import Vectors
 from rag.store.sqlite import write_transaction
 
+log = logging.getLogger(__name__)
+
 HNSW_M = 16  # Chroma's default M
-BATCH = 1000  # rows per INSERT: one statement, its vectors as text
+BATCH = 1000  # rows per INSERT: one statement, its vectors one binary vector[] (`_pgvector_wire`)
+READERS = 4  # reader connections per store: concurrent queries search at once, not one after another
+# An index build's maintenance_work_mem: pgvector builds many times slower once its graph no longer fits
+# in it, and a parallel build takes all of it as shared memory at once. Per row, the vector and 1 KiB
+# for the element and its neighbour lists at m 16 (measured: 1,863 384-d rows filled 4 MiB, ~0.7 KiB
+# each beyond the vector); never less than the server's own setting, and at most BUILD_MEMORY_MAX
+# unless that is more.
+BUILD_BYTES_PER_ROW = 1024
+BUILD_MEMORY_MAX = 2 * 2**30
 
 _COLLECTIONS = (
     "CREATE TABLE IF NOT EXISTS vector_collections (name TEXT PRIMARY KEY, id SERIAL UNIQUE NOT NULL, "
@@ -62,7 +81,7 @@ def _literal(vector: Sequence[float] | np.ndarray) -> str:
 class PgVectorStore:
     """Collections of chunk vectors with their text and metadata, in PostgreSQL tables with HNSW indexes."""
 
-    def __init__(self, url: str, default_collection: str = "default") -> None:
+    def __init__(self, url: str, default_collection: str = "default", readers: int = READERS) -> None:
         self.url = url
         self.default_collection = default_collection
         # The Chroma store's state of a start-up probe; a database has none to find (no engine to crash).
@@ -70,23 +89,26 @@ class PgVectorStore:
         self.out_of_step: dict[str, str] = {}
         self.unreadable: str | None = None
         self.path = None
-        self._db = Connection(url, "vectors", on_connect=_search_settings)
-        self._reader = Connection(url, "vectors", on_connect=_search_settings)  # queries do not wait on writes
+        self._db = Connection(url, "vectors", on_connect=_writer_settings)
+        self.readers = readers
+        # Reads do not wait on writes, nor on each other (up to `readers` at once).
+        self._pool = ConnectionPool(url, "vectors", readers, on_connect=_search_settings)
         migrate(self._db, "vectors", STEPS)
+        self._db.close()  # opened again at its next call: a connection older than the extension lacks its type
         self._lock = threading.Lock()
-        self._read_lock = threading.Lock()
+        self._loading: set[str] = set()  # collections written without their HNSW index (`loading`)
 
     @classmethod
     def open(cls, url: str, default_collection: str = "default") -> PgVectorStore:
         return cls(url, default_collection)
 
     def close(self) -> None:
-        self._reader.close()
+        self._pool.close()
         self._db.close()
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        with self._read_lock:
-            return self._reader.execute(sql, params).fetchall()
+        with self._pool.connection() as reader:
+            return reader.execute(sql, params).fetchall()
 
     # Collections.
 
@@ -109,7 +131,8 @@ class PgVectorStore:
         return found
 
     def _create(self, name: str, dimensions: int) -> tuple[str, int]:
-        """The collection's table, made with its HNSW index at the width of its first vectors."""
+        """The collection's table, made at the width of its first vectors, with its HNSW index unless it is
+        being loaded."""
         with write_transaction(self._db, self._lock) as db:  # type: ignore[arg-type]  # Connection takes the calls
             row = db.execute("SELECT id, dimensions FROM vector_collections WHERE name = ?", (name,)).fetchone()
             if row is not None:
@@ -123,11 +146,53 @@ class PgVectorStore:
                 f"metadata JSONB, embedding vector({int(dimensions)}) NOT NULL)"
             )
             db.execute(f"CREATE INDEX {table}_by_doc ON {table} (doc_id)")
-            db.execute(
-                f"CREATE INDEX {table}_hnsw ON {table} USING hnsw (embedding vector_cosine_ops) "
-                f"WITH (m = {HNSW_M}, ef_construction = {HNSW['ef_construction']})"
-            )
+            if name not in self._loading:
+                db.execute(_HNSW_INDEX.format(table=table))
         return table, dimensions
+
+    @contextmanager
+    def loading(self, collection: str) -> Iterator[None]:
+        """Writes into an empty collection (a repair filling a new store) go in without its HNSW index,
+        which is built once at the end: pgvector builds a graph from a full table many times faster than
+        it inserts row by row through it. A collection that holds rows keeps its index and its writes
+        go through it. A load cut short leaves a table without the index (searches are exact then); the
+        next load into it builds it."""
+        found = self._find(collection)
+        if found is not None and self._indexed(found[0]) and not self._empty(found[0]):
+            yield
+            return
+        self._loading.add(collection)
+        try:
+            if found is not None:
+                self._db.execute(f"DROP INDEX IF EXISTS {found[0]}_hnsw")
+            yield
+        finally:
+            self._loading.discard(collection)
+            found = self._find(collection)
+            if found is not None:
+                self._build_index(found[0])
+
+    def _indexed(self, table: str) -> bool:
+        return bool(self._read("SELECT to_regclass(?) IS NOT NULL", (f"{table}_hnsw",))[0][0])
+
+    def _empty(self, table: str) -> bool:
+        return not self._read(f"SELECT 1 FROM {table} LIMIT 1")
+
+    def _build_index(self, table: str) -> None:
+        """The table's HNSW index, built in one pass with a maintenance_work_mem that holds its graph."""
+        if self._indexed(table):
+            return
+        rows, dimensions, usual = self._read(
+            f"SELECT count(*), max(vector_dims(embedding)), pg_size_bytes(current_setting('maintenance_work_mem')) "
+            f"FROM {table}"
+        )[0]
+        memory = max(int(usual), min(int(rows) * (4 * int(dimensions or 0) + BUILD_BYTES_PER_ROW), BUILD_MEMORY_MAX))
+        # A session of its own for the setting, whose notices are logged: pgvector says so when the graph
+        # outgrew maintenance_work_mem (the build then goes on, many times slower).
+        with connect(self.url) as conn:
+            conn.add_notice_handler(_log_notice)
+            conn.execute(f"SET maintenance_work_mem = '{-(-memory // 2**20)}MB'")  # rounded up
+            conn.execute(_HNSW_INDEX.format(table=table))
 
     def _unknown(self, name: str) -> NotFound:
         return unknown_collection(name, self.names())
@@ -179,7 +244,7 @@ class PgVectorStore:
             end = start + BATCH
             self._db.execute(
                 f"INSERT INTO {table} (id, doc_id, document, metadata, embedding) "
-                "SELECT i, d, t, m::jsonb, e::vector FROM unnest(?::text[], ?::text[], ?::text[], ?::text[], ?::text[]) "
+                "SELECT i, d, t, m::jsonb, e FROM unnest(?::text[], ?::text[], ?::text[], ?::text[], ?::vector[]) "
                 "AS u (i, d, t, m, e) ON CONFLICT (id) DO UPDATE SET doc_id = excluded.doc_id, "
                 "document = excluded.document, metadata = excluded.metadata, embedding = excluded.embedding",
                 (
@@ -187,7 +252,7 @@ class PgVectorStore:
                     [str(m.get("doc_id") or i.rsplit(":", 1)[0]) for i, m in zip(ids[start:end], metadatas[start:end])],
                     documents[start:end],
                     [json.dumps(m) for m in metadatas[start:end]],
-                    [_literal(v) for v in embeddings[start:end]],
+                    wire.VectorArray(embeddings[start:end]),
                 ),
             )
 
@@ -261,27 +326,43 @@ class PgVectorStore:
         else:
             sql = f"SELECT {columns}, embedding <=> ?::vector AS d FROM {table} ORDER BY d LIMIT ?"
             params = (vector, k)
-        with self._read_lock:
-            rows = self._search(sql, params, k)
+        with self._pool.connection() as reader:
+            rows = _search(reader, sql, params, k)
         hits = [
             StoredChunk(i, (doc or "") if texts else None, dict(meta or {}) if texts else {}, 1.0 - float(d))
             for i, doc, meta, d in rows
         ]
         return sorted(hits, key=lambda h: (-h.score, h.id))
 
-    def _search(self, sql: str, params: tuple[Any, ...], k: int) -> list[tuple[Any, ...]]:
-        """The rows of a search, with an ef_search of at least k (pgvector's HNSW scan returns no more)."""
-        usual = EF_SEARCH
-        if k <= usual:
-            return self._reader.execute(sql, params).fetchall()
-        self._reader.execute("SELECT set_config('hnsw.ef_search', ?, false)", (str(k),))
-        try:
-            return self._reader.execute(sql, params).fetchall()
-        finally:
-            self._reader.execute("SELECT set_config('hnsw.ef_search', ?, false)", (str(usual),))
-
     def describe(self) -> str:
         return f"pgvector at {shown_url(self.url)}"
+
+
+_HNSW_INDEX = (
+    "CREATE INDEX IF NOT EXISTS {table}_hnsw ON {table} USING hnsw (embedding vector_cosine_ops) "
+    f"WITH (m = {HNSW_M}, ef_construction = {HNSW['ef_construction']})"
+)
+
+
+def _search(reader: Connection, sql: str, params: tuple[Any, ...], k: int) -> list[tuple[Any, ...]]:
+    """The rows of a search, with an ef_search of at least k (pgvector's HNSW scan returns no more)."""
+    usual = EF_SEARCH
+    if k <= usual:
+        return reader.execute(sql, params).fetchall()
+    reader.execute("SELECT set_config('hnsw.ef_search', ?, false)", (str(k),))
+    try:
+        return reader.execute(sql, params).fetchall()
+    finally:
+        reader.execute("SELECT set_config('hnsw.ef_search', ?, false)", (str(usual),))
+
+
+def _log_notice(notice: Any) -> None:
+    log.warning("PostgreSQL: %s %s", notice.message_primary, notice.message_hint or "")
+
+
+def _writer_settings(conn: Any) -> None:
+    _search_settings(conn)
+    wire.register(conn)
 
 
 def _search_settings(conn: Any) -> None:

@@ -490,23 +490,26 @@ def _make_like_record(
     indexed = catalog.indexed_chunks(name)
     total, done, expected = sum(indexed.values()), 0, set[str]()
     progress(f"{name}: vectors", 0, total)
-    for batch in lexical.records(name, BATCH):
-        rows = [r for r in batch if r[1] in indexed and r[4] is not None]
-        expected.update(r[0] for r in rows)
-        held = store.vectors_of(name, [r[0] for r in rows]) if rows and store.exists(name) else {}
-        todo = [
-            r for r in rows if r[0] not in held or not np.allclose(held[r[0]], np.asarray(r[4], np.float32), atol=1e-4)
-        ]
-        if todo:
-            store.upsert(
-                name,
-                ids=[r[0] for r in todo],
-                embeddings=np.asarray([r[4] for r in todo], dtype=np.float32),
-                documents=[r[2] for r in todo],
-                metadatas=[r[3] or {"doc_id": r[1]} for r in todo],
-            )
-        done += len(rows)
-        progress(f"{name}: vectors", done, total)
+    with store.loading(name):  # pgvector: into an empty collection first, its index built after
+        for batch in lexical.records(name, BATCH):
+            rows = [r for r in batch if r[1] in indexed and r[4] is not None]
+            expected.update(r[0] for r in rows)
+            held = store.vectors_of(name, [r[0] for r in rows]) if rows and store.exists(name) else {}
+            todo = [
+                r
+                for r in rows
+                if r[0] not in held or not np.allclose(held[r[0]], np.asarray(r[4], np.float32), atol=1e-4)
+            ]
+            if todo:
+                store.upsert(
+                    name,
+                    ids=[r[0] for r in todo],
+                    embeddings=np.asarray([r[4] for r in todo], dtype=np.float32),
+                    documents=[r[2] for r in todo],
+                    metadatas=[r[3] or {"doc_id": r[1]} for r in todo],
+                )
+            done += len(rows)
+            progress(f"{name}: vectors", done, total)
     orphans = sorted(store.ids(name) - expected) if store.exists(name) else []
     if orphans:
         store.delete_ids(name, orphans)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from rag.store.chroma_vectors import StoredChunk
@@ -33,6 +34,10 @@ class VectorStore(Protocol):
         documents: list[str],
         metadatas: list[dict[str, Any]],
     ) -> None: ...
+
+    def loading(self, collection: str) -> AbstractContextManager[None]:
+        """The writes of a bulk load into `collection` (a repair filling it) go inside this."""
+        ...
 
     def delete_document(self, collection: str, doc_id: str) -> None: ...
 
