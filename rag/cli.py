@@ -386,12 +386,22 @@ def store_repair() -> None:
 
 @store.command("migrate")
 @click.option("--to", "url", required=True, metavar="URL", help="An empty PostgreSQL database (postgresql://...).")
-def store_migrate(url: str) -> None:
+@click.option(
+    "--vectors",
+    type=click.Choice(["chroma", "pgvector"]),
+    default="chroma",
+    show_default=True,
+    help="Where the migrated store keeps its vectors: the data dir's Chroma, or pgvector in the same database "
+    "(filled from the record's vectors, the index built once after; run with RAG_VECTOR_STORE=pgvector then).",
+)
+def store_migrate(url: str, vectors: str) -> None:
     """Copy the data dir's SQLite store (catalog, chunk record, keys) into PostgreSQL, for RAG_DATABASE_URL.
-    Chroma stays in the data dir (rag up --replicas serves it); stop the API first."""
+    The vectors stay in the data dir's Chroma (rag up --replicas serves it), or with --vectors pgvector
+    are written into the database too; stop the API first."""
     from rag.core.errors import StoreLocked
     from rag.store.chroma_vectors import StoreLock
     from rag.store.pg_migrate import migrate_to_postgres
+    from rag.store.repair import repair_database
 
     settings = load_settings()
     if not url.startswith(("postgresql://", "postgres://")):
@@ -407,8 +417,18 @@ def store_migrate(url: str) -> None:
         lock.release()
     click.echo(
         f"copied {copied['documents']:,} documents, {copied['chunks']:,} chunks in {copied['collections']:,} "
-        f"collections and {copied['keys']:,} keys; now run with RAG_DATABASE_URL set to it"
+        f"collections and {copied['keys']:,} keys"
     )
+    if vectors == "chroma":
+        click.echo("now run with RAG_DATABASE_URL set to it")
+        return
+    target = settings.model_copy(update={"database_url": url, "vector_store": "pgvector"})
+    written = _with_embedder(
+        target, "rag store migrate", lambda embed, progress: repair_database(target, embed=embed, progress=progress)
+    )
+    for name, n in written.items():
+        click.echo(f"{name}: {n:,} vectors in pgvector")
+    click.echo("now run with RAG_DATABASE_URL set to it and RAG_VECTOR_STORE=pgvector")
 
 
 def schema_parts(*, pgvector: bool) -> list[tuple[str, list[Any]]]:

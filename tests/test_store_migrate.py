@@ -2,7 +2,8 @@
 18 with pgvector: with its vectors left in the data dir's Chroma, and after `rag store repair` with
 RAG_VECTOR_STORE=pgvector fills pgvector from the record's vectors, every question's top 10 in each mode
 (BM25, dense, hybrid) through the API's searcher is the SQLite store's, and `rag store check` finds the
-store consistent with every chunk's vector where the store serves them."""
+store consistent with every chunk's vector where the store serves them; `rag store migrate --vectors pgvector`
+does both steps in one command."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -19,6 +21,7 @@ from rag.api.services import build_services
 from rag.cli import cli
 from rag.core.config import Settings, get_settings
 from tests.chat_helpers import changed
+from tests.postgres import new_database
 from tests.servers import free_port
 
 SLICE = Path(__file__).parent / "data" / "squad-v1.1-dev-slice.json"
@@ -87,7 +90,7 @@ def _check(env: dict[str, str]) -> dict[str, object]:
 
 
 def test_a_migrated_store_repaired_into_pgvector_ranks_as_the_sqlite_store(
-    ingest_env: dict[str, str], ingest_settings: Settings, database_url: str, tmp_path: Path
+    ingest_env: dict[str, str], ingest_settings: Settings, database_url: str, postgres_server: Any, tmp_path: Path
 ) -> None:
     paragraphs, questions = _squad(PARAGRAPHS)
     folder = tmp_path / "docs"
@@ -121,3 +124,12 @@ def test_a_migrated_store_repaired_into_pgvector_ranks_as_the_sqlite_store(
     assert collection["chroma"] == collection["record_vectors"] == chunks
     pgvector = changed(ingest_settings, database_url=database_url, vector_store="pgvector")
     _assert_same(_top10(pgvector, questions), before)
+
+    # In one command: the record copied and pgvector filled from it, into another empty database.
+    second_url = new_database(postgres_server)
+    at_once = _rag(["store", "migrate", "--to", second_url, "--vectors", "pgvector"], env)
+    assert at_once.exit_code == 0, at_once.output
+    assert f"default: {chunks} vectors in pgvector" in at_once.output
+    second = {**env, "RAG_DATABASE_URL": second_url, "RAG_VECTOR_STORE": "pgvector"}
+    assert _check(second)["consistent"]
+    _assert_same(_top10(changed(ingest_settings, database_url=second_url, vector_store="pgvector"), questions), before)
