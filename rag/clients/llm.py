@@ -82,7 +82,10 @@ class LlamaServerClient:
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
-            response = await self._http.request(method, path, **kwargs)
+            try:
+                response = await self._http.request(method, path, **kwargs)
+            except httpx.RemoteProtocolError:  # a kept-alive connection it had closed: once more, on a new one
+                response = await self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
             raise LLMUnavailable(f"llama-server at {self.base_url} is unreachable: {exc.__class__.__name__}") from exc
         if response.status_code == 503:
@@ -149,15 +152,18 @@ class LlamaServerClient:
         affinity: str | None = None,  # the conversation, for a pool's routing: one server has nothing to route
     ) -> AsyncIterator[StreamDelta | StreamEnd]:
         """Yield text deltas, then one StreamEnd. Closing the iterator closes the upstream request."""
-        request = self._openai.chat.completions.create(
-            model=self.model,
-            messages=_openai_messages(messages),
-            max_tokens=max_tokens,
-            temperature=temperature,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body={"cache_prompt": True, **(extra or {})},
-        )
+
+        def request() -> Awaitable[Any]:
+            return self._openai.chat.completions.create(
+                model=self.model,
+                messages=_openai_messages(messages),
+                max_tokens=max_tokens,
+                temperature=temperature,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"cache_prompt": True, **(extra or {})},
+            )
+
         async for item in self._stream(request, lambda choice: choice.delta.content if choice.delta else None):
             yield item
 
@@ -172,26 +178,36 @@ class LlamaServerClient:
         affinity: str | None = None,
     ) -> AsyncIterator[StreamDelta | StreamEnd]:
         """A plain completion of `prompt` (no chat template), streamed like stream_chat."""
-        request = self._openai.completions.create(
-            model=self.model,
-            prompt=prompt,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            stop=stop,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body={"cache_prompt": True, **(extra or {})},
-        )
+
+        def request() -> Awaitable[Any]:
+            return self._openai.completions.create(
+                model=self.model,
+                prompt=prompt,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                stop=stop,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"cache_prompt": True, **(extra or {})},
+            )
+
         async for item in self._stream(request, lambda choice: choice.text):
             yield item
 
     async def _stream(
-        self, request: Awaitable[Any], text_of: Callable[[Any], str | None]
+        self, request: Callable[[], Awaitable[Any]], text_of: Callable[[Any], str | None]
     ) -> AsyncIterator[StreamDelta | StreamEnd]:
         started = time.perf_counter()
         ttft: float | None = None
         try:
-            stream = await request
+            try:
+                stream = await request()
+            except openai.APIConnectionError as exc:
+                if not isinstance(exc.__cause__, httpx.RemoteProtocolError):
+                    raise
+                # A kept-alive connection llama-server had closed ("Server disconnected without sending a
+                # response": 2 of 195 questions of bench/real_docs got a 503 from it): once more, on a new one.
+                stream = await request()
         except openai.APIError as exc:
             raise _map_openai_error(exc, self.base_url) from exc
         finish_reason: str | None = None
