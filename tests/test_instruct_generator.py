@@ -49,10 +49,13 @@ def test_the_instruct_model_is_served_in_the_chat_style(instruct_settings: Setti
 
 
 def test_a_sourced_answer_carries_the_models_own_citation_parsed_and_checked(instruct_settings: Settings) -> None:
-    # An earlier answer that cites shows the model the form: a 135M model then cites in its own answer.
+    # Earlier answers that cite show the model the form: a 135M model then cites in its own answer. Two of
+    # them: after one, the model's greedy answer cites or not by the CPU's matrix kernels (AMX, AVX-512).
     conversation = [
         {"role": "user", "content": "Which countries does the Amazon River flow through?"},
         {"role": "assistant", "content": "The Amazon flows through Peru, Colombia and Brazil [S1]."},
+        {"role": "user", "content": "What covers much of the river's basin?"},
+        {"role": "assistant", "content": "The Amazon rainforest covers much of the basin [S1]."},
         {"role": "user", "content": "Where does the Amazon River rise?"},
     ]
     with serve(instruct_settings) as url:
