@@ -33,7 +33,10 @@ A store built in a work dir leaves its build numbers there (`<store>-built.json`
 stores built in DIR as they are (a store of an older schema is upgraded on opening, timed as `opened_s`)
 and measures their queries only. `--shared-buffers` sets the embedded PostgreSQL's `shared_buffers`
 (restarting it once when it differs). `--embed-url` embeds the slice's texts through a running embedding
-server (`POST /v1/embeddings`) instead of loading the model here; either way the vectors are cached.
+server (`POST /v1/embeddings`) instead of loading the model here; either way the vectors are cached;
+with it the questions are also timed as the API asks them, "embed+hybrid": the hybrid search with each
+question embedded by that server (it must serve all-MiniLM-L6-v2: `RAG_EMBED_MODEL=all-MiniLM-L6-v2 rag
+serve-embeddings`).
 
 Results: bench/results/pgvector.json.
 """
@@ -251,8 +254,13 @@ def _write(
     return seconds, growth
 
 
-async def latency(stack: Stack, questions: list[str], qvectors: np.ndarray, queries: int) -> dict[str, Any]:
+async def latency(
+    stack: Stack, questions: list[str], qvectors: np.ndarray, queries: int, embed_url: str | None = None
+) -> dict[str, Any]:
+    """Each stage's latency; with `embed_url`, "embed+hybrid" too: the hybrid search with its question
+    embedded by that server, as the API searches."""
     from rag.answering.retrieval import Retriever
+    from rag.clients.embedding import EmbeddingClient
 
     picked = random.Random(7).sample(range(len(questions)), queries)
     by_text = {questions[i]: qvectors[i].tolist() for i in picked}
@@ -270,6 +278,10 @@ async def latency(stack: Stack, questions: list[str], qvectors: np.ndarray, quer
         "bm25": lambda q: asyncio.to_thread(stack.lexical.search, COLLECTION, q, settings.retrieval_depth),
         "hybrid": lambda q: retriever.search(q, collection=COLLECTION, k=settings.top_k),
     }
+    client = None if embed_url is None else EmbeddingClient(embed_url, model=EMBEDDER)
+    if client is not None:
+        live = Retriever(client, stack.store, stack.lexical, stack.catalog, settings)
+        stages["embed+hybrid"] = lambda q: live.search(q, collection=COLLECTION, k=settings.top_k)
     out = {}
     for name, call in stages.items():
         for i in picked[:5]:  # warm: the first queries read the index into memory
@@ -284,6 +296,9 @@ async def latency(stack: Stack, questions: list[str], qvectors: np.ndarray, quer
             f"    {stack.name} {name:<7} p50 {out[name]['p50']:7.1f}  p95 {out[name]['p95']:7.1f} ms", file=sys.stderr
         )
     await retriever.aclose()
+    if client is not None:
+        await live.aclose()
+        await client.aclose()
     return out
 
 
@@ -305,7 +320,7 @@ def run_stack(
             built = build(stack, args.chunks, texts, vectors, args.cosine, args.batch, args.bulk)
             built_file.write_text(json.dumps(built))
         stored = stack.store.count(COLLECTION)
-        timed = asyncio.run(latency(stack, questions, qvectors, args.queries))
+        timed = asyncio.run(latency(stack, questions, qvectors, args.queries, args.embed_url))
         disk = stack.disk_mb(workdir)
         buffers = stack.shared_buffers()
     finally:
@@ -331,7 +346,9 @@ def main(argv: list[str] | None = None) -> None:
         "--shared-buffers", default=None, help="the embedded PostgreSQL's shared_buffers (e.g. 1GB; default: as is)"
     )
     parser.add_argument(
-        "--embed-url", default=None, help="embed the slice through this embedding server (default: the model here)"
+        "--embed-url",
+        default=None,
+        help="embed the slice, and time embed+hybrid, through this embedding server (default: the model here)",
     )
     parser.add_argument(
         "--bulk", action="store_true", help="fill pgvector as a repair does: rows first, the HNSW index once after"
