@@ -6,6 +6,8 @@ search and of the hybrid search (`Retriever.search`), each store in the stack it
     .venv/bin/python -m bench.pgvector --database-url postgresql://...   # a PostgreSQL of your own
     .venv/bin/python -m bench.pgvector --workdir /big/disk          # keep the stores built there
     .venv/bin/python -m bench.pgvector --reuse /big/disk            # measure those stores again, no build
+    .venv/bin/python -m bench.pgvector --stores pgvector --bulk --build-memory 3GB --chunks 1000000 \
+        --batch 1000 --workdir /big/disk       # pgvector filled in bulk, its HNSW index built once after
 
 The two stacks, as a user runs them:
 - chroma: embedded Chroma, the SQLite catalog and the tantivy BM25 index in a data dir (the default);
@@ -18,7 +20,11 @@ all-MiniLM-L6-v2 (384-d; cached as bench.retrieval_quality caches them), then de
 derives them: chunk j is real chunk j mod n's text, with that chunk's vector plus Gaussian noise at a
 cosine of about --cosine to it, in documents of 10 chunks. Each store takes the same chunks in writes of
 --batch chunks (RAG_EMBED_BATCH, 32, is what an upload writes at a time): the vectors, then the BM25
-index and record, then the documents' catalog rows, timed apart. Then the slice's real questions are
+index and record, then the documents' catalog rows, timed apart. With --bulk the pgvector store is
+filled as `rag store repair` fills an empty one (`PgVectorStore.loading`): its rows go in without the
+HNSW index, which is built once after the last write (`vector_index`, timed apart; `vectors` is then the
+rows alone), with a maintenance_work_mem sized to the graph, at most the store's cap (2 GiB) or
+--build-memory (the notices PostgreSQL sends meanwhile, e.g. that the graph outgrew it, are kept). Then the slice's real questions are
 asked (their real query vectors at hand, no embedder in the loop): the dense search at RAG_RETRIEVAL_DEPTH
 (ids and scores only, as a hybrid search asks it), the BM25 search at the same depth and the hybrid search
 at RAG_TOP_K.
@@ -27,7 +33,10 @@ A store built in a work dir leaves its build numbers there (`<store>-built.json`
 stores built in DIR as they are (a store of an older schema is upgraded on opening, timed as `opened_s`)
 and measures their queries only. `--shared-buffers` sets the embedded PostgreSQL's `shared_buffers`
 (restarting it once when it differs). `--embed-url` embeds the slice's texts through a running embedding
-server (`POST /v1/embeddings`) instead of loading the model here; either way the vectors are cached.
+server (`POST /v1/embeddings`) instead of loading the model here; either way the vectors are cached;
+with it the questions are also timed as the API asks them, "embed+hybrid": the hybrid search with each
+question embedded by that server (it must serve all-MiniLM-L6-v2: `RAG_EMBED_MODEL=all-MiniLM-L6-v2 rag
+serve-embeddings`).
 
 Results: bench/results/pgvector.json.
 """
@@ -37,12 +46,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import random
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -165,8 +176,50 @@ def _rows(start: int, texts: list[str]) -> tuple[list[str], list[dict[str, Any]]
     return ids, metadatas
 
 
-def build(stack: Stack, size: int, texts: list[str], base: np.ndarray, cosine: float, batch: int) -> dict[str, Any]:
-    """Write `size` chunks in writes of `batch`; the seconds of each part, and the vectors' rate as it grows."""
+@contextmanager
+def notices() -> Iterator[list[str]]:
+    """The PostgreSQL notices the pgvector store logs meanwhile (pgvector's, when a graph outgrows its memory)."""
+    from rag.store import pg_vectors
+
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    pg_vectors.log.addHandler(handler)
+    try:
+        yield said
+    finally:
+        pg_vectors.log.removeHandler(handler)
+
+
+def build(
+    stack: Stack, size: int, texts: list[str], base: np.ndarray, cosine: float, batch: int, bulk: bool = False
+) -> dict[str, Any]:
+    """Write `size` chunks in writes of `batch`; the seconds of each part, and the vectors' rate as it grows.
+    `bulk`: a pgvector store takes its rows without the HNSW index, built once after (`vector_index`)."""
+    loading = getattr(stack.store, "loading", None)
+    bulk = bulk and loading is not None
+    with notices() as said:
+        load = loading(COLLECTION) if bulk and loading is not None else nullcontext()
+        load.__enter__()
+        seconds, growth = _write(stack, size, texts, base, cosine, batch)  # cut short: no index build
+        started = time.perf_counter()
+        load.__exit__(None, None, None)  # a bulk load's index build
+        if bulk:
+            seconds["vector_index"] = time.perf_counter() - started
+            print(f"    {stack.name}: HNSW index built in {seconds['vector_index']:.1f} s", file=sys.stderr, flush=True)
+    total = sum(seconds.values())
+    vectors = seconds["vectors"] + seconds.get("vector_index", 0.0)
+    out = {
+        "seconds": {k: round(v, 1) for k, v in seconds.items()} | {"all": round(total, 1)},
+        "chunks_per_s": {"vectors": round(size / vectors, 1), "all": round(size / total, 1)},
+        "growth": growth,
+    }
+    return out | ({"bulk": True, "notices": said} if bulk else {})
+
+
+def _write(
+    stack: Stack, size: int, texts: list[str], base: np.ndarray, cosine: float, batch: int
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
     rng = np.random.default_rng(size)
     seconds = {"vectors": 0.0, "bm25_and_record": 0.0, "catalog": 0.0}
     growth, window = [], (0, 0.0)
@@ -188,24 +241,26 @@ def build(stack: Stack, size: int, texts: list[str], base: np.ndarray, cosine: f
         seconds["bm25_and_record"] += t2 - t1
         seconds["catalog"] += t3 - t2
         window = (window[0] + n, window[1] + t1 - t0)
-        if window[0] >= 10_000 or start + n == size:
+        if window[0] >= max(10_000, size // 100) or start + n == size:
             growth.append({"chunks": start + n, "vector_chunks_per_s": round(window[0] / window[1], 1)})
+            so_far = ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items())
             print(
-                f"    {stack.name}: {start + n:,} chunks, vectors {growth[-1]['vector_chunks_per_s']}/s",
+                f"    {stack.name}: {start + n:,} chunks, vectors {growth[-1]['vector_chunks_per_s']}/s "
+                f"({so_far}; load {os.getloadavg()[0]:.2f})",
                 file=sys.stderr,
                 flush=True,
             )
             window = (0, 0.0)
-    total = sum(seconds.values())
-    return {
-        "seconds": {k: round(v, 1) for k, v in seconds.items()} | {"all": round(total, 1)},
-        "chunks_per_s": {"vectors": round(size / seconds["vectors"], 1), "all": round(size / total, 1)},
-        "growth": growth,
-    }
+    return seconds, growth
 
 
-async def latency(stack: Stack, questions: list[str], qvectors: np.ndarray, queries: int) -> dict[str, Any]:
+async def latency(
+    stack: Stack, questions: list[str], qvectors: np.ndarray, queries: int, embed_url: str | None = None
+) -> dict[str, Any]:
+    """Each stage's latency; with `embed_url`, "embed+hybrid" too: the hybrid search with its question
+    embedded by that server, as the API searches."""
     from rag.answering.retrieval import Retriever
+    from rag.clients.embedding import EmbeddingClient
 
     picked = random.Random(7).sample(range(len(questions)), queries)
     by_text = {questions[i]: qvectors[i].tolist() for i in picked}
@@ -223,6 +278,10 @@ async def latency(stack: Stack, questions: list[str], qvectors: np.ndarray, quer
         "bm25": lambda q: asyncio.to_thread(stack.lexical.search, COLLECTION, q, settings.retrieval_depth),
         "hybrid": lambda q: retriever.search(q, collection=COLLECTION, k=settings.top_k),
     }
+    client = None if embed_url is None else EmbeddingClient(embed_url, model=EMBEDDER)
+    if client is not None:
+        live = Retriever(client, stack.store, stack.lexical, stack.catalog, settings)
+        stages["embed+hybrid"] = lambda q: live.search(q, collection=COLLECTION, k=settings.top_k)
     out = {}
     for name, call in stages.items():
         for i in picked[:5]:  # warm: the first queries read the index into memory
@@ -237,6 +296,9 @@ async def latency(stack: Stack, questions: list[str], qvectors: np.ndarray, quer
             f"    {stack.name} {name:<7} p50 {out[name]['p50']:7.1f}  p95 {out[name]['p95']:7.1f} ms", file=sys.stderr
         )
     await retriever.aclose()
+    if client is not None:
+        await live.aclose()
+        await client.aclose()
     return out
 
 
@@ -255,10 +317,10 @@ def run_stack(
         if reused:
             built = json.loads(built_file.read_text()) | {"reused": str(workdir), "opened_s": opened_s}
         else:
-            built = build(stack, args.chunks, texts, vectors, args.cosine, args.batch)
+            built = build(stack, args.chunks, texts, vectors, args.cosine, args.batch, args.bulk)
             built_file.write_text(json.dumps(built))
         stored = stack.store.count(COLLECTION)
-        timed = asyncio.run(latency(stack, questions, qvectors, args.queries))
+        timed = asyncio.run(latency(stack, questions, qvectors, args.queries, args.embed_url))
         disk = stack.disk_mb(workdir)
         buffers = stack.shared_buffers()
     finally:
@@ -284,11 +346,26 @@ def main(argv: list[str] | None = None) -> None:
         "--shared-buffers", default=None, help="the embedded PostgreSQL's shared_buffers (e.g. 1GB; default: as is)"
     )
     parser.add_argument(
-        "--embed-url", default=None, help="embed the slice through this embedding server (default: the model here)"
+        "--embed-url",
+        default=None,
+        help="embed the slice, and time embed+hybrid, through this embedding server (default: the model here)",
+    )
+    parser.add_argument(
+        "--bulk", action="store_true", help="fill pgvector as a repair does: rows first, the HNSW index once after"
+    )
+    parser.add_argument(
+        "--build-memory",
+        default=None,
+        metavar="SIZE",
+        help="with --bulk, the cap on the index build's maintenance_work_mem (e.g. 3GB; default: the store's, 2GB)",
     )
     parser.add_argument("--json", type=Path, default=RESULTS / "pgvector.json")
     args = parser.parse_args(argv)
     print(header(), flush=True)
+    if args.build_memory is not None:
+        from rag.store import pg_vectors
+
+        pg_vectors.BUILD_MEMORY_MAX = _bytes(args.build_memory)
     if args.reuse is not None:
         args.workdir = args.reuse
     data = real_chunks(args.embed_url)
@@ -301,6 +378,8 @@ def main(argv: list[str] | None = None) -> None:
         "queries": args.queries,
         "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
         "shared_buffers": args.shared_buffers,
+        "bulk": args.bulk,
+        "build_memory_max": args.build_memory or "2GB",
         "stores": {},
     }
     with tempfile.TemporaryDirectory(prefix="rag-pgvector-") as tmp:
@@ -336,6 +415,16 @@ def main(argv: list[str] | None = None) -> None:
         )
     )
     print(f"wrote {args.json}", file=sys.stderr)
+
+
+def _bytes(size: str) -> int:
+    """Bytes of a size such as 3GB or 512MB."""
+    units = {"KB": 2**10, "MB": 2**20, "GB": 2**30}
+    text = size.strip().upper()
+    for unit, factor in units.items():
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * factor)
+    return int(text)
 
 
 def _pgvector_version() -> str | None:
