@@ -188,3 +188,13 @@ def test_two_processes_preparing_one_model_at_once_assemble_it_once(tmp_path: Pa
     assert len(calls) == 1  # the second waited on the lock, then found the file made
     assert paths[0] == paths[1] == tmp_path / "cache" / "models" / paths[0].name
     assert paths[0].stat().st_size == size and not list(paths[0].parent.glob("*.part"))
+
+
+def test_pull_keeps_a_file_already_in_place_and_fetches_a_damaged_one_again(file_server: _Server, tmp_path: Path):
+    first = pull(_artifact(), tmp_path, url=_url(file_server))
+    inode = first.stat().st_ino
+    assert pull(_artifact(), tmp_path, url=_url(file_server)) == first
+    assert len(file_server.requests) == 1 and first.stat().st_ino == inode  # not fetched, not rewritten
+    first.write_bytes(PAYLOAD[:-1] + b"\x00")
+    assert pull(_artifact(), tmp_path, url=_url(file_server)).read_bytes() == PAYLOAD
+    assert len(file_server.requests) == 2

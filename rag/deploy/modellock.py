@@ -131,12 +131,16 @@ def pull(
     progress: Callable[[int, int | None], None] | None = None,
     attempts: int = 5,
 ) -> Path:
-    """Download an artifact with resume, check size and sha256, and rename it into place atomically."""
+    """Download an artifact with resume, check size and sha256, and rename it into place atomically. A file
+    already in place with its size and sha256 is kept as it is: the models job runs at every `compose up`
+    (and under podman-compose before each service that waits for it), and must not fetch 15 GB again."""
     source = url or artifact.url
     if not source:
         raise IntegrityError(f"{artifact.name} has no download URL in models.lock")
     dest_dir.mkdir(parents=True, exist_ok=True)
     final = dest_dir / artifact.file
+    if final.is_file() and verify_artifact(artifact, final).state == "ok":
+        return final
     final.parent.mkdir(parents=True, exist_ok=True)  # files of a model folder (bge-m3/1_Pooling/config.json)
     part = final.with_name(final.name + ".part")
 
