@@ -46,14 +46,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import os
 import random
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +62,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._provenance import header, write_json  # noqa: E402
+from bench.pgvector_load import notices  # noqa: E402
 from bench.retrieval_quality import (  # noqa: E402
     EmbeddingCache,
     embedder_folder,
@@ -174,21 +174,6 @@ def _rows(start: int, texts: list[str]) -> tuple[list[str], list[dict[str, Any]]
         ids.append(f"{doc_id}:{index}")
         metadatas.append({"doc_id": doc_id, "chunk_index": index, "source": f"{doc_id}.txt", "end": len(text)})
     return ids, metadatas
-
-
-@contextmanager
-def notices() -> Iterator[list[str]]:
-    """The PostgreSQL notices the pgvector store logs meanwhile (pgvector's, when a graph outgrows its memory)."""
-    from rag.store import pg_vectors
-
-    said: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
-    pg_vectors.log.addHandler(handler)
-    try:
-        yield said
-    finally:
-        pg_vectors.log.removeHandler(handler)
 
 
 def build(
