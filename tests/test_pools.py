@@ -61,6 +61,20 @@ def test_two_streams_at_once_go_to_the_two_servers(endless_pair: list[Server]) -
     assert asyncio.run(two_at_once()) == [1, 1]
 
 
+AMAZON_QUESTIONS = (
+    "Where does the Amazon rise?",
+    "Where does the Amazon River rise?",
+    "In which mountains does the Amazon River rise?",
+    "Which mountains does the Amazon rise in?",
+    "Which countries does the Amazon flow through?",
+    "Which countries does the Amazon River flow through?",
+    "Through which countries does the Amazon River flow?",
+    "What covers much of the Amazon River's basin?",
+    "What lives in the Amazon River?",
+    "Which river is the largest by discharge volume?",
+)
+
+
 def preferred_server(body: dict[str, Any], members: list[str]) -> str:
     """The server an idle pool sends a new conversation to: the one its first question ranks first."""
     key = first_question_key(body["messages"])
@@ -82,12 +96,9 @@ def test_a_followup_goes_back_to_its_server_and_reuses_its_prompt(
             home = preferred_server(first, members)
             reply = httpx.post(f"{url}/v1/chat", json={**first, "stream": False}, timeout=120).json()
             turns = [*first["messages"], {"role": "assistant", "content": reply["answer"]}]
-            # Another conversation in between, one that an idle pool sends to the other server.
-            other = next(
-                q
-                for q in map(ask, ("Where does the Amazon rise?", "Who built it?", "What is it made of?", "Why?"))
-                if preferred_server(q, members) != home
-            )
+            # Another conversation in between, one that an idle pool sends to the other server (questions the
+            # documents answer, so that each reaches a llama-server: 2**-10 that none prefers the other one).
+            other = next(q for q in map(ask, AMAZON_QUESTIONS) if preferred_server(q, members) != home)
             httpx.post(f"{url}/v1/chat", json={**other, "stream": False}, timeout=120)
             follow = {**first, "messages": [*turns, {"role": "user", "content": "How tall is it?"}], "stream": False}
             done = httpx.post(f"{url}/v1/chat", json=follow, timeout=120).json()
