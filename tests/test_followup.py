@@ -53,7 +53,7 @@ def _after(previous: str) -> list:
 
 
 @pytest.mark.parametrize(
-    ("previous", "follow_up", "whole"),
+    ("previous", "follow_up", "whole"),  # whole: None where the follow-up is left as asked
     [
         ("Which port does the imaps service use?", "And pop3s?", "Which port does the pop3s service use?"),
         ("What does useradd -m do?", "And -M?", "What does useradd -M do?"),
@@ -64,15 +64,19 @@ def _after(previous: str) -> list:
         ),
         ("What is the population of London?", "And Paris?", "What is the population of Paris?"),
         ("ls 的 -a 选项做什么？", "那 -A 呢？", "ls 的 -A 选项做什么？"),
+        ("What does gzip's -k option do?", "And what does its -t option do?", "What does gzip's -t option do?"),
+        ("What does useradd -m do?", "And what does -M do?", "What does useradd -M do?"),
+        ("What does chage -l do?", "Which of its exit values means permission denied?", None),
+        ("What is the default compression level of gzip?", "Which option gives the best compression?", None),
         ("Which port does the imaps service use?", "And what about the Louvre?", "And what about the Louvre?"),
         ("ls 的 -a 选项做什么？", "你呢？", "你呢？"),
         ("Which port does the imaps service use?", "How tall is it?", "How tall is it?"),
     ],
 )
 def test_a_follow_up_naming_only_a_new_subject_is_asked_as_the_previous_question(
-    previous: str, follow_up: str, whole: str
+    previous: str, follow_up: str, whole: str | None
 ) -> None:
-    assert whole_question(_after(previous), follow_up) == whole
+    assert whole_question(_after(previous), follow_up) == (whole or follow_up)  # None: left as asked
     assert whole_question([], follow_up) == follow_up
 
 
@@ -191,23 +195,24 @@ def test_a_follow_up_is_searched_with_its_previous_question_and_the_query_is_sho
     assert data["budget"]["kept_turns"] == 1
 
 
-def test_a_follow_up_naming_a_new_subject_is_searched_and_asked_whole() -> None:
-    server = ReplayLlamaServer("995")
-    retriever = OverlapRetriever(
-        [
-            ("imaps.txt", "The imaps service uses port 993/tcp (IMAP over SSL)."),
-            ("pop3s.txt", "The pop3s service uses port 995/tcp (POP-3 over SSL)."),
-        ]
-    )
-    first = [{"role": "user", "content": "Which port does the imaps service use?"}]
+def _two_turns(
+    server: ReplayLlamaServer,
+    chunks: list[tuple[str, str]],
+    first: str,
+    answer: str,
+    follow_up: str,
+    settings: Settings,
+) -> dict:
+    """The events of `follow_up`, asked after `first` (answered `answer`) in one conversation."""
 
     async def go():
         llm = LlamaServerClient("http://llama.test", transport=server.transport())
         try:
-            answerer = Answerer(llm, retriever, Settings())
+            answerer = Answerer(llm, OverlapRetriever(chunks), settings)
+            asked = [{"role": "user", "content": first}]
             for messages in (
-                first,
-                [*first, {"role": "assistant", "content": "993"}, {"role": "user", "content": "And pop3s?"}],
+                asked,
+                [*asked, {"role": "assistant", "content": answer}, {"role": "user", "content": follow_up}],
             ):
                 started = await answerer.start(ChatQuery(messages, "default", 8, 64))
                 events = {e.name: e.data for e in [e async for e in started.events()]}
@@ -215,12 +220,41 @@ def test_a_follow_up_naming_a_new_subject_is_searched_and_asked_whole() -> None:
         finally:
             await llm.aclose()
 
-    data = asyncio.run(go())
+    return asyncio.run(go())
+
+
+def test_a_follow_up_naming_a_new_subject_is_searched_and_asked_whole() -> None:
+    server = ReplayLlamaServer("995")
+    chunks = [
+        ("imaps.txt", "The imaps service uses port 993/tcp (IMAP over SSL)."),
+        ("pop3s.txt", "The pop3s service uses port 995/tcp (POP-3 over SSL)."),
+    ]
+    data = _two_turns(server, chunks, "Which port does the imaps service use?", "993", "And pop3s?", Settings())
     assert data["sources"]["query"] == "Which port does the pop3s service use?"
     assert data["sources"]["rewrite"] == "ellipsis"
     # its own subject's source first, not the order the previous prompt sent
     assert data["sources"]["sources"][0]["doc_id"] == "pop3s.txt"
     assert "Which port does the pop3s service use?" in str(server.prompts[-1])
+
+
+def test_a_follow_up_in_the_completion_style_is_asked_alone() -> None:
+    # A base model shown the turn before gives its answer again ("-6"): the prompt holds the follow-up
+    # alone, after sources searched with the previous question.
+    server = ReplayLlamaServer("-9")
+    chunks = [
+        ("level.txt", "The default compression level of gzip is -6."),
+        ("best.txt", "Its option -9 (--best) gives the best compression."),
+    ]
+    first, follow_up = (
+        "What is the default compression level of gzip?",
+        "Which of its options gives the best compression?",
+    )
+    data = _two_turns(server, chunks, first, "-6", follow_up, Settings(llm_prompt_style="completion"))
+    assert data["sources"]["rewrite"] == "rule"
+    prompt = server.prompts[-1]
+    assert isinstance(prompt, str) and prompt.endswith(f"Question: {follow_up}\nAnswer:")
+    assert "Answer: -6" not in prompt and first not in prompt
+    assert data["budget"]["kept_turns"] == 0
 
 
 # ---------------------------------------------------------------- the real stack
@@ -264,7 +298,7 @@ def test_a_follow_up_with_a_pronoun_retrieves_the_paragraph_of_the_previous_turn
     assert data["sources"]["query"] == "How tall is the Eiffel Tower? What is it made of?"
     assert data["sources"]["sources"][0]["source"] == "eiffel.txt"
     assert "wrought-iron" in data["sources"]["sources"][0]["text"]
-    assert data["budget"]["kept_turns"] == 1
+    assert data["budget"]["kept_turns"] == 0  # the bundled base model's completion prompt asks it alone
     with serve(changed(backend_settings, followup_rewrite="off")) as url:
         alone = _chat(url, conversation)
     assert alone["sources"]["query"] == "What is it made of?" and alone["sources"]["sources"] == []

@@ -69,7 +69,7 @@ class Answering(Protocol):
         n_ctx: int,
         correction: int = 0,
         *,
-        focus_on_first: bool = True,
+        searched: SearchQuery | None = None,
     ) -> PackedPrompt: ...
 
 
@@ -188,7 +188,7 @@ class Answer:
             self.candidates,
             n_ctx,
             correction,
-            focus_on_first=self.searched.rewrite != "ellipsis",
+            searched=self.searched,
         )
         packed.repacked = True
         self.packed = packed

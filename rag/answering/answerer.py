@@ -104,13 +104,33 @@ class Answerer:
             )
         return ChatStyle(s.chat_max_sources, s.chat_extra_sources)
 
-    def style_for(self, question: str, history: Sequence[Message] = ()) -> PromptStyle:
-        """The style for one question: a completion prompt takes its examples in the question's script;
-        both render its sources focused on the conversation's first question, so a follow-up's prompt
-        renders the sources it shares with the previous prompt alike and extends it (llama-server reuses
-        the prefix); a follow-up's new rows or sentences are not brought forward."""
-        first = next((m["content"] for m in history if m["role"] == "user"), None)
-        return self.style.for_question(question, first)
+    def style_for(
+        self, question: str, history: Sequence[Message] = (), searched: SearchQuery | None = None
+    ) -> PromptStyle:
+        """The style for one question: a completion prompt takes its examples in the question's script.
+
+        Which question its sources are focused on: in the chat style, the conversation's first one, so a
+        follow-up's prompt renders the sources it shares with the previous prompt alike and extends it
+        (llama-server reuses the prefix), a new subject (`ellipsis`) its own. In the completion style a
+        follow-up is asked alone (`asks_alone`) and focused on its own words, which point at the part of
+        the sources it asks about (the previous question's words found the document): the question as
+        asked, the whole question of a new subject, or the generator's standalone question."""
+        style = self.style
+        if style.name == "completion":
+            whole = searched.text if searched is not None and searched.rewrite in ("ellipsis", "generator") else None
+            return style.for_question(question, whole)
+        new_subject = searched is not None and searched.rewrite == "ellipsis"
+        first = None if new_subject else next((m["content"] for m in history if m["role"] == "user"), None)
+        return style.for_question(question, first)
+
+    def asks_alone(self, searched: SearchQuery) -> bool:
+        """Whether a follow-up's prompt is built as a first question's: its own sources in rank order (not
+        the previous prompt's first) and, in the completion style, no earlier turns. A base model shown the
+        turn before copies its answer ("And which one is sent to request termination?" -> "SIGINT" again:
+        6 of the 11 wrong follow-ups of bench/real_docs); the conversation reaches it through retrieval
+        (rag.answering.followup) and the whole question (rag.answering.ellipsis) instead. A new subject
+        (`ellipsis`) is asked alone in either style: the previous prompt's sources are about the old one."""
+        return self.style_choice.name == "completion" or searched.rewrite == "ellipsis"
 
     def with_defaults(self, query: ChatQuery) -> ChatQuery:
         """The query with the style's max_tokens and temperature where the request left them out."""
@@ -187,17 +207,15 @@ class Answerer:
         props = await ahead
         query = self.with_defaults(asked)  # the style may be known only now, from llama-server's model path
         turns = user_turns(query.messages)
-        new_subject = searched.rewrite == "ellipsis"  # its sources are its own, not the previous prompt's
-        before = (
-            questions_so_far_key(query.collection, query.doc_ids, turns[:-1]) if history and not new_subject else None
-        )
+        alone = self.asks_alone(searched)
+        before = questions_so_far_key(query.collection, query.doc_ids, turns[:-1]) if history and not alone else None
         ordered = await self.sent.recall(before, good)  # a follow-up's sources start as its previous prompt's did
         by_id = {f"S{i}": hit for i, hit in enumerate(ordered.hits, 1)}
         candidates = [
             Candidate(sid, h.chunk_id, text, h.metadata, h.coverage)
             for (sid, h), text in zip(by_id.items(), ordered.texts)
         ]
-        packed = await self.pack(query, history, question, candidates, props.n_ctx, focus_on_first=not new_subject)
+        packed = await self.pack(query, history, question, candidates, props.n_ctx, searched=searched)
         await self.sent.keep(
             questions_so_far_key(query.collection, query.doc_ids, turns),
             [Sent(c.candidate.chunk_id, _cut_chars(c.text, by_id[c.source_id].text)) for c in packed.chunks],
@@ -243,11 +261,15 @@ class Answerer:
         n_ctx: int,
         correction: int = 0,
         *,
-        focus_on_first: bool = True,
+        searched: SearchQuery | None = None,
     ) -> PackedPrompt:
-        """The query's prompt packed for a context of `n_ctx` (less `correction` tokens); its sources
-        focused on the conversation's first question unless `focus_on_first` is off (a new subject)."""
+        """The query's prompt packed for a context of `n_ctx` (less `correction` tokens), its sources
+        focused as `style_for` says; a follow-up asked alone (`asks_alone`) in the completion style is
+        packed without the earlier turns."""
         assert query.max_tokens is not None  # with_defaults filled it in
+        style = self.style_for(question, history, searched)
+        if style.name == "completion":
+            history = []  # asked alone (`asks_alone`)
         return await self.budget.pack(
             question=question,
             candidates=candidates,
@@ -258,7 +280,7 @@ class Answerer:
             correction=correction,
             history_share=self.settings.history_share,
             followup_room=self.settings.followup_room,
-            style=self.style_for(question, history if focus_on_first else ()).with_instructions(query.system or ""),
+            style=style.with_instructions(query.system or ""),
             instructions_limit=self.settings.client_system_tokens,
         )
 

@@ -6,8 +6,11 @@ to guess the question; the bundled base model answers the previous one again ("9
 whole question is the previous one with the word the new subject stands for replaced. Which word: one of
 the same form (an option `-x`, a word in capitals, a capitalized name, a word with digits), the most alike
 by its letters and length; a plain new word (Latin letters) may stand for a plain word that is no
-question word. A subject of several words, or a previous question with no word of a fitting form, is left
-as asked (the follow-up rule in `rag.answering.followup` still searches it with the previous question).
+question word. A follow-up that repeats the previous question's words but for one new option, code in
+capitals or word with digits ("And what does its -t option do?" after "What does gzip's -k option do?")
+is that question with the new one in place of the old one of its form. A subject of several words, or a
+previous question with no word of a fitting form, is left as asked (the follow-up rule in
+`rag.answering.followup` still searches it with the previous question).
 
 No model call; the rewritten question is what retrieval searches and what the prompt asks, so the user
 sees it in the `sources` event.
@@ -28,6 +31,7 @@ _ENGLISH = re.compile(
 _CHINESE = re.compile(r"^\s*(?:那么?|还有)?\s*(?P<subject>[^\s?？]+?)\s*呢\s*[?？]?\s*$")
 _LATIN = re.compile(r"[A-Za-z0-9_-]+")
 _EDGE = "\"'“”‘’()[]{}<>,.;:!?？。，、"
+_POINTERS = frozenset("also it its it's they them their this that these those one ones then".split())
 # Words that frame a question rather than name its subject: never the word a new subject replaces.
 _FRAME = frozenset(
     "a an the of in on at to for from by with about and or is are was were be been do does did doing can could "
@@ -37,19 +41,37 @@ _FRAME = frozenset(
 
 def whole_question(history: Sequence[Message], question: str) -> str:
     """The follow-up as a whole question, when it names only a new subject; else the question unchanged."""
-    match = _ENGLISH.match(question) or _CHINESE.match(question)
     previous = next((m["content"] for m in reversed(history) if m["role"] == "user" and m["content"].strip()), None)
-    if match is None or previous is None:
+    match = _ENGLISH.match(question) or _CHINESE.match(question)
+    if previous is None:
         return question
-    subject = match["subject"].strip(_EDGE)
+    subject = match["subject"].strip(_EDGE) if match else _new_code(previous, question)
+    if not subject:
+        return question
     words = previous.split()
     index = _stands_for(subject, words)
-    if not subject or index is None:
+    if index is None or (match is None and _form(subject) != _form(words[index].strip(_EDGE))):
         return question
     word = words[index]
     core = word.strip(_EDGE)
     words[index] = word.replace(core, subject, 1)
     return " ".join(words)
+
+
+def _new_code(previous: str, question: str) -> str | None:
+    """The one new option, capitalized code or word with digits of a follow-up that otherwise repeats the
+    previous question's words ("And what does its -t option do?" after "What does gzip's -k option do?"),
+    pronouns and question words aside; None for any other follow-up."""
+    before = {_key(w.strip(_EDGE)) for w in previous.split()}
+    new = [w for w in (w.strip(_EDGE) for w in question.split()) if w and _key(w) not in before]
+    codes = [w for w in new if _form(w) in ("option", "capitals", "digits")]
+    rest = {w.casefold() for w in new} - {c.casefold() for c in codes} - _FRAME - _POINTERS
+    return codes[0] if len(codes) == 1 and not rest else None
+
+
+def _key(word: str) -> str:
+    """A word as follow-ups are compared: case-folded, but an option keeps its case (-m is not -M)."""
+    return word if _form(word) == "option" else word.casefold()
 
 
 def _form(word: str) -> str:
