@@ -53,6 +53,22 @@ def test_wrapped_prose_is_no_listing():
     assert named_rows(wrapped, "What does an empty field mean?") is None
 
 
+def test_short_lines_without_fields_set_apart_show_the_named_line_with_the_lines_around_it():
+    # fstab(5) as a PDF: an option's line, then its meaning; the option's line alone lost the meaning.
+    options = (
+        "defaults\nuse default options: rw, suid, dev, exec, auto, nouser, and async.\n"
+        "noauto\ndo not mount when mount -a is given (e.g., at boot time)\nuser\nallow a user to mount"
+    )
+    shown = named_rows(options, "What does the noauto mount option do?")
+    assert shown is not None and "noauto\ndo not mount when mount -a is given" in shown
+    assert "allow a user" not in shown
+    # An exit value comes before its meaning.
+    exits = "EXIT VALUES\n0\nsuccess\n1\npermission denied\n15\ncan't find the shadow password file"
+    assert named_rows(exits, "Which exit value means can't find the shadow password file?") == (
+        "15\ncan't find the shadow password file"
+    )
+
+
 def test_prose_shows_the_sentence_holding_the_questions_terms_first():
     first = sentence_first(SHADOW, "empty account-expiry field means?")
     assert first.startswith("An empty field means that the account never expires.")

@@ -7,7 +7,11 @@ So the extractive prompt shows a source with its most relevant part first:
 
 - a table (markdown rows under a header, as `ingest.loaders.tables` writes them) or a listing (short
   lines, as /etc/services): the rows holding the question's rarest terms, each cell with its column's
-  header ("Service: imaps; Port: 993/tcp"), in place of the whole table;
+  header ("Service: imaps; Port: 993/tcp"), in place of the whole table. Short lines whose fields are not
+  set apart (by tabs or runs of spaces) are a term and its meaning on the next line ("noauto" / "do not
+  mount when mount -a is given" in fstab(5) as a PDF; an exit value and then its meaning in a man page) or
+  wrapped text: the named line comes with the lines on either side (in bench/real_docs the named line
+  alone lacked the answer its chunk held in 17 of 31 such questions, with the lines around it in 3);
 - prose: the sentence that holds the most of the question's terms first, then the rest in order.
 
 Terms are the question's words less stopwords, compared by their first `STEM` letters ("expiry" meets
@@ -30,6 +34,7 @@ LISTING_LINES = 4  # at least this many lines...
 LISTING_LINE_WORDS = 8  # ...of at most this many words (median) make a listing (wrapped prose has more)
 _WORD = re.compile(r"[^\W_]+(?:[./][^\W_]+)*", re.UNICODE)  # "993/tcp", "X.680" stay one word
 _SEPARATOR_ROW = re.compile(r"^\|(?:\s*:?-{3,}:?\s*\|)+$")
+_COLUMN_GAP = re.compile(r"(?<![.!?:;,])(?:\t| {2,})(?=\S)")  # between a record's fields, not after a sentence
 _SENTENCE = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[A-Z0-9\"'(\[])|\n{2,}")
 STOPWORDS = frozenset(
     """a an and are as at be by can could did do does for from has have how in is it its many much of on or
@@ -107,6 +112,8 @@ def named_rows(text: str, question: str) -> str | None:
     picked, top = _best(asked, units)
     if not picked or len(picked) > MAX_ROWS or top < 0.5:
         return None
+    if 2 * sum(1 for line in lines if _COLUMN_GAP.search(line)) < len(lines):  # no records: lines around too
+        picked = sorted({j for i in picked for j in (i - 1, i, i + 1) if 0 <= j < len(lines)})
     return "\n".join(lines[i] for i in picked)
 
 
