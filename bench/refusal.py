@@ -16,7 +16,9 @@ hit's IDF-weighted term coverage, dense/BM25 rank agreement, the query's CJK sha
 Every SQuAD and CMRC question is in the TRAIN or the TEST split by a hash of its article's title (so no
 article is in both); `--fit` fits the logistic regression on TRAIN (scikit-learn, standardised features,
 balanced classes), picks the highest probability threshold that keeps each positive group of TRAIN within
-0.5 points of the floor, and prints the coefficient set for COEFFICIENTS. The table reports TEST (and the
+0.5 points of the floor, then the highest `named_threshold` (for a question naming something no chunk holds,
+rag/answering/named_terms.py) that keeps each within 0.5 points of the model without it, and prints the
+coefficient set for COEFFICIENTS; `--fit-named` fits only the latter. The table reports TEST (and the
 real documents), never what the model was fitted on.
 
     .venv/bin/python -m bench.refusal --embedder multilingual-e5-small --squad path/to/squad-v1.1-dev.json \\
@@ -97,7 +99,16 @@ def row_of(kind: str, text: str, hits: Sequence[RetrievedChunk], settings: Setti
     # every hit as (cosine, coverage, dense rank, lexical rank, absent): the inputs of the signals
     inputs = [[h.cosine, h.coverage, h.dense_rank, h.lexical_rank, h.absent] for h in good]
     features = signals(text, good) if good else None
-    return {"kind": kind, "text": text, "floor": floor, "signals": features, "hits": inputs, **extra}
+    unknown = list(good[0].unknown_names) if good else []  # names no chunk of the collection holds
+    return {
+        "kind": kind,
+        "text": text,
+        "floor": floor,
+        "signals": features,
+        "hits": inputs,
+        "unknown": unknown,
+        **extra,
+    }
 
 
 @dataclass
@@ -181,6 +192,32 @@ def model_keeps(row: dict, coefficients: dict[str, float]) -> bool:
     return covered_probability(row["signals"], coefficients) >= coefficients["threshold"]
 
 
+def named_keeps(row: dict, coefficients: dict[str, float]) -> bool:
+    """The production verdict: a question with an unknown name (rag.answering.named_terms) must pass the
+    model's `named_threshold`, the others its `threshold`."""
+    if not row.get("unknown") or row["signals"] is None:
+        return model_keeps(row, coefficients)
+    return covered_probability(row["signals"], coefficients) >= coefficients.get("named_threshold", 0.0)
+
+
+def fit_named(rows: Sequence[dict], coefficients: dict[str, float]) -> dict[str, float]:
+    """The highest `named_threshold` that keeps each positive group of TRAIN within KEEP_WITHIN of what the
+    model keeps without it (never under the model's own threshold)."""
+    train = [r for r in rows if r["split"] == "train" and r["kind"] in ("squad+", "cmrc+", "one+")]
+    groups = {kind: [r for r in train if r["kind"] == kind] for kind in ("squad+", "cmrc+", "one+")}
+    kept = {kind: _share(group, lambda r: model_keeps(r, coefficients)) for kind, group in groups.items()}
+    best = coefficients["threshold"]
+    for step in range(1, 1000):
+        candidate = coefficients | {"named_threshold": step / 1000}
+        if candidate["named_threshold"] >= best and all(
+            _share(group, lambda r: named_keeps(r, candidate)) >= kept[kind] - KEEP_WITHIN
+            for kind, group in groups.items()
+            if group
+        ):
+            best = candidate["named_threshold"]
+    return coefficients | {"named_threshold": best}
+
+
 def _share(rows: Sequence[dict], test: Callable[[dict], bool]) -> float:
     return sum(map(test, rows)) / len(rows) if rows else math.nan
 
@@ -210,13 +247,13 @@ def fit(rows: Sequence[dict]) -> dict[str, float]:
             for kind, group in positives.items()
         ):
             best = t
-    return {k: round(v, 4) for k, v in coefficients.items()} | {"threshold": best}
+    return fit_named(rows, {k: round(v, 4) for k, v in coefficients.items()} | {"threshold": best})
 
 
 def report(rows: Sequence[dict], coefficients: dict[str, float] | None, embedder: str) -> str:
     lines = [f"embedder {embedder}; coefficients: {json.dumps(coefficients) if coefficients else 'none'}", ""]
-    lines.append("| split | group | n | floor | model |")
-    lines.append("|---|---|---|---|---|")
+    lines.append("| split | group | n | floor | model | model + unknown names |")
+    lines.append("|---|---|---|---|---|---|")
     for split in ("train", "test"):
         for kind, what in GROUPS.items():
             group = [r for r in rows if r["split"] == split and r["kind"] == kind]
@@ -234,14 +271,21 @@ def report(rows: Sequence[dict], coefficients: dict[str, float] | None, embedder
                 if coefficients
                 else math.nan
             )
-            lines.append(f"| {split} | {kind}: {what} | {len(group)} | {floor:.1%} | {model:.1%} |")
+            named = (
+                _share(group, lambda r: verdict(r, lambda x: named_keeps(x, coefficients)))
+                if coefficients
+                else math.nan
+            )
+            lines.append(f"| {split} | {kind}: {what} | {len(group)} | {floor:.1%} | {model:.1%} | {named:.1%} |")
         squad = [r for r in rows if r["split"] == split and r["kind"] == "squad+"]
         if squad:
             r5 = _share(squad, lambda r: _found5(r["rank"]))
             floor5 = _share(squad, lambda r: _found5(r["rank"]) and r["floor"])
             model5 = _share(squad, lambda r: _found5(r["rank"]) and model_keeps(r, coefficients)) if coefficients else 0
+            named5 = _share(squad, lambda r: _found5(r["rank"]) and named_keeps(r, coefficients)) if coefficients else 0
             lines.append(
-                f"| {split} | SQuAD hybrid recall@5 (no refusal {r5:.3f}) | {len(squad)} | {floor5:.3f} | {model5:.3f} |"
+                f"| {split} | SQuAD hybrid recall@5 (no refusal {r5:.3f}) | {len(squad)} | {floor5:.3f} | {model5:.3f} "
+                f"| {named5:.3f} |"
             )
     return "\n".join(lines)
 
@@ -258,6 +302,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=Path, help="write every question's record here")
     parser.add_argument("--from-rows", type=Path, help="report on the records of an earlier run, measuring nothing")
     parser.add_argument("--fit", action="store_true", help="fit the coefficients on TRAIN and report with them")
+    parser.add_argument(
+        "--fit-named", action="store_true", help="fit only the named_threshold on TRAIN, the other coefficients kept"
+    )
     datasets.add_options(parser, "squad", "cmrc")
     args = parser.parse_args(argv)
     print(header(), flush=True)
@@ -279,6 +326,8 @@ def main(argv: list[str] | None = None) -> None:
             args.rows.write_text(json.dumps({"embedder": args.embedder, "rows": rows}), encoding="utf-8")
     print(f"load average: {open('/proc/loadavg').read().split()[:3]}")
     coefficients = fit(rows) if args.fit else COEFFICIENTS.get(args.embedder)
+    if args.fit_named and coefficients and not args.fit:
+        coefficients = fit_named(rows, dict(coefficients))
     print(report(rows, coefficients, args.embedder))
 
 

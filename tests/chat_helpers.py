@@ -161,6 +161,7 @@ class Hit:
     dense_rank: int | None = None
     lexical_rank: int | None = None
     absent: float = 0.0
+    unknown_names: tuple[str, ...] = ()
 
 
 @dataclass

@@ -300,6 +300,10 @@ SHADOW_TABLE = (
     "| 1 | login name | It must be a valid account name, which exist on the system. |\n"
     "| 2 | encrypted password | Refer to crypt(3). |"
 )
+NTP_TABLE = (
+    "| Service | Port | Protocol | Comment |\n| --- | --- | --- | --- |\n"
+    "| ntp | 123 | udp | Network Time Protocol |\n| netbios-ns | 137 | udp | NETBIOS Name Service |"
+)
 PULASKI_SOURCE = (
     "Though Chopin was born in the village of Żelazowa Wola in 1810, about 60 km (37 mi) from Warsaw, he moved "
     "to the city with his family when he was seven months old. Casimir Pulaski, a Polish general and hero of "
@@ -320,6 +324,8 @@ ALTIVEC_SOURCE = "AltiVec可以提高处理器的数据处理效率，从而降�
         # The right chunk's other number: its sentence is about Chopin, not about Pulaski.
         ("What year was Casimir Pulaski born?", "1810", PULASKI_SOURCE),
         ("Which port does ldap use?", "443/tcp", SERVICES_SOURCE),  # a cell of another row
+        # The next row's port: that row holds "port" and "service" too, as every row does, but not "ntp".
+        ("Which port does the ntp service use?", "137", NTP_TABLE),
         ("Which port does the pop3s service use?", "5432/tcp", SERVICES_SOURCE),  # only the header names them
         (
             "AltiVec提高处理器的数据处理效率有什么好处？",
@@ -353,6 +359,7 @@ def test_an_answer_the_source_holds_but_not_by_what_the_question_asks_is_not_sup
         ("What year was Casimir Pulaski born?", "He was born here in 1745.", PULASKI_SOURCE),
         ("Which port does ldap use?", "389/tcp", SERVICES_SOURCE),  # the cell in the row of the question's term
         ("What is field 2 of /etc/shadow?", "the encrypted password", SHADOW_TABLE),
+        ("Which port does the ntp service use?", "123", NTP_TABLE),
     ],
 )
 def test_a_span_of_the_source_next_to_the_questions_terms_is_supported(question: str, answer: str, source: str):

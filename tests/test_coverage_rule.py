@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -53,8 +54,8 @@ def hits(rows: Recorded) -> list[RetrievedChunk]:
 
 def test_every_bundled_embedder_has_a_complete_coefficient_set() -> None:
     for name in BUNDLED_EMBEDDERS:
-        assert set(COEFFICIENTS[name]) == {"intercept", "threshold", *FEATURES}, name
-        assert 0 < COEFFICIENTS[name]["threshold"] < 1
+        assert set(COEFFICIENTS[name]) == {"intercept", "threshold", "named_threshold", *FEATURES}, name
+        assert 0 < COEFFICIENTS[name]["threshold"] <= COEFFICIENTS[name]["named_threshold"] < 1
 
 
 def test_the_signals_read_the_dense_top_its_gap_the_coverage_and_the_rank_agreement() -> None:
@@ -78,6 +79,20 @@ def test_a_question_about_another_article_is_refused_and_one_about_its_article_a
     assert covered(own_question, hits(own_hits), settings)
     # today's floor lets the other article's question through: the model is what refuses it
     assert covered(other_question, hits(other_hits), Settings(embed_model=MULTILINGUAL_E5, refusal_rule="floor"))
+
+
+def test_a_question_naming_what_no_chunk_holds_must_pass_the_higher_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    question, rows = ITS_ARTICLE
+    p = covered_probability(signals(question, hits(rows)), COEFFICIENTS[MULTILINGUAL_E5])
+    named = [dataclasses.replace(h, unknown_names=("Kenya",)) for h in hits(rows)]
+    settings = Settings(embed_model=MULTILINGUAL_E5, refusal_rule="model")
+    for named_threshold, kept in ((p - 0.01, True), (p + 0.001, False)):
+        monkeypatch.setitem(
+            COEFFICIENTS, MULTILINGUAL_E5, COEFFICIENTS[MULTILINGUAL_E5] | {"named_threshold": named_threshold}
+        )
+        assert covered(question, named, settings) is kept
+        assert covered(question, hits(rows), settings), "a question whose names the chunks hold reads the threshold"
+        assert covered(question, named, Settings(embed_model=MULTILINGUAL_E5, refuse_unknown_names=False))
 
 
 def test_a_floor_of_zero_turns_refusal_off_under_the_model_rule_too() -> None:

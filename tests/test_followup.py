@@ -275,7 +275,8 @@ def test_an_off_topic_question_is_not_in_the_documents(backend_settings: Setting
         upload(url)
         before = prompt_tokens_total(llama_server.url)
         off = _chat(url, [{"role": "user", "content": "Who won the 2014 FIFA World Cup final?"}])
-        assert off["sources"]["sources"] == [] and off["done"]["no_sources"] == "not_relevant"
+        assert off["sources"]["sources"] == [] and off["done"]["no_sources"] == "not_mentioned"
+        assert off["done"]["unknown_names"] == ["FIFA", "Cup"]  # "World" is in the World's Fair
         assert off["citations"] == {"citations": [], "invalid": [], "echoed": [], "sentences": []}
         assert prompt_tokens_total(llama_server.url) == before, "no generation"
         on = _chat(url, [{"role": "user", "content": "How tall is the Eiffel Tower?"}])

@@ -97,6 +97,14 @@ def test_collections_are_separate(index: LexicalIndex) -> None:
     assert index.search("missing", "Chicago", 5) == []
 
 
+def test_the_terms_a_collection_holds(index: LexicalIndex) -> None:
+    asked = ["chicago", "rockefel", "mongodb", "北京"]
+    assert index.held("docs", asked) == {"chicago", "rockefel", "北京"}
+    assert index.held("other", asked) == {"chicago"}  # a collection of its own: Rockefeller is not in it
+    assert index.held("docs", asked, doc_ids=["b"]) == {"北京"}
+    assert index.held("missing", asked) == set()
+
+
 def test_document_filter(index: LexicalIndex) -> None:
     assert ids(index.search("docs", "university campus Super Bowl", 5, doc_ids=["c"])) == ["c:0"]
     assert index.search("docs", "Chicago", 5, doc_ids=["b", "c"]) == []

@@ -83,8 +83,8 @@ async def check_the_tools(client: Client) -> None:
     assert progress and "".join(m or "" for _, m in progress) == answer["answer"], "progress carries the answer's text"
 
     off_topic = (await client.call_tool("ask", {"question": "What is the recipe for Sachertorte?"})).structured_content
-    assert off_topic["answer"] == no_sources_answer(off_topic["collection"])
-    assert off_topic["citations"] == [] and off_topic["sources"] == [] and off_topic["no_sources"] == "not_relevant"
+    assert off_topic["answer"] == no_sources_answer(off_topic["collection"], "", ["Sachertorte"])
+    assert off_topic["citations"] == [] and off_topic["sources"] == [] and off_topic["no_sources"] == "not_mentioned"
 
     documents = (await client.call_tool("list_documents", {})).structured_content
     assert documents["total"] == 3

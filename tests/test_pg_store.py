@@ -75,6 +75,8 @@ def test_bm25_scores_are_tantivys(database_url: str, tmp_path: Path) -> None:
         assert ours == [(h.chunk_id, round(h.score, 4)) for h in tantivy.search("c1", query, 5)], query
         assert ours
     assert pg.idf(["tower", "absent"]) == pytest.approx(tantivy.idf(["tower", "absent"]))
+    assert pg.held("c1", ["tower", "elsewher", "absent"]) == tantivy.held("c1", ["tower", "elsewher", "absent"])
+    assert pg.held("c1", ["tower", "elsewher", "absent"]) == {"tower"}
     assert [h.chunk_id for h in pg.search("c1", "tower", 5, doc_ids=["d2"])] == ["k4"]
 
 

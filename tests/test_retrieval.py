@@ -269,6 +269,21 @@ async def test_document_filter(retriever: Retriever) -> None:
     assert await retriever.search("Chicago", collection="docs", k=5, doc_ids=["beida"], mode="lexical") == []
 
 
+async def test_the_names_no_searched_document_holds(retriever: Retriever) -> None:
+    async def unknown(query: str, collection: str = "docs", doc_ids: list[str] | None = None) -> tuple[str, ...]:
+        found = await retriever.search(query, collection=collection, k=3, doc_ids=doc_ids)
+        assert found and len({c.unknown_names for c in found}) == 1, "one verdict per query"
+        return found[0].unknown_names
+
+    assert await unknown("When did Rockefeller found the University of Chicago?") == ()
+    assert await unknown("When did MongoDB found the University of Chicago?") == ("MongoDB",)
+    # Another collection's chunks, or the documents left out of the search, do not count.
+    assert await unknown("Was the University of Chicago founded by Rockefeller?", "elsewhere") == ("Rockefeller",)
+    assert await unknown("Did Rockefeller play Super Bowl 50?", doc_ids=["bowl"]) == ("Rockefeller",)
+    assert await unknown("北京大学和 Hyde Park 有什么关系？") == ()
+    assert await unknown("北京大学和 Stanford 有什么关系？") == ("Stanford",)
+
+
 async def test_only_indexed_documents_are_returned(retriever: Retriever) -> None:
     catalog: DictCatalog = retriever.catalog  # type: ignore[assignment]
     catalog.states[("docs", "chicago")] = "deleting"

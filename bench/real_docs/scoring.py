@@ -197,6 +197,7 @@ class Verdict:
     finish_reason: str | None
     history: list[dict[str, str]] = field(default_factory=list)
     error: str | None = None
+    marked_supported: bool = False  # shown with sources, no sentence flagged, right or wrong
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -234,6 +235,7 @@ def judge(q: Question, reply: dict[str, Any], seconds: float, history: list[dict
         seconds=round(seconds, 2),
         finish_reason=reply.get("done", {}).get("finish_reason"),
         history=history or [],
+        marked_supported=not refused and shown_supported(reply),
     )
 
 
@@ -277,6 +279,8 @@ def summary(verdicts: Iterable[Verdict]) -> dict[str, Any]:
         "refused_uncovered": _share(sum(v.right for v in uncovered), len(uncovered)),
         "wrong_shown_supported": sum(v.shown_supported for v in every),
         "wrong_with_answer_in_sources": sum(not v.right and v.answer_in_sources for v in covered),
+        "right_shown_supported": sum(v.right and v.marked_supported for v in covered),
+        "right_answers": sum(v.right for v in covered),
     }
     totals["targets_met"] = {
         "right_covered": totals["right_covered"] is not None and totals["right_covered"] >= TARGETS["right_covered"],
@@ -338,5 +342,6 @@ def table(result: dict[str, Any]) -> str:
         f"uncovered questions refused: {pct(t['refused_uncovered'])} (target >= 90%: "
         f"{'met' if met['refused_uncovered'] else 'not met'})",
         f"wrong answers to covered questions whose sources held the answer: {t['wrong_with_answer_in_sources']}",
+        f"right answers shown as supported: {t['right_shown_supported']} of {t['right_answers']}",
     ]
     return "\n".join(lines)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -368,10 +368,12 @@ class NoSourcesAnswer:
         *,
         searched: SearchQuery,
         style: str,
+        unknown_names: Sequence[str] = (),
     ) -> None:
         self.query = query
         self.clock = clock
         self.reason = reason
+        self.unknown_names = list(unknown_names) if reason == "not_mentioned" else []
         self.dropped = dropped
         self.packed = packed
         self.searched = searched
@@ -386,7 +388,7 @@ class NoSourcesAnswer:
         return Budget(reserve=self.query.max_tokens, dropped=self.dropped, style=self.style)
 
     async def events(self) -> AsyncIterator[Event]:
-        text = no_sources_answer(self.query.collection, self.query.messages[-1]["content"])
+        text = no_sources_answer(self.query.collection, self.query.messages[-1]["content"], self.unknown_names)
         yield Sources(sources=[], query=self.searched.text, rewrite=self.searched.rewrite)
         yield self.budget_event()
         self.clock.mark("first_token")
@@ -396,6 +398,7 @@ class NoSourcesAnswer:
             ttft_ms=self.clock.ms(None, "first_token"),
             no_sources=self.reason,
             retrieval_ms=self.clock.ms(None, "retrieved"),
+            unknown_names=self.unknown_names or None,
         )
 
 

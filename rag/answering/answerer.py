@@ -29,7 +29,7 @@ from dataclasses import replace
 from rag.answering.answer_stream import Answer, NoSourcesAnswer, discard
 from rag.answering.budget import Candidate, PackedPrompt, PromptBudget
 from rag.answering.continuation import Sent, SentSources, questions_so_far_key, user_turns
-from rag.answering.coverage_rule import covered
+from rag.answering.coverage_rule import covered, unknown_names
 from rag.answering.ellipsis import whole_question
 from rag.answering.events import (
     Dropped,
@@ -196,14 +196,17 @@ class Answerer:
             Dropped(chunk_id=h.chunk_id, reason="below_min_score") for h in hits if h.score < self.settings.min_score
         ]
         reason: NoSourcesReason = "no_match" if hits else "nothing_retrieved"
+        unknown = unknown_names(good, self.settings)
         if good and not covered(searched.text, good, self.settings):
-            reason, good = "not_relevant", []
+            reason, good = ("not_mentioned" if unknown else "not_relevant"), []
             below = [Dropped(chunk_id=h.chunk_id, reason="below_min_relevance") for h in hits]
         good, far = cut_off(good, self.settings.pack_relative_score)
         below += [Dropped(chunk_id=h.chunk_id, reason="far_below_best") for h in far]
         if not good:
             await self._question_fits(ahead, query, question)
-            return NoSourcesAnswer(query, clock, reason, below, searched=searched, style=self.style.name)
+            return NoSourcesAnswer(
+                query, clock, reason, below, searched=searched, style=self.style.name, unknown_names=unknown
+            )
         props = await ahead
         query = self.with_defaults(asked)  # the style may be known only now, from llama-server's model path
         turns = user_turns(query.messages)

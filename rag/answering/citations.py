@@ -18,7 +18,9 @@ that stands by what the question asks about:
 
     words   the span's sentence of the chunk with the one before it (a table row: the row under its
             header row, with one of them in its own cells) holds TERMS_HELD of the question's terms
-            (compared as Snowball stems: "satellites" finds "satellite"), one within NEAR words of the span;
+            (compared as Snowball stems: "satellites" finds "satellite"), one within NEAR words of the span,
+            and one of the terms the fewest of the chunk's passages hold (its rarest: "ntp" in a table of
+            services, whose every row holds "port" and "service": the next row's port is not ntp's);
     CJK     TERMS_HELD_CJK of the question's characters stand within NEAR characters of the span (a
             sentence of Chinese holds any common character by chance, so the sentence is too wide).
 
@@ -192,12 +194,14 @@ class _Source:
     passages: list[_Passage]
     flat: str
     term_stems: frozenset[str]
+    rarest: frozenset[str]  # the question's terms in the fewest of these passages (that hold any)
 
     @classmethod
     def of(cls, text: str, terms: Collection[str]) -> _Source:
         words = words_of(text)
         passages = passages_of(text) if terms else []
-        return cls(frozenset(words), passages, " ".join(words), frozenset(stems(sorted(terms))))
+        term_stems = frozenset(stems(sorted(terms)))
+        return cls(frozenset(words), passages, " ".join(words), term_stems, rarest_terms(term_stems, passages))
 
     def support(self, sentence: str, terms: Collection[str]) -> float:
         """The share of what the sentence adds to the question (its content words that are no term of
@@ -231,9 +235,23 @@ class _Source:
             around = passage.stems[max(0, run.b - NEAR) : run.b + run.size + NEAR]
             near = self.term_stems.intersection(around)
             held = near if cjk else self.term_stems.intersection(passage.context)
-            if near and len(held) >= min(need, len(self.term_stems)) and not self.term_stems.isdisjoint(passage.own):
+            if (
+                near
+                and len(held) >= min(need, len(self.term_stems))
+                and not self.term_stems.isdisjoint(passage.own)
+                and (cjk or not self.rarest.isdisjoint(passage.context))
+            ):
                 return True
         return False
+
+
+def rarest_terms(term_stems: frozenset[str], passages: Sequence[_Passage]) -> frozenset[str]:
+    """The question's terms that the fewest passages hold (in their context), among those some passage holds:
+    what singles out the part of the chunk the question asks about ("ntp" in a table of services, where
+    every row holds "port" and "service")."""
+    counts = {t: sum(t in p.context for p in passages) for t in term_stems}
+    fewest = min((n for n in counts.values() if n), default=0)
+    return frozenset(t for t, n in counts.items() if n and n == fewest)
 
 
 def passages_of(text: str) -> list[_Passage]:

@@ -24,6 +24,13 @@ The signals (`signals`), all on scales that mean the same across queries:
 - `cjk` and its products with `cosine` and `coverage`: the share of CJK characters in the query, so that a
   Chinese query that an English embedder reads as [UNK]s is weighed by its own coefficients.
 
+A question that names something no chunk of the searched documents holds a word of ("Which port does
+MongoDB use?" over Debian's documents: rag/answering/named_terms.py) must pass the model's higher
+`named_threshold` (RAG_REFUSE_UNKNOWN_NAMES): such a question found near chunks all the same (other ports,
+other databases) and its probability came out 0.13-0.76 on bench/real_docs, while a covered question
+naming a word its documents spell otherwise (a typo, "Californian" for California) mostly keeps a high
+one. The fixed answer then says what no document mentions.
+
 The model gives the probability that the documents answer the question; under the embedder's
 `threshold` the answer is the fixed "not in the documents" reply. An embedder without a coefficient set
 is judged by the floor, and so are hits without any cosine (BM25 alone): the model was fitted on hybrid
@@ -53,7 +60,8 @@ FEATURES = (
 )
 AGREEMENT_DEPTH = 5
 
-# Per embedder: `intercept`, one weight per FEATURES name, and the `threshold` on the probability.
+# Per embedder: `intercept`, one weight per FEATURES name, the `threshold` on the probability and the
+# `named_threshold` for a question with an unknown name.
 # Written by `bench.refusal --fit` (bench/results/refusal-<embedder>.txt holds the run).
 COEFFICIENTS: dict[str, dict[str, float]] = {
     # bench/results/refusal-e5.txt: fitted on 2,866 TRAIN questions (SQuAD dev, CMRC trial, 8 single-article collections)
@@ -69,8 +77,10 @@ COEFFICIENTS: dict[str, dict[str, float]] = {
         "cjk_cosine": 1.9897,
         "cjk_coverage": 6.0446,
         "threshold": 0.118,
+        "named_threshold": 0.888,  # bench.refusal --fit-named (bench/results/refusal-named-e5.txt)
     },
-    # bench/results/refusal-minilm.txt: the same TRAIN questions, MiniLM's chunks and vectors
+    # bench/results/refusal-minilm.txt: the same TRAIN questions, MiniLM's chunks and vectors (named_threshold:
+    # refusal-named-minilm.txt)
     "all-MiniLM-L6-v2": {
         "intercept": -10.1919,
         "cosine": 11.8788,
@@ -83,6 +93,7 @@ COEFFICIENTS: dict[str, dict[str, float]] = {
         "cjk_cosine": -8.287,
         "cjk_coverage": 23.6634,
         "threshold": 0.183,
+        "named_threshold": 0.872,
     },
 }
 
@@ -100,6 +111,8 @@ class Hit(Protocol):
     def lexical_rank(self) -> int | None: ...
     @property
     def absent(self) -> float: ...
+    @property
+    def unknown_names(self) -> tuple[str, ...]: ...
 
 
 def signals(query: str, hits: Sequence[Hit]) -> dict[str, float]:
@@ -142,6 +155,11 @@ def coefficients_for(settings: Settings) -> Mapping[str, float] | None:
     return COEFFICIENTS.get(settings.embed_model)
 
 
+def unknown_names(hits: Sequence[Hit], settings: Settings) -> tuple[str, ...]:
+    """The names of the question that no searched chunk holds, when the rule reads them."""
+    return hits[0].unknown_names if hits and settings.refuse_unknown_names else ()
+
+
 def covered(query: str, hits: Sequence[Hit], settings: Settings) -> bool:
     """Whether the hits answer `query` by the configured rule (False: "not in the documents"). A floor set
     to 0 turns refusal off under either rule, as it always has."""
@@ -152,4 +170,5 @@ def covered(query: str, hits: Sequence[Hit], settings: Settings) -> bool:
     coefficients = coefficients_for(settings)
     if coefficients is None or all(h.cosine is None for h in hits):  # no dense signal: what the model reads most
         return relevance(query, hits, settings) >= relevance_floor(query, settings)
-    return covered_probability(signals(query, hits), coefficients) >= coefficients["threshold"]
+    threshold = coefficients["named_threshold"] if unknown_names(hits, settings) else coefficients["threshold"]
+    return covered_probability(signals(query, hits), coefficients) >= threshold

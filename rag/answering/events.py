@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
 DropReason = Literal["below_min_score", "below_min_relevance", "far_below_best", "budget", "style_limit"]
-NoSourcesReason = Literal["nothing_retrieved", "no_match", "not_relevant", "no_room"]
+NoSourcesReason = Literal["nothing_retrieved", "no_match", "not_relevant", "not_mentioned", "no_room"]
 
 
 def _omitted_when_none(value: object) -> bool:
@@ -196,6 +196,8 @@ class NoSourcesDone(Event):
     finish_reason: Literal["no_sources"] = "no_sources"
     no_sources: NoSourcesReason
     retrieval_ms: float
+    # `not_mentioned`: the question's names that no document holds a word of (rag.answering.named_terms).
+    unknown_names: Annotated[list[str] | None, Field(default=None, exclude_if=_omitted_when_none)]
 
 
 AnswerEvent = Sources | Budget | Token | Citations | Done | NoSourcesDone

@@ -78,6 +78,12 @@ NO_SOURCES_ANSWER = (
 NO_SOURCES_ANSWER_ZH = (
     "我在{where}文档中没有找到能回答这个问题的内容，因此无法根据文档作答。请换一种问法，或添加涵盖该问题的文档。"
 )
+# When the question names something no document holds a word of (rag.answering.named_terms).
+NOT_MENTIONED_ANSWER = (
+    "None of the documents{where} mentions {names}, so I cannot answer this from them. "
+    "Try rephrasing the question or adding documents that cover it."
+)
+NOT_MENTIONED_ANSWER_ZH = "{where}文档中没有提到{names}，因此无法根据文档作答。请换一种问法，或添加涵盖该问题的文档。"
 CJK_QUESTION = 0.3  # share of CJK characters from which a question reads as Chinese
 
 # "<" that starts something tag-like: our delimiters, <end_of_turn>, <bos>, <|im_start|>, </s> ...
@@ -134,11 +140,18 @@ def build_messages(
     return [{"role": "system", "content": SYSTEM_PROMPT + client_instructions(instructions)}, *turns]
 
 
-def no_sources_answer(collection: str | None = None, question: str = "") -> str:
-    """The fixed "not in the documents" answer, in Chinese for a question written in Chinese."""
+def no_sources_answer(collection: str | None = None, question: str = "", unknown_names: Sequence[str] = ()) -> str:
+    """The fixed "not in the documents" answer, in Chinese for a question written in Chinese; it names what
+    no document mentions when that is why."""
     if cjk_fraction(question) >= CJK_QUESTION:
-        return NO_SOURCES_ANSWER_ZH.format(where=f"集合“{collection}”的" if collection else "")
-    return NO_SOURCES_ANSWER.format(where=f" of collection '{collection}'" if collection else "")
+        where = f"集合“{collection}”的" if collection else ""
+        if unknown_names:
+            return NOT_MENTIONED_ANSWER_ZH.format(where=where, names="、".join(f"“{n}”" for n in unknown_names))
+        return NO_SOURCES_ANSWER_ZH.format(where=where)
+    where = f" of collection '{collection}'" if collection else ""
+    if unknown_names:
+        return NOT_MENTIONED_ANSWER.format(where=where, names=" or ".join(f"'{n}'" for n in unknown_names))
+    return NO_SOURCES_ANSWER.format(where=where)
 
 
 # ---------------------------------------------------------------- prompt styles

@@ -23,8 +23,10 @@ import functools
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, Protocol
 
+from rag.answering.named_terms import names
 from rag.clients.rerank import RerankClient
 from rag.core.config import Settings
 from rag.core.embeddings_api import InputType
@@ -64,6 +66,7 @@ class RetrievedChunk:
     cosine: float | None = None  # raw cosine similarity to the query (None when not a dense candidate)
     coverage: float = 0.0  # share of the query's search terms that the chunk contains, weighted by their IDF
     absent: float = 0.0  # share of the query's search terms that no chunk of the index holds (IDF-weighted; per query)
+    unknown_names: tuple[str, ...] = ()  # the query's names no searched chunk holds (rag.answering.named_terms)
 
 
 @dataclass
@@ -79,7 +82,9 @@ class _Candidate:
     score: float = 0.0
     name: str = ""  # the document's name now, from the catalog: the chunk's stored one may be a twin's
 
-    def result(self, weights: dict[str, float], tokenize: Any, absent: float = 0.0) -> RetrievedChunk:
+    def result(
+        self, weights: dict[str, float], tokenize: Any, absent: float = 0.0, unknown_names: tuple[str, ...] = ()
+    ) -> RetrievedChunk:
         text = self.text or ""
         total = sum(weights.values())
         coverage = sum(weights[t] for t in set(tokenize(text)) & weights.keys()) / total if total > 0 else 0.0
@@ -96,6 +101,7 @@ class _Candidate:
             self.dense_score,
             round(coverage, 4),
             absent,
+            unknown_names,
         )
 
 
@@ -227,9 +233,20 @@ class Retriever:
         top = ranked[:k]
         await self._attach_texts(collection, top)
         tokenize = self.lexical.tokenizer
-        weights = await asyncio.to_thread(self.lexical.idf, [*tokenize(query), _NO_TERM]) if top else {}
+        if not top:
+            return []
+        weights = await asyncio.to_thread(self.lexical.idf, [*tokenize(query), _NO_TERM])
         absent = absent_share(weights, weights.pop(_NO_TERM, 0.0))
-        return [c.result(weights, tokenize, absent) for c in top if c.text is not None]
+        unknown = await self._unknown_names(query, collection, only)
+        return [c.result(weights, tokenize, absent, unknown) for c in top if c.text is not None]
+
+    async def _unknown_names(self, query: str, collection: str, only: list[str] | None) -> tuple[str, ...]:
+        """The query's names (rag.answering.named_terms) no chunk of the searched documents holds a term of."""
+        named = {name: self.lexical.tokenizer(name) for name in names(query)}
+        if not any(named.values()):
+            return ()
+        held = await asyncio.to_thread(self.lexical.held, collection, list(chain(*named.values())), only)
+        return tuple(name for name, terms in named.items() if terms and held.isdisjoint(terms))
 
     async def _candidates(
         self, query: str, collection: str, depth: int, only: list[str] | None, mode: str

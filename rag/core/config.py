@@ -235,6 +235,9 @@ class Settings(BaseSettings):
     # over the hits' signals with the embedder's coefficients, rag/answering/coverage_rule.py; an embedder
     # without coefficients falls back to the floor). Measured by bench/refusal.py.
     refusal_rule: Literal["floor", "model"] = "model"
+    # Under the `model` rule, a question naming something no searched chunk holds a word of ("MongoDB",
+    # "nginx": rag/answering/named_terms.py) must pass the embedder's higher `named_threshold`.
+    refuse_unknown_names: bool = True
     # Follow-ups: how the searched query is made from the conversation (rag/answering/followup.py), and
     # the share of the prompt budget kept for the latest turn pair before sources fill the rest.
     followup_rewrite: Literal["off", "rule", "generator"] = "rule"

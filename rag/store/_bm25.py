@@ -105,6 +105,21 @@ class Bm25Index:
         # Equal scores in one order: tantivy's follows segments, which its merges renumber.
         return sorted(((float(score), rowid) for (score, _), rowid in zip(hits, rowids)), key=lambda h: (-h[0], h[1]))
 
+    def held(self, collection: str, terms: Iterable[str], doc_ids: list[str] | None = None) -> set[str]:
+        """The terms that some chunk of the collection holds (of the documents `doc_ids`, when given)."""
+        Q, Occur = tantivy.Query, tantivy.Occur
+        scope = [(Occur.Must, self._filter("collection", [collection]))]
+        if doc_ids:
+            scope.append((Occur.Must, self._filter("doc_key", [collection + _SEP + d for d in doc_ids])))
+        searcher = self._index.searcher()
+        return {
+            t
+            for t in set(terms)
+            if searcher.search(
+                Q.boolean_query([(Occur.Must, Q.term_query(self._schema, "tokens", t)), *scope]), 1, count=False
+            ).hits
+        }
+
     def idf(self, terms: Iterable[str], prior_docs: int = 1000) -> dict[str, float]:
         """BM25's inverse document frequency of each term over the whole index (all collections).
 

@@ -288,6 +288,11 @@ class LexicalIndex:
             ).fetchall()
         return [(text, record.decode_metadata(meta)) for text, meta in rows]
 
+    def held(self, collection: str, terms: Iterable[str], doc_ids: list[str] | None = None) -> set[str]:
+        """The search terms among `terms` that some chunk of the collection (of `doc_ids`, when given) holds."""
+        self._follow_other_writers()
+        return self._bm25.held(collection, terms, doc_ids)
+
     def idf(self, terms: Iterable[str], prior_docs: int = 1000) -> dict[str, float]:
         """BM25's inverse document frequency of each term over the whole index (all collections).
 

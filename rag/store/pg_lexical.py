@@ -338,6 +338,11 @@ class PgLexicalIndex:
         )
         return [(text, record.decode_metadata(meta)) for text, meta in rows]
 
+    def held(self, collection: str, terms: Iterable[str], doc_ids: list[str] | None = None) -> set[str]:
+        """The search terms that some chunk of the collection holds (as `LexicalIndex.held`)."""
+        self.catch_up()
+        return self._bm25.held(collection, terms, doc_ids)
+
     def idf(self, terms: Iterable[str], prior_docs: int = 1000) -> dict[str, float]:
         """BM25's idf of each term over the whole index, smoothed with `prior_docs` documents of none of
         them (as `LexicalIndex.idf`)."""
