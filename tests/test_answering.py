@@ -326,6 +326,9 @@ ALTIVEC_SOURCE = "AltiVec可以提高处理器的数据处理效率，从而降�
         ("Which port does ldap use?", "443/tcp", SERVICES_SOURCE),  # a cell of another row
         # The next row's port: that row holds "port" and "service" too, as every row does, but not "ntp".
         ("Which port does the ntp service use?", "137", NTP_TABLE),
+        # The heading over the fields, not field 7's row (which the chunk does not even hold).
+        ("What is field 7 of /etc/shadow?", "The fields of /etc/shadow", SHADOW_TABLE),
+        ("What is field 2 of /etc/shadow?", "login name", SHADOW_TABLE),  # field 1's
         ("Which port does the pop3s service use?", "5432/tcp", SERVICES_SOURCE),  # only the header names them
         (
             "AltiVec提高处理器的数据处理效率有什么好处？",

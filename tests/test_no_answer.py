@@ -79,7 +79,11 @@ def test_an_answer_that_only_repeats_its_question_is_an_echo(answer: str, questi
 
 @pytest.mark.parametrize(
     ("answer", "question"),
-    [("X.680", "Which ITU-T recommendation specifies ASN.1?"), ("Paris", "Is the tower in Paris or in Rome?")],
+    [
+        ("X.680", "Which ITU-T recommendation specifies ASN.1?"),
+        ("Paris", "Is the tower in Paris or in Rome?"),
+        ("-m", "Which useradd option creates the user's home directory?"),  # "m" is in "home", no word of it
+    ],
 )
 def test_an_answer_of_the_sources_or_a_choice_is_no_echo(answer: str, question: str):
     assert not echoes(answer, question)

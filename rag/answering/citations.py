@@ -20,7 +20,8 @@ that stands by what the question asks about:
             header row, with one of them in its own cells) holds TERMS_HELD of the question's terms
             (compared as Snowball stems: "satellites" finds "satellite"), one within NEAR words of the span,
             and one of the terms the fewest of the chunk's passages hold (its rarest: "ntp" in a table of
-            services, whose every row holds "port" and "service": the next row's port is not ntp's);
+            services, whose every row holds "port" and "service": the next row's port is not ntp's) and
+            every number of the question ("field 7", "exit value 9": not the heading over the fields);
     CJK     TERMS_HELD_CJK of the question's characters stand within NEAR characters of the span (a
             sentence of Chinese holds any common character by chance, so the sentence is too wide).
 
@@ -195,13 +196,15 @@ class _Source:
     flat: str
     term_stems: frozenset[str]
     rarest: frozenset[str]  # the question's terms in the fewest of these passages (that hold any)
+    numbers: frozenset[str]  # the question's terms that are numbers ("field 7", "exit value 9")
 
     @classmethod
     def of(cls, text: str, terms: Collection[str]) -> _Source:
         words = words_of(text)
         passages = passages_of(text) if terms else []
         term_stems = frozenset(stems(sorted(terms)))
-        return cls(frozenset(words), passages, " ".join(words), term_stems, rarest_terms(term_stems, passages))
+        numbers = frozenset(t for t in term_stems if t.isdigit())
+        return cls(frozenset(words), passages, " ".join(words), term_stems, rarest_terms(term_stems, passages), numbers)
 
     def support(self, sentence: str, terms: Collection[str]) -> float:
         """The share of what the sentence adds to the question (its content words that are no term of
@@ -240,6 +243,7 @@ class _Source:
                 and len(held) >= min(need, len(self.term_stems))
                 and not self.term_stems.isdisjoint(passage.own)
                 and (cjk or not self.rarest.isdisjoint(passage.context))
+                and self.numbers <= passage.context
             ):
                 return True
         return False

@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from rag.core.cjk import has_cjk
+
 _USABLE = re.compile(r"[^\W_]")  # a letter or a digit, of any script
 
 NO_ANSWER = "The model gave no answer; see the sources ({names})."
@@ -44,9 +46,11 @@ def _words(text: str) -> str:
 def echoes(text: str, question: str) -> bool:
     """Whether an extractive answer only repeats its question: all of it, most of it, or one number or
     character of it ("1" for "Which recommendation specifies ASN.1?"). A short piece ("Paris" for "Paris
-    or Rome?") is no echo: a choice question is answered with one of its own words."""
+    or Rome?") is no echo: a choice question is answered with one of its own words; nor is a letter that is
+    no word of the question ("-m" to "Which option creates the home directory?")."""
     words, asked = _words(text), _words(question)
-    if not words or words not in asked:
+    # Whole words of the question ("m" is in "home" but no echo of it); Chinese, written without spaces, as text.
+    if not words or (words not in asked if has_cjk(words) else f" {words} " not in f" {asked} "):
         return False
     bare = len(words) == 1 or words.isdigit()
     return bare or len(words) >= 0.5 * len(asked)
