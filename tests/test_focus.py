@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
+
 from rag.answering.focus import focus, named_cell, named_rows, sentence_first
 from rag.answering.prompt import CompletionStyle, take_sources
 from rag.answering.spans import is_span, span_grammar
@@ -145,6 +147,33 @@ def test_a_question_about_a_cells_content_is_no_cell_lookup():
         "| 2 | encrypted password | A password field which starts with an exclamation mark means locked. | - |\n"
         "| 8 | account expiration date | The date of expiration of the account. | the account will never expire |"
     )
-    # "field" and "mean" name columns, but the row is named by words of two of its cells: the model reads it.
+    # The row's key (its leftmost cell the question names) leaves "field" for two columns: the model reads it.
     assert named_cell(fields, "What does a password field that starts with an exclamation mark mean?") is None
-    assert named_cell(fields, "What does an empty account expiration date field mean?") is None
+    # Its key cell names the row; "empty" and "field" name the last column.
+    assert (
+        named_cell(fields, "What does an empty account expiration date field mean?") == "the account will never expire"
+    )
+
+
+SERVICES_TABLE = (
+    "| Service | Port | Protocol | Aliases | Comment |\n| --- | --- | --- | --- | --- |\n"
+    "| tinc | 655 | tcp |  | tinc control port |\n"
+    "| ldaps | 636 | tcp |  | LDAP over SSL |\n| ldaps | 636 | udp |  |  |\n"
+    "| submission | 587 | tcp |  | Submission [RFC4409] |\n"
+    "| kerberos | 88 | tcp | kerberos5 krb5 | Kerberos v5 |\n| kerberos | 88 | udp | kerberos5 krb5 | Kerberos v5 |\n"
+    "| x11 | 6000 | tcp | x11-0 | X Window System |\n| x11-1 | 6001 | tcp |  |  |\n| x11-2 | 6002 | tcp |  |  |"
+)
+
+
+@pytest.mark.parametrize(
+    ("question", "cell"),
+    [
+        ("Which port does the ldaps service use?", "636"),  # not tinc's: "port" in its comment names a column
+        ("Which port does the submission service use?", "587"),  # its comment names it too: the key is leftmost
+        ("What aliases does the kerberos service have?", "kerberos5 krb5"),  # two rows, one answer
+        ("Which port does the x11 service use?", "6000"),  # the row whose key is x11 alone
+        ("Which service uses port 6001?", "x11-1"),
+    ],
+)
+def test_a_cell_at_the_row_its_key_names_and_the_column_the_rest_names(question: str, cell: str) -> None:
+    assert named_cell(SERVICES_TABLE, question) == cell

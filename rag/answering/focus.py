@@ -97,9 +97,11 @@ def named_rows(text: str, question: str) -> str | None:
         if not table.rows or taken < len(lines) * 0.6:
             return None  # a table beside prose: the prose may be what is asked
         units = [terms(" ".join(row)) for row in table.rows]
-        picked, top = _best(asked, units)
-        if not picked or len(picked) > MAX_ROWS or top < 0.5:
+        picked, top = _best(row_terms(asked, table), units)
+        keyed = _keyed(picked, table.rows, row_terms(asked, table))
+        if not picked or len(keyed) > MAX_ROWS or (top < 0.5 and keyed == picked):
             return None
+        picked = keyed
         return "\n".join(
             "; ".join(f"{h}: {c}" if h else c for h, c in zip(table.header, table.rows[i], strict=False) if c)
             for i in picked
@@ -117,25 +119,51 @@ def named_rows(text: str, question: str) -> str | None:
     return "\n".join(lines[i] for i in picked)
 
 
+def row_terms(asked: set[str], table: Table) -> set[str]:
+    """The question's terms that can name a row: not those of the column headers ("Which port does the
+    ldaps service use?" names the ldaps row; "port" is in the tinc row's comment, "tinc control port", but
+    names the Port column), unless they are all the question has."""
+    header = terms(" ".join(table.header))
+    return (asked - header) or asked
+
+
+def _keyed(picked: list[int], rows: Sequence[list[str]], asked: set[str]) -> list[int]:
+    """Of rows that tie, those with a cell made of the question's terms alone, when some have one: "x11"
+    names the x11 row, not x11-1's to x11-7's, which hold "x11" too (a row so named is named, however many
+    rows share the term)."""
+    keyed = [i for i in picked if any(terms(cell) and terms(cell) <= asked for cell in rows[i])]
+    return keyed or picked
+
+
 def named_cell(text: str, question: str) -> str | None:
-    """The cell of a markdown table at the one row and the one column the question names ("default of
+    """The cell of a markdown table at the row and the one column the question names ("default of
     MaxAuthTries?": the MaxAuthTries row's Default cell). The row must be named by one cell alone (its key:
     a question whose words are spread over the row's cells asks about their content), and the column by
-    the question's other words, more of them than any other column's header; else None."""
+    the question's other words, more of them than any other column's header; else None. Rows that tie
+    (kerberos over tcp and over udp) answer when their cells there agree."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     found = find_table(lines)
     if found is None or found[1] < len(lines) * 0.6 or not found[0].rows:
         return None
     table, asked = found[0], terms(question)
-    picked, top = _best(asked, [terms(" ".join(row)) for row in table.rows])
-    if len(picked) != 1 or top < 0.5:
+    picked, top = _best(row_terms(asked, table), [terms(" ".join(row)) for row in table.rows])
+    keyed = _keyed(picked, table.rows, row_terms(asked, table))
+    if not picked or len(keyed) > MAX_ROWS or (top < 0.5 and keyed == picked):
         return None
-    row = table.rows[picked[0]]
+    picked = keyed
+    found_cells = {_cell_of(table, table.rows[i], asked) for i in picked}
+    return found_cells.pop() if len(found_cells) == 1 else None
+
+
+def _cell_of(table: Table, row: list[str], asked: set[str]) -> str | None:
+    """The row's cell in the column the question's words name, other than those of the row's key cell (the
+    leftmost the question names: "Submission [RFC4409]" in the comment does not make the row keyless)."""
     naming = [j for j, cell in enumerate(row) if terms(cell) & asked]
-    if len(naming) != 1:
+    if not naming:
         return None
-    rest = asked - terms(row[naming[0]])
-    counts = [len(terms(h) & rest) if j != naming[0] else 0 for j, h in enumerate(table.header[: len(row)])]
+    key = naming[0]  # the leftmost cell the question names is the row's key; its header names no other column
+    rest = asked - terms(row[key]) - (terms(table.header[key]) if key < len(table.header) else set())
+    counts = [len(terms(h) & rest) if j != key else 0 for j, h in enumerate(table.header[: len(row)])]
     best = max(counts, default=0)
     if best == 0 or counts.count(best) > 1:
         return None
