@@ -149,6 +149,11 @@ def test_a_question_about_a_cells_content_is_no_cell_lookup():
     )
     # The row's key (its leftmost cell the question names) leaves "field" for two columns: the model reads it.
     assert named_cell(fields, "What does a password field that starts with an exclamation mark mean?") is None
+    passwd = (
+        "| Field | Name | Notes |\n| --- | --- | --- |\n"
+        "| 2 | optional encrypted password | A lower-case x means the encrypted password is stored in /etc/shadow. |"
+    )
+    assert named_cell(passwd, "What does a lower-case x in the password field of /etc/passwd mean?") is None
     # Its key cell names the row; "empty" and "field" name the last column.
     assert (
         named_cell(fields, "What does an empty account expiration date field mean?") == "the account will never expire"

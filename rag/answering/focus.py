@@ -97,11 +97,9 @@ def named_rows(text: str, question: str) -> str | None:
         if not table.rows or taken < len(lines) * 0.6:
             return None  # a table beside prose: the prose may be what is asked
         units = [terms(" ".join(row)) for row in table.rows]
-        picked, top = _best(row_terms(asked, table), units)
-        keyed = _keyed(picked, table.rows, row_terms(asked, table))
-        if not picked or len(keyed) > MAX_ROWS or (top < 0.5 and keyed == picked):
+        picked, top = _best(asked, units)
+        if not picked or len(picked) > MAX_ROWS or top < 0.5:
             return None
-        picked = keyed
         return "\n".join(
             "; ".join(f"{h}: {c}" if h else c for h, c in zip(table.header, table.rows[i], strict=False) if c)
             for i in picked
@@ -127,27 +125,33 @@ def row_terms(asked: set[str], table: Table) -> set[str]:
     return (asked - header) or asked
 
 
-def _keyed(picked: list[int], rows: Sequence[list[str]], asked: set[str]) -> list[int]:
-    """Of rows that tie, those with a cell made of the question's terms alone, when some have one: "x11"
-    names the x11 row, not x11-1's to x11-7's, which hold "x11" too (a row so named is named, however many
-    rows share the term)."""
-    keyed = [i for i in picked if any(terms(cell) and terms(cell) <= asked for cell in rows[i])]
+def _keyed(picked: list[int], rows: Sequence[list[str]], question: str) -> list[int]:
+    """Of rows that tie, those with a cell made of the question's own words alone, when some have one:
+    "x11" names the x11 row, not x11-1's to x11-7's, nor kerberos4's for "kerberos" (whole words here,
+    not their first STEM letters); a row so named is named, however many rows share the term."""
+    said = set(_WORD.findall(unicodedata.normalize("NFKC", question).casefold()))
+
+    def words(cell: str) -> set[str]:
+        return set(_WORD.findall(unicodedata.normalize("NFKC", cell).casefold()))
+
+    keyed = [i for i in picked if any(words(cell) and words(cell) <= said for cell in rows[i])]
     return keyed or picked
 
 
 def named_cell(text: str, question: str) -> str | None:
     """The cell of a markdown table at the row and the one column the question names ("default of
-    MaxAuthTries?": the MaxAuthTries row's Default cell). The row must be named by one cell alone (its key:
-    a question whose words are spread over the row's cells asks about their content), and the column by
-    the question's other words, more of them than any other column's header; else None. Rows that tie
-    (kerberos over tcp and over udp) answer when their cells there agree."""
+    MaxAuthTries?": the MaxAuthTries row's Default cell). The row is named by the question's words that
+    name no column (`row_terms`), in one cell (its key: a question whose words are spread over the row's
+    cells asks about their content), and the column by the question's other words, more of them than any
+    other column's header; else None. Rows that tie (kerberos over tcp and over udp) answer when their
+    cells there agree."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     found = find_table(lines)
     if found is None or found[1] < len(lines) * 0.6 or not found[0].rows:
         return None
     table, asked = found[0], terms(question)
     picked, top = _best(row_terms(asked, table), [terms(" ".join(row)) for row in table.rows])
-    keyed = _keyed(picked, table.rows, row_terms(asked, table))
+    keyed = _keyed(picked, table.rows, question)
     if not picked or len(keyed) > MAX_ROWS or (top < 0.5 and keyed == picked):
         return None
     picked = keyed
@@ -157,11 +161,14 @@ def named_cell(text: str, question: str) -> str | None:
 
 def _cell_of(table: Table, row: list[str], asked: set[str]) -> str | None:
     """The row's cell in the column the question's words name, other than those of the row's key cell (the
-    leftmost the question names: "Submission [RFC4409]" in the comment does not make the row keyless)."""
+    leftmost the question names; another cell may repeat the key's words, as "Submission [RFC4409]" in the
+    comment does, but naming it by other words asks about that cell's content)."""
     naming = [j for j, cell in enumerate(row) if terms(cell) & asked]
     if not naming:
         return None
     key = naming[0]  # the leftmost cell the question names is the row's key; its header names no other column
+    if any(terms(row[j]) & asked - terms(row[key]) for j in naming[1:]):
+        return None  # the question's words are spread over the row's cells: it asks about their content
     rest = asked - terms(row[key]) - (terms(table.header[key]) if key < len(table.header) else set())
     counts = [len(terms(h) & rest) if j != key else 0 for j, h in enumerate(table.header[: len(row)])]
     best = max(counts, default=0)
