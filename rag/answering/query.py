@@ -32,6 +32,7 @@ class Hit(Protocol):
     dense_rank: int | None
     lexical_rank: int | None
     absent: float
+    unknown_names: tuple[str, ...]
 
 
 class Searcher(Protocol):
