@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import re
 
-from rag.core.cjk import has_cjk
+from rag.core.cjk import CJK_CHARS, has_cjk
 
 # A word of letters (of any script but the CJK ones, whose text has no words) and digits, its parts joined
 # by . _ + / - ("Node.js", "HTTP/2", "SHA-256", "ERR_HTTP2_ALTSVC", "Jerónimo"), starting with a letter;
 # not the tail of a word or number ("6.6p1" is no name "p1").
-_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
-_LETTER = f"[^\\W\\d_{_CJK}]"
+_LETTER = f"[^\\W\\d_{CJK_CHARS}]"
 _PART = f"(?:{_LETTER}|\\d)"
 _WORD = re.compile(f"(?<!{_PART})(?<![._+/-]){_LETTER}{_PART}*(?:[._+/-]{_PART}+)*")
 _SENTENCE_END = re.compile(r"[.!?:;。！？：；]\s*$")
