@@ -373,7 +373,7 @@ class NoSourcesAnswer:
         self.query = query
         self.clock = clock
         self.reason = reason
-        self.unknown_names = list(unknown_names) if reason == "not_mentioned" else []
+        self.unknown_names = list(unknown_names)  # why: `not_mentioned`
         self.dropped = dropped
         self.packed = packed
         self.searched = searched

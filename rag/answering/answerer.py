@@ -196,8 +196,9 @@ class Answerer:
             Dropped(chunk_id=h.chunk_id, reason="below_min_score") for h in hits if h.score < self.settings.min_score
         ]
         reason: NoSourcesReason = "no_match" if hits else "nothing_retrieved"
-        unknown = unknown_names(good, self.settings)
+        unknown: tuple[str, ...] = ()
         if good and not covered(searched.text, good, self.settings):
+            unknown = unknown_names(good, self.settings)
             reason, good = ("not_mentioned" if unknown else "not_relevant"), []
             below = [Dropped(chunk_id=h.chunk_id, reason="below_min_relevance") for h in hits]
         good, far = cut_off(good, self.settings.pack_relative_score)

@@ -42,10 +42,14 @@ STOPWORDS = frozenset(
 )
 
 
+def words(text: str) -> set[str]:
+    """The text's words, case-folded."""
+    return set(_WORD.findall(unicodedata.normalize("NFKC", text).casefold()))
+
+
 def terms(text: str) -> set[str]:
     """The text's words as compared: case-folded, stopwords out, cut to their first STEM letters."""
-    words = _WORD.findall(unicodedata.normalize("NFKC", text).casefold())
-    return {w[:STEM] for w in words if w not in STOPWORDS}
+    return {w[:STEM] for w in words(text) if w not in STOPWORDS}
 
 
 @dataclass(frozen=True)
@@ -129,12 +133,8 @@ def _keyed(picked: list[int], rows: Sequence[list[str]], question: str) -> list[
     """Of rows that tie, those with a cell made of the question's own words alone, when some have one:
     "x11" names the x11 row, not x11-1's to x11-7's, nor kerberos4's for "kerberos" (whole words here,
     not their first STEM letters); a row so named is named, however many rows share the term."""
-    said = set(_WORD.findall(unicodedata.normalize("NFKC", question).casefold()))
-
-    def words(cell: str) -> set[str]:
-        return set(_WORD.findall(unicodedata.normalize("NFKC", cell).casefold()))
-
-    keyed = [i for i in picked if any(words(cell) and words(cell) <= said for cell in rows[i])]
+    said = words(question)
+    keyed = [i for i in picked if any((found := words(cell)) and found <= said for cell in rows[i])]
     return keyed or picked
 
 

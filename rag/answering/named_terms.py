@@ -13,8 +13,8 @@ the rest of the question comes. `names` picks the words a question names things 
 A word of one letter is never a name ("What does -x do?"), nor a number alone (years and versions turn
 up everywhere). rag.answering.retrieval looks each name's search terms up in the lexical index: a name
 none of whose terms any chunk of the searched documents holds is unknown, and rag.answering.coverage_rule
-then refuses the question before any other signal is read, its fixed answer saying what no document
-mentions (RAG_REFUSE_UNKNOWN_NAMES).
+then asks the refusal model for its higher `named_threshold`; a refusal's fixed answer says what no
+document mentions (RAG_REFUSE_UNKNOWN_NAMES).
 
 Measured on bench/real_docs (Debian's documents, 22 questions no document covers, 173 that one does):
 14 of the 22 name something the index never holds, none of the 173 does (bench/README.md, "Names the

@@ -242,6 +242,8 @@ class Retriever:
 
     async def _unknown_names(self, query: str, collection: str, only: list[str] | None) -> tuple[str, ...]:
         """The query's names (rag.answering.named_terms) no chunk of the searched documents holds a term of."""
+        if not self.settings.refuse_unknown_names:
+            return ()
         named = {name: self.lexical.tokenizer(name) for name in names(query)}
         if not any(named.values()):
             return ()

@@ -6,13 +6,15 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast
 
 import httpx
 import openai
 from openai.types.chat import ChatCompletionMessageParam
 
 from rag.core.errors import ContextOverflow, LLMUnavailable, UpstreamError
+
+T = TypeVar("T")
 
 Message = dict[str, str]
 
@@ -82,10 +84,7 @@ class LlamaServerClient:
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
-            try:
-                response = await self._http.request(method, path, **kwargs)
-            except httpx.RemoteProtocolError:  # a kept-alive connection it had closed: once more, on a new one
-                response = await self._http.request(method, path, **kwargs)
+            response = await _once_more_if_closed(lambda: self._http.request(method, path, **kwargs))
         except httpx.TransportError as exc:
             raise LLMUnavailable(f"llama-server at {self.base_url} is unreachable: {exc.__class__.__name__}") from exc
         if response.status_code == 503:
@@ -200,14 +199,7 @@ class LlamaServerClient:
         started = time.perf_counter()
         ttft: float | None = None
         try:
-            try:
-                stream = await request()
-            except openai.APIConnectionError as exc:
-                if not isinstance(exc.__cause__, httpx.RemoteProtocolError):
-                    raise
-                # A kept-alive connection llama-server had closed ("Server disconnected without sending a
-                # response": 2 of 195 questions of bench/real_docs got a 503 from it): once more, on a new one.
-                stream = await request()
+            stream = await _once_more_if_closed(request)
         except openai.APIError as exc:
             raise _map_openai_error(exc, self.base_url) from exc
         finish_reason: str | None = None
@@ -282,3 +274,15 @@ def _map_openai_error(exc: openai.APIError, base_url: str) -> Exception:
 def _openai_messages(messages: list[Message]) -> list[ChatCompletionMessageParam]:
     """Our {"role", "content"} messages as the SDK's types name them (the same dicts)."""
     return cast("list[ChatCompletionMessageParam]", messages)
+
+
+async def _once_more_if_closed(send: Callable[[], Awaitable[T]]) -> T:
+    """`send()`, sent once more on a new connection when the kept-alive one it went out on was closed by
+    llama-server ("Server disconnected without sending a response": 2 of 195 questions of bench/real_docs
+    got a 503 from it), whether httpx raised that itself or the openai SDK wrapped it."""
+    try:
+        return await send()
+    except (httpx.RemoteProtocolError, openai.APIConnectionError) as exc:
+        if not isinstance(exc, httpx.RemoteProtocolError) and not isinstance(exc.__cause__, httpx.RemoteProtocolError):
+            raise
+        return await send()
