@@ -493,3 +493,53 @@ def test_a_chinese_answer_line_is_kept_as_written_even_when_no_span():
     )
     assert by_name(events)["done"]["retried"] is False and len(server.prompts) == 1
     assert "".join(e.data["text"] for e in events if e.name == "token") == "山海关一带"
+
+
+GZIP_OPTIONS = """gzip options: what each option does.
+
+-k --keep
+       Keep (don't delete) input files during compression or decompression.
+
+-l --list
+       For each compressed file, list the fields."""
+GZIP_TEST = """-t --test
+       Test. Check the compressed file integrity then quit.
+
+-v --verbose
+       Verbose. Display the name and percentage reduction for each file."""
+
+
+def test_the_option_a_question_names_is_read_from_the_list_that_holds_it_without_the_model():
+    chunks = [("gzip.1.gz", GZIP_OPTIONS), ("gzip.1.gz", GZIP_TEST), ("ls.1.gz", "-t     sort by time")]
+    events, server, _, _ = answer(
+        "", "What does the gzip -t option do?", chunks=chunks, settings=Settings(llm_prompt_style="completion")
+    )
+    data = by_name(events)
+    assert "".join(e.data["text"] for e in events if e.name == "token") == (
+        "Test. Check the compressed file integrity then quit."
+    )
+    assert data["done"]["finish_reason"] == "list_entry" and server.prompts == []
+    assert data["sources"]["sources"][0]["chunk_id"] == "gzip.1.gz:1"  # the list that holds -t, moved first
+
+
+SERVICES_SPLIT = [
+    (
+        "services.html",
+        "Which port does each service use: ports of /etc/services\n| Service | Port | Comment |\n| --- | --- | --- |\n"
+        "| socks | 1080/tcp | socks proxy server |\n| imaps | 993/tcp | IMAP over SSL |",
+    ),
+    ("services.html", "| Service | Port | Comment |\n| --- | --- | --- |\n| pop3s | 995/tcp | POP-3 over SSL |"),
+]
+
+
+def test_a_table_row_keyed_by_the_question_is_read_from_the_chunk_that_holds_it():
+    events, server, _, _ = answer(
+        "",
+        "Which port does the pop3s service use?",
+        chunks=SERVICES_SPLIT,
+        settings=Settings(llm_prompt_style="completion"),
+    )
+    data = by_name(events)
+    assert "".join(e.data["text"] for e in events if e.name == "token") == "995/tcp"
+    assert data["done"]["finish_reason"] == "table_cell" and server.prompts == []
+    assert data["sources"]["sources"][0]["chunk_id"] == "services.html:1"

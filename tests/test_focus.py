@@ -182,3 +182,39 @@ SERVICES_TABLE = (
 )
 def test_a_cell_at_the_row_its_key_names_and_the_column_the_rest_names(question: str, cell: str) -> None:
     assert named_cell(SERVICES_TABLE, question) == cell
+
+
+ERRORS = (
+    "POSIX error constants#\n\n| Constant | Description |\n| --- | --- |\n"
+    "| EACCES | Indicates that the operation did not have sufficient permissions. |\n"
+    "| EADDRINUSE | Indicates that the network address is already in use. |\n"
+    "| EADDRNOTAVAIL | Indicates that the network address is currently unavailable for use. |"
+)
+FIELDS = (
+    "Fields of a line of /etc/shadow\n| Field | Name | Meaning |\n| --- | --- | --- |\n"
+    "| 1 | login name | It must be a valid account name. |\n| 2 | encrypted password | Refer to crypt(3). |\n"
+    "| 7 | password inactivity period | The number of days after a password has expired. |"
+)
+
+
+def test_a_question_naming_only_a_rows_key_is_answered_by_the_cell_right_of_it():
+    assert named_cell(ERRORS, "What does the EADDRINUSE error constant indicate?") == (
+        "Indicates that the network address is already in use."
+    )
+    assert named_cell(FIELDS, "What is field 7 of /etc/shadow?") == "password inactivity period"
+    assert named_cell(FIELDS, "Who sets field 7 of /etc/shadow?") is None  # words beyond the table's own
+
+
+def test_a_row_named_by_stems_alone_gives_no_cell_but_its_key():
+    services = (
+        "| Service | Port | Comment |\n| --- | --- | --- |\n"
+        "| submissions | 465/tcp | Submission over TLS |\n| imaps | 993/tcp | IMAP over SSL |"
+    )
+    assert named_cell(services, "Which port does the submission service use?") is None
+    assert named_cell(services, "Which service carries IMAP over SSL?") == "imaps"
+
+
+def test_a_path_in_the_question_names_the_tables_file():
+    passwd_rows = "| Field | Name |\n| --- | --- |\n| 7 | optional user command interpreter |"
+    assert named_cell(passwd_rows, "What is field 7 of /etc/passwd?") == "optional user command interpreter"
+    assert named_cell(FIELDS, "What is field 7 of /etc/passwd?") is None  # its caption names /etc/shadow

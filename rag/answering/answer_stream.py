@@ -79,6 +79,15 @@ CLOSE_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
+class Read:
+    """An answer read from the first source without the model, and where (the done event's finish_reason):
+    "table_cell" (rag.answering.focus.named_cell) or "list_entry" (rag.answering.definitions.named_entry)."""
+
+    text: str
+    where: Literal["table_cell", "list_entry"]
+
+
+@dataclass(frozen=True)
 class Retry:
     """Why an answer line was asked again, and the line: `blank`, `echo` (of the question), `off_span`."""
 
@@ -102,7 +111,7 @@ class Answer:
         clock: Clock,
         *,
         searched: SearchQuery | None = None,
-        cell: str | None = None,
+        read: Read | None = None,
     ) -> None:
         self.answerer = answerer
         self.query = query
@@ -120,7 +129,7 @@ class Answer:
         self.no_answer = False
         self.retried = False
         self.retry: Retry | None = None  # why the completion style's first answer line was asked again
-        self.cell = cell  # the answer read from a table's cell (rag.answering.focus.named_cell): no generation
+        self.read = read  # the answer read from a table's cell or a list's entry: no generation
 
     def close(self) -> None:
         """Give the generation slot back (idempotent; events() does it too)."""
@@ -200,8 +209,8 @@ class Answer:
         assert self.query.max_tokens is not None and self.query.temperature is not None
         prompt = self.packed.messages
         if isinstance(prompt, str):
-            if self.cell is not None:
-                return _told(self.cell)
+            if self.read is not None:
+                return _told(self.read)
             return self._never_blank(
                 [lambda: self._answer_line(llm, prompt), lambda: self._retry_line(llm, prompt)],
                 # Spans off: the line streams as generated, and only a blank one is asked again.
@@ -443,10 +452,10 @@ async def _until_loop(
         yield end
 
 
-async def _told(text: str) -> AsyncIterator[StreamDelta | StreamEnd]:
-    """An answer read from a source, not generated: its text, then an end that says `table_cell`."""
-    yield StreamDelta(text)
-    yield StreamEnd("table_cell", usage={"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0})
+async def _told(read: Read) -> AsyncIterator[StreamDelta | StreamEnd]:
+    """An answer read from a source, not generated: its text, then an end that says where it was read."""
+    yield StreamDelta(read.text)
+    yield StreamEnd(read.where, usage={"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0})
 
 
 async def _until_sentences(

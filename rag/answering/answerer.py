@@ -23,13 +23,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
-from rag.answering.answer_stream import Answer, NoSourcesAnswer, discard
+from rag.answering.answer_stream import Answer, NoSourcesAnswer, Read, discard
 from rag.answering.budget import Candidate, PackedPrompt, PromptBudget
 from rag.answering.continuation import Sent, SentSources, questions_so_far_key, user_turns
 from rag.answering.coverage_rule import covered, unknown_names
+from rag.answering.definitions import first_naming, named_documents, named_entry, named_option
 from rag.answering.ellipsis import whole_question
 from rag.answering.events import (
     Dropped,
@@ -47,7 +49,7 @@ from rag.answering.prompt import (
     PromptStyle,
     choose_style,
 )
-from rag.answering.query import ChatQuery, Clock, Searcher, cut_off, split_question
+from rag.answering.query import ChatQuery, Clock, Hit, Searcher, cut_off, split_question
 from rag.answering.shared_gate import SharedGenerationGate
 from rag.answering.shared_sent import SharedSentSources
 from rag.clients.backends import LLMBackend
@@ -58,6 +60,7 @@ from rag.core.errors import BackendUnavailable, LLMUnavailable, UpstreamError
 log = logging.getLogger(__name__)
 
 PROPS_TTL_S = 30.0
+DOCUMENT_K = 50  # chunks of a named document searched for the option a question names (a man page holds 10-40)
 
 __all__ = ["Answer", "Answerer", "ChatQuery", "NoSourcesAnswer", "cut_off", "split_question"]
 
@@ -202,6 +205,7 @@ class Answerer:
             reason, good = ("not_mentioned" if unknown else "not_relevant"), []
             below = [Dropped(chunk_id=h.chunk_id, reason="below_min_relevance") for h in hits]
         good, far = cut_off(good, self.settings.pack_relative_score)
+        good, far = await self._naming_entry_first(good, far, question, query)
         below += [Dropped(chunk_id=h.chunk_id, reason="far_below_best") for h in far]
         if not good:
             await self._question_fits(ahead, query, question)
@@ -230,20 +234,55 @@ class Answerer:
             return NoSourcesAnswer(
                 query, clock, "no_room", packed.dropped, packed, searched=searched, style=packed.style
             )
-        cell = self._table_cell(packed, question)
-        # An answer read from a table's cell generates nothing: it waits for no generation slot.
-        permit = Permit(None, 0.0) if cell is not None else await self.gate.acquire()
+        read = self._read(packed, question, candidates)
+        # An answer read from a source generates nothing: it waits for no generation slot.
+        permit = Permit(None, 0.0) if read is not None else await self.gate.acquire()
         clock.mark("admitted")
         return Answer(
-            self, query, history, question, candidates, by_id, packed, permit, clock, searched=searched, cell=cell
+            self, query, history, question, candidates, by_id, packed, permit, clock, searched=searched, read=read
         )
 
-    def _table_cell(self, packed: PackedPrompt, question: str) -> str | None:
-        """The cell of the first source's table at the row and column the question names, if it names them
-        (rag.answering.focus.named_cell), in the completion style: read, not generated."""
+    async def _naming_entry_first(
+        self, kept: list[Hit], cut: list[Hit], question: str, query: ChatQuery
+    ) -> tuple[list[Hit], list[Hit]]:
+        """The hits with the first one whose definition list holds the option the question names ("ls 的
+        -t 选项做什么？") in front, taken back from those cut off when it is there, else searched for in
+        the document the question names (`named_documents`): the lexical index drops one-letter words, and
+        a dense embedding tells -t from -T poorly. Only a document the question names, when it names one."""
+        if named_option(question) is None:
+            return _keyed_row_first(kept, cut, question)
+        hits = [*kept, *cut]
+        named = named_documents(question, (_source(h.metadata) for h in hits))
+        texts = [h.text if not named or _source(h.metadata) in named else "" for h in hits]
+        first = first_naming(texts, question)
+        if first == 0:
+            return kept, cut
+        if first is not None:
+            picked = hits[first]
+            return [picked, *(h for h in kept if h is not picked)], [h for h in cut if h is not picked]
+        doc_ids = {h.doc_id for h in hits if _source(h.metadata) in named}
+        if not doc_ids:
+            return kept, cut
+        found = await self.searcher.search(question, collection=query.collection, k=DOCUMENT_K, doc_ids=doc_ids)
+        more = [h for h in found if h.doc_id in doc_ids]
+        first = first_naming([h.text for h in more], question)
+        return ([more[first], *kept], cut) if first is not None else (kept, cut)
+
+    def _read(self, packed: PackedPrompt, question: str, candidates: Sequence[Candidate]) -> Read | None:
+        """The cell of the first source's table at the row and column the question names
+        (rag.answering.focus.named_cell), or the entry of its definition list that the question names or
+        asks for (rag.answering.definitions.named_entry), in the completion style: read, not generated."""
         if packed.style != "completion" or self.settings.completion_focus == "off" or not packed.chunks:
             return None
-        return named_cell(packed.chunks[0].text, question)
+        text = packed.chunks[0].text
+        if (cell := named_cell(text, question)) is not None:
+            return Read(cell, "table_cell")
+        named = named_documents(question, (_source(c.metadata) for c in candidates))
+        if named and _source(packed.chunks[0].candidate.metadata) not in named:
+            return None  # a list of another document than the one the question names
+        if (entry := named_entry(text, question)) is not None:
+            return Read(entry, "list_entry")
+        return None
 
     async def _question_fits(self, ahead: asyncio.Future[ServerProps], query: ChatQuery, question: str) -> None:
         """Raise QuestionTooLong for a question alone over the budget, even when nothing will be generated.
@@ -287,6 +326,25 @@ class Answerer:
             style=style.with_instructions(query.system or ""),
             instructions_limit=self.settings.client_system_tokens,
         )
+
+
+def _keyed_row_first(kept: list[Hit], cut: list[Hit], question: str) -> tuple[list[Hit], list[Hit]]:
+    """The hits with the first one whose table has a cell at a row keyed by the question's own words and
+    the column it names (rag.answering.focus.named_cell) in front, when the first has none: a table split
+    over chunks repeats its header in each, and the chunk of /etc/services ranked first for "What aliases
+    does the kerberos service have?" may hold the rows around it but not its own."""
+    hits = [*kept, *cut]
+    if not hits or named_cell(hits[0].text, question) is not None:
+        return kept, cut
+    first = next((i for i, h in enumerate(hits) if named_cell(h.text, question, keyed_only=True) is not None), None)
+    if first is None:
+        return kept, cut
+    picked = hits[first]
+    return [picked, *(h for h in kept if h is not picked)], [h for h in cut if h is not picked]
+
+
+def _source(metadata: Mapping[str, Any]) -> str:
+    return str(metadata.get("source", ""))
 
 
 def _cut_chars(sent: str, whole: str) -> int | None:

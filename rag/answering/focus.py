@@ -42,6 +42,9 @@ STOPWORDS = frozenset(
 )
 
 
+ASKING = frozenset({"indic", "mean", "means", "stand", "descr"})  # "what does X indicate/mean/stand for"
+
+
 def words(text: str) -> set[str]:
     """The text's words, case-folded."""
     return set(_WORD.findall(unicodedata.normalize("NFKC", text).casefold()))
@@ -138,13 +141,16 @@ def _keyed(picked: list[int], rows: Sequence[list[str]], question: str) -> list[
     return keyed or picked
 
 
-def named_cell(text: str, question: str) -> str | None:
+def named_cell(text: str, question: str, *, keyed_only: bool = False) -> str | None:
     """The cell of a markdown table at the row and the one column the question names ("default of
     MaxAuthTries?": the MaxAuthTries row's Default cell). The row is named by the question's words that
     name no column (`row_terms`), in one cell (its key: a question whose words are spread over the row's
     cells asks about their content), and the column by the question's other words, more of them than any
     other column's header; else None. Rows that tie (kerberos over tcp and over udp) answer when their
-    cells there agree."""
+    cells there agree. A row no cell of which is made of the question's own words (named by stems, or by
+    what its cells say) gives only its first cell, the key a "Which constant ..." question asks for: the
+    "submissions" row is no answer to "Which port does the submission service use?". `keyed_only`: only a
+    row so named (what another chunk than the first must hold to be read instead)."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     found = find_table(lines)
     if found is None or found[1] < len(lines) * 0.6 or not found[0].rows:
@@ -154,9 +160,19 @@ def named_cell(text: str, question: str) -> str | None:
     keyed = _keyed(picked, table.rows, question)
     if not picked or len(keyed) > MAX_ROWS or (top < 0.5 and keyed == picked):
         return None
+    said = words(question)
+    whole = any((own := words(cell)) and own <= said for i in keyed for cell in table.rows[i])
     picked = keyed
     found_cells = {_cell_of(table, table.rows[i], asked) for i in picked}
-    return found_cells.pop() if len(found_cells) == 1 else None
+    if found_cells == {None} and len(picked) == 1 and whole:
+        caption = terms(" ".join(line for line in lines if not line.startswith("|")))
+        return _described(table, table.rows[picked[0]], asked, caption, question)
+    if len(found_cells) != 1:
+        return None
+    cell = found_cells.pop()
+    if not whole and (keyed_only or any(cell != table.rows[i][0] for i in picked)):
+        return None  # a row named by a part of its words ("submissions" for "submission"): only its key
+    return cell
 
 
 def _cell_of(table: Table, row: list[str], asked: set[str]) -> str | None:
@@ -175,6 +191,23 @@ def _cell_of(table: Table, row: list[str], asked: set[str]) -> str | None:
     if best == 0 or counts.count(best) > 1:
         return None
     return row[counts.index(best)] or None
+
+
+def _described(table: Table, row: list[str], asked: set[str], caption: set[str], question: str) -> str | None:
+    """The cell right of the row's key, for a question that names the key and nothing but the table's own
+    words ("What does the EADDRINUSE error constant indicate?" over Constant | Description: the description;
+    "What is field 7 of /etc/shadow?" over Field | Name | Meaning: the name), when it is words: "What is
+    MaxAuthTries?" over Option | Default | Meaning asks no default value."""
+    said = words(question)
+    key = next((j for j, cell in enumerate(row) if (found := words(cell)) and found <= said), None)
+    if key is None:
+        return None
+    rest = asked - terms(row[key]) - terms(" ".join(table.header)) - caption - ASKING
+    # A path ("/etc/passwd") names the file the table is of: a caption naming another is of another table.
+    if any("/" not in t for t in rest) or (rest and any("/" in t for t in caption)):
+        return None
+    cell = next((cell for cell in row[key + 1 :] if words(cell)), None)
+    return cell if cell is not None and re.search(r"[^\W\d_]{2}", cell) else None  # words, not a value
 
 
 def sentence_first(text: str, question: str) -> str:

@@ -26,3 +26,11 @@ def is_cjk(char: str) -> bool:
 def has_cjk(text: str) -> bool:
     """Whether `text` holds a CJK character anywhere."""
     return _ONE.search(text) is not None
+
+
+_RUN = re.compile(f"[{CJK_CHARS}]+")
+
+
+def cjk_runs(text: str) -> list[str]:
+    """The text's runs of CJK characters, in order ("ls 的 -t 选项" -> ["的", "选项"])."""
+    return _RUN.findall(text)

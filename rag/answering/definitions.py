@@ -1,0 +1,219 @@
+"""Definition lists: a term on a line of its own and its meaning indented below it (or after a run of spaces),
+as man pages list their options and exit values:
+
+    -k --keep
+           Keep (don't delete) input files during compression or decompression.
+    -t     按时间排序，最新的最前；参见 --time
+
+A small base model asked which option keeps the input files reads the chunk and takes a neighbouring
+entry's term ("-l --list"), and asked what `-t` does, another entry's words: in bench/real_docs 18 of the
+64 wrong answers to man-page questions were such entries read one off. So a question that names one
+entry's term ("What does exit value 9 of useradd mean?", "ls 的 -t 选项做什么？") is answered by its
+meaning, and one that asks which entry does something ("Which gzip option checks the compressed file
+integrity?") by the term of the one entry whose meaning holds the most of the question's words, weighted by
+how few entries hold each; both read, not generated, and only when exactly one entry answers.
+
+Terms are compared as written (`-s` is not `-S`); words as `focus.terms` compares them, less a plural's
+`s`; Chinese by its character pairs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from rag.answering.focus import terms
+from rag.core.cjk import cjk_runs, has_cjk
+
+MIN_ENTRIES = 3  # fewer entries keyed by words are no list (a short line over an indented example looks like one)
+MAX_TERM_WORDS = 6
+_INDENT = re.compile(r"^(?: {2,}|\t)\S")
+_INLINE = re.compile(r"^([-+]\S*(?:,? [-+]\S*)*|\d+)(?: {2,}|\t)(\S.*)$")  # "-t     按时间排序", "2  error"
+_ONE_WORD = re.compile(r"^[A-Za-z_][\w-]*$")
+_OPTION = re.compile(r"(?<![\w-])(--?[A-Za-z0-9][\w-]*)")
+_NUMBER = re.compile(r"(?<![\w.-])(\d+)(?![\w.])")
+_ASKS_WHICH = re.compile(
+    r"\bwhich\b|\bwhat\s+(?:option|flag|switch|exit|value|status|code|number)s?\b|哪个|哪些|哪一个|什么选项", re.I
+)
+_LIST_NOUN = re.compile(r"\b(?:options?|flags?|switch(?:es)?|exit|values?|status|codes?)\b|选项|参数|退出", re.I)
+_NUMBER_NOUN = re.compile(r"\b(?:exit|return|values?|status|codes?)\b|退出|返回", re.I)
+# Words that ask, not say what is asked: the list's nouns, "which", and Chinese pairs holding 哪/个/选/项/的/用
+_ASKING = re.compile(r"^(?:optio|flag|switc|exit|value|statu|code|retur|which|give)|[哪个选项的用么]")
+_IDENTIFIER = re.compile(r"^(?=\w*(?:_|\d|[A-Z]{4}))[A-Za-z_]\w*$")  # BZ_OK, SIGTERM, x11; not "user"
+_CALLED = r"(?:option|flag|setting|constant|keyword)s?\b"
+_EXIT_NOUN = re.compile(r"\b(?:exit|return)\b|退出|返回", re.I)
+_SENTENCE_END = re.compile(r"(?<=[.;])\s+(?=[A-Z(])|(?<=[。；])")  # not inside "(e.g., at boot time)"
+MIN_SCORE = 1.0  # the best entry's meaning holds at least one of the question's words no other entry holds
+MIN_SHARE = 0.5  # ...and half of its words (or Chinese character pairs) at least
+MARGIN = 1.5  # ...and more of them than the next best, by this much
+SHORT_WORDS = 3  # a sentence of fewer Latin words and Chinese characters ("Test.") comes with the next one
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry of a definition list: its term line, the names it gives (`-T`, `--tabsize`), its meaning."""
+
+    term: str
+    names: frozenset[str]
+    meaning: str
+
+
+def entries(text: str) -> list[Entry]:
+    """The definition list entries of a chunk's text, in order; under MIN_ENTRIES, only those keyed by an
+    option or a number (a chunk of a man page with long meanings holds one or two)."""
+    found = _indented(text) or _flush(text)
+    return found if len(found) >= MIN_ENTRIES else [e for e in found if _is_key(e.term)]
+
+
+def _indented(text: str) -> list[Entry]:
+    """Entries whose meaning is indented under the term, or follows it after a run of spaces (man pages)."""
+    found: list[Entry] = []
+    term: str | None = None
+    meaning: list[str] = []
+
+    def close() -> None:
+        if term is not None and meaning:
+            found.append(Entry(term, _names(term), " ".join(meaning)))
+
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if _INDENT.match(line):
+            if term is not None:
+                meaning.append(line.strip())
+            continue
+        close()
+        term, meaning = None, []
+        inline = _INLINE.match(line.rstrip())
+        if inline:
+            term, meaning = inline.group(1), [inline.group(2).strip()]
+        elif len(line.split()) <= MAX_TERM_WORDS and not line.rstrip().endswith((".", ":", "。", "：")):
+            term = line.strip()
+    close()
+    return found
+
+
+def _flush(text: str) -> list[Entry]:
+    """Entries whose term is one word on a line of its own, its meaning on the lines below, none indented
+    (a PDF's text: "noauto" / "do not mount when mount -a is given", "BZ_DATA_ERROR_MAGIC" / "if the ...")."""
+    found: list[Entry] = []
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    starts = [i for i, line in enumerate(lines) if _ONE_WORD.match(line)]
+    for i, start in enumerate(starts):
+        end = starts[i + 1] if i + 1 < len(starts) else len(lines)
+        if end > start + 1:
+            found.append(Entry(lines[start], _names(lines[start]), " ".join(lines[start + 1 : end])))
+    return found
+
+
+def _names(term: str) -> frozenset[str]:
+    """What a term line names: its options without their argument ("--tabsize=列数" names "--tabsize"), a
+    number, or its words."""
+    options = _OPTION.findall(term)
+    if options:
+        return frozenset(options)
+    return frozenset(w.strip(",") for w in term.split() if w.strip(","))
+
+
+def named(question: str, entry: Entry) -> bool:
+    """Whether the question names the entry: one of its options as written, its number when it asks about
+    an exit or return value, an identifier ("BZ_DATA_ERROR_MAGIC") or a word it calls an option ("the noauto
+    mount option"), or, in Chinese, the whole term ("密码警告时间段"). A word alone is no name: a FILES list
+    keyed "/etc/shadow" is not what "In /etc/shadow, what does an empty field mean?" asks about."""
+    if entry.names & set(_OPTION.findall(question)):
+        return True
+    if entry.term.isdigit():
+        return _EXIT_NOUN.search(question) is not None and entry.term in _NUMBER.findall(question)
+    if has_cjk(entry.term):
+        return entry.term in question
+    if not _ONE_WORD.match(entry.term):
+        return False
+    word = re.escape(entry.term)
+    if _IDENTIFIER.match(entry.term):
+        return re.search(rf"(?<![\w-]){word}(?![\w-])", question) is not None
+    return re.search(rf"(?<![\w-]){word}(?: \w+)? {_CALLED}|{_CALLED} {word}(?![\w-])", question, re.I) is not None
+
+
+def _is_key(term: str) -> bool:
+    """A term of options or a number: what a list of options or exit values is keyed by."""
+    return bool(_OPTION.match(term)) or term.isdigit()
+
+
+def named_documents(question: str, sources: Iterable[str]) -> set[str]:
+    """The sources whose file name starts with a word the question says: a man page's command ("cp 的 -x
+    选项做什么？" names cp.1.gz, and ls.1.gz's -x is not what it asks about)."""
+    said = {w.casefold() for w in re.findall(r"[^\W_]+", question)}
+    return {s for s in sources if re.split(r"[._-]", PurePosixPath(s).name, maxsplit=1)[0].casefold() in said}
+
+
+def named_option(question: str) -> str | None:
+    """The option the question names, when it names one (not "the flag -9 without -s")."""
+    options = set(_OPTION.findall(question))
+    return options.pop() if len(options) == 1 else None
+
+
+def first_naming(texts: Sequence[str], question: str) -> int | None:
+    """The index of the first text whose definition list holds the one option the question names."""
+    option = named_option(question)
+    if option is None:
+        return None
+    return next((i for i, text in enumerate(texts) if any(option in e.names for e in entries(text))), None)
+
+
+def named_entry(text: str, question: str) -> str | None:
+    """The answer a definition list in `text` gives to `question`: the meaning of the one entry it names,
+    or, asked which entry does something, the term of the one entry whose meaning matches it best; None
+    when the text holds no list or no one entry answers."""
+    found = entries(text)
+    if not found:
+        return None
+    if _ASKS_WHICH.search(question):
+        return _which(found, question) if _LIST_NOUN.search(question) else None
+    if len(set(_OPTION.findall(question))) > 1:
+        return None  # "the flag -9 without -s": a question about both, not what one of them means
+    picked = {e.meaning: e for e in found if named(question, e)}
+    if len(picked) != 1:
+        return None
+    entry = next(iter(picked.values()))
+    return _sentence_asked(entry.meaning, _units(question) - _units(entry.term))
+
+
+def _which(found: Sequence[Entry], question: str) -> str | None:
+    """The term of the one entry of the kind asked (options, or numbers for an exit value) whose meaning
+    holds the question's words best, weighted by how few entries hold each."""
+    numbers = _NUMBER_NOUN.search(question) is not None
+    keyed = [e for e in found if (e.term.isdigit() if numbers else bool(_OPTION.match(e.term)))]
+    asked = {t for t in _units(question) if not _ASKING.search(t) and (len(t) > 2 or has_cjk(t))}
+    units = [_units(e.meaning) & asked for e in keyed]
+    weights = {t: 1.0 / n for t in asked if (n := sum(1 for u in units if t in u))}
+    scores = sorted(((sum(weights[t] for t in u), len(u), i) for i, u in enumerate(units)), reverse=True)
+    if not scores or scores[0][0] < MIN_SCORE or scores[0][1] < MIN_SHARE * len(asked):
+        return None
+    if len(scores) > 1 and scores[0][0] < MARGIN * scores[1][0]:
+        return None
+    return keyed[scores[0][2]].term
+
+
+def _units(text: str) -> set[str]:
+    """Words as compared (`focus.terms`, a plural's "s" off) and Chinese character pairs."""
+    words = {t[:-1] if len(t) > 3 and t.endswith("s") else t for t in terms(text)}
+    pairs = {run[i : i + 2] for run in cjk_runs(text) for i in range(len(run) - 1)}
+    return words | pairs
+
+
+def _short(sentence: str) -> bool:
+    return len(re.findall(r"[^\W\d_]+", sentence)) < SHORT_WORDS and sum(map(len, cjk_runs(sentence))) < SHORT_WORDS
+
+
+def _sentence_asked(meaning: str, asked: set[str]) -> str:
+    """The meaning's sentence holding the most of the question's other words (the first on a tie), with the
+    next one when it is short ("Test." then "Check the compressed file integrity.")."""
+    sentences = [s.strip().rstrip(";；") for s in _SENTENCE_END.split(meaning) if s.strip(";； ")]
+    scores = [len(_units(s) & asked) for s in sentences]
+    first = scores.index(max(scores))
+    answer = sentences[first]
+    if _short(answer) and first + 1 < len(sentences):
+        answer = f"{answer} {sentences[first + 1]}"
+    return answer

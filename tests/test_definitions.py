@@ -1,0 +1,136 @@
+"""Definition lists of man pages (rag.answering.definitions): the meaning of the option or exit value a
+question names, and the option a question asks for by what it does. Pure text logic, on slices of the
+man pages the benchmark in bench/real_docs indexes."""
+
+from __future__ import annotations
+
+from rag.answering.definitions import entries, first_naming, named_documents, named_entry
+
+GZIP = """-d --decompress --uncompress
+       Decompress.
+
+-k --keep
+       Keep (don't delete) input files during compression or decompression.
+
+-l --list
+       For each compressed file, list the following fields:
+
+           compressed size: size of the compressed file
+
+-t --test
+       Test. Check the compressed file integrity then quit.
+"""
+LS_ZH = """-t     按时间排序，最新的最前；参见 --time
+
+-T, --tabsize=列数
+       指定制表符宽度为给定列数，而非默认的 8
+
+-S     按文件大小排序，最大的最前
+
+-s, --size
+       显示给每个文件分配的大小，单位为块
+"""
+EXIT_VALUES = """The useradd command exits with the following values:
+
+0
+    success
+
+4
+    UID already in use (and no -o)
+
+9
+    username or group name already in use
+"""
+PROSE = """ADVANCED USAGE
+
+Then
+
+      gunzip -c foo
+
+is equivalent to
+
+      cat file1 file2
+
+compresses better than
+
+      gzip -c file1 file2 > foo.gz
+"""
+
+
+def test_an_entry_is_a_term_line_and_its_indented_or_spaced_meaning():
+    found = entries(LS_ZH)
+    assert [e.term for e in found] == ["-t", "-T, --tabsize=列数", "-S", "-s, --size"]
+    assert found[1].names == {"-T", "--tabsize"} and found[0].meaning == "按时间排序，最新的最前；参见 --time"
+
+
+def test_the_option_a_question_names_is_answered_by_its_meaning_as_written():
+    assert named_entry(LS_ZH, "ls 的 -t 选项做什么？") == "按时间排序，最新的最前"
+    assert named_entry(LS_ZH, "What does ls -T do?") == "指定制表符宽度为给定列数，而非默认的 8"
+    assert (
+        named_entry(GZIP, "And what does its -t option do?") == "Test. Check the compressed file integrity then quit."
+    )
+
+
+def test_the_option_a_question_asks_for_is_the_one_whose_meaning_says_it():
+    assert named_entry(GZIP, "Which gzip option keeps the input files instead of deleting them?") == "-k --keep"
+    assert named_entry(GZIP, "Which gzip option checks the compressed file integrity?") == "-t --test"
+    assert named_entry(LS_ZH, "ls 用哪个选项根据文件大小排序？") == "-S"
+
+
+def test_an_exit_value_is_named_by_its_number_only_in_a_question_about_exit_or_return_values():
+    assert (
+        named_entry(EXIT_VALUES, "What does exit value 9 of useradd mean?") == "username or group name already in use"
+    )
+    assert named_entry(EXIT_VALUES, "Which exit value does useradd return when the UID is already in use?") == "4"
+    assert named_entry(EXIT_VALUES, "What does the value 0 in the date field mean?") is None
+
+
+def test_no_answer_where_no_one_entry_answers():
+    assert named_entry(GZIP, "Which gzip option gives the best compression?") is None  # not in this slice
+    assert named_entry(GZIP, "How much memory does bzip2 use for the flag -9 without -s?") is None  # two options
+    assert named_entry(GZIP, "What does -x do?") is None
+    assert named_entry(PROSE, "What is equivalent to gunzip -c foo?") is None  # prose over examples: no list
+
+
+def test_the_first_text_holding_the_named_option_is_found_for_the_prompt():
+    assert first_naming([GZIP, LS_ZH], "ls 的 -S 选项做什么？") == 1
+    assert first_naming([GZIP, LS_ZH], "What does -k do?") == 0
+    assert first_naming([GZIP, LS_ZH], "What does -x do?") is None
+
+
+def test_a_question_naming_a_command_names_its_man_page():
+    sources = ["man/zh_CN/ls.1.gz", "scans/cp.1-zh_CN-scan.pdf", "pdf/bzip2-manual.pdf"]
+    assert named_documents("cp 的 -x 选项做什么？", sources) == {"scans/cp.1-zh_CN-scan.pdf"}
+    assert named_documents("How much memory does bzip2 use?", sources) == {"pdf/bzip2-manual.pdf"}
+    assert named_documents("What does -x do?", sources) == set()
+
+
+FSTAB_PDF = """ Basic filesystem-independent options are:
+ defaults
+ use default options: rw, suid, dev, exec, auto, nouser, and async.
+ noauto
+ do not mount when mount -a is given (e.g., at boot time)
+ user
+ allow a user to mount
+ owner
+ allow device owner to mount
+"""
+BZIP2_PDF = """BZ_DATA_ERROR
+if a data integrity error was detected in the compressed stream
+BZ_DATA_ERROR_MAGIC
+if the stream does not begin with the requisite header bytes
+(ie, is not a bzip2 data file). This is really
+a special case of BZ_DATA_ERROR.
+BZ_MEM_ERROR
+if insufficient memory is available
+"""
+
+
+def test_a_pdf_list_of_one_word_terms_answers_for_an_identifier_or_a_word_called_an_option():
+    assert named_entry(FSTAB_PDF, "What does the noauto mount option do?") == (
+        "do not mount when mount -a is given (e.g., at boot time)"
+    )
+    assert named_entry(BZIP2_PDF, "What does BZ_DATA_ERROR_MAGIC mean?") == (
+        "if the stream does not begin with the requisite header bytes (ie, is not a bzip2 data file)."
+    )
+    assert named_entry(FSTAB_PDF, "Can a user mount it?") is None  # a plain word is no name
