@@ -4,7 +4,7 @@ man pages the benchmark in bench/real_docs indexes."""
 
 from __future__ import annotations
 
-from rag.answering.definitions import entries, first_naming, named_documents, named_entry
+from rag.answering.definitions import entries, first_answering, named_documents, named_entry
 
 GZIP = """-d --decompress --uncompress
        Decompress.
@@ -92,10 +92,11 @@ def test_no_answer_where_no_one_entry_answers():
     assert named_entry(PROSE, "What is equivalent to gunzip -c foo?") is None  # prose over examples: no list
 
 
-def test_the_first_text_holding_the_named_option_is_found_for_the_prompt():
-    assert first_naming([GZIP, LS_ZH], "ls 的 -S 选项做什么？") == 1
-    assert first_naming([GZIP, LS_ZH], "What does -k do?") == 0
-    assert first_naming([GZIP, LS_ZH], "What does -x do?") is None
+def test_the_first_text_holding_the_named_option_or_the_one_asked_for_is_found_for_the_prompt():
+    assert first_answering([GZIP, LS_ZH], "ls 的 -S 选项做什么？") == 1
+    assert first_answering([GZIP, LS_ZH], "What does -k do?") == 0
+    assert first_answering([GZIP, LS_ZH], "What does -x do?") is None
+    assert first_answering([LS_ZH, GZIP], "Which gzip option checks the compressed file integrity?") == 1
 
 
 def test_a_question_naming_a_command_names_its_man_page():
@@ -134,3 +135,25 @@ def test_a_pdf_list_of_one_word_terms_answers_for_an_identifier_or_a_word_called
         "if the stream does not begin with the requisite header bytes (ie, is not a bzip2 data file)."
     )
     assert named_entry(FSTAB_PDF, "Can a user mount it?") is None  # a plain word is no name
+
+
+CP_SCAN = (  # an image-only PDF page of cp(1) in Chinese as OCR reads it: its lines joined into one run
+    "必选参数对长短选项同时适用。-a, --archive与-dR--preserve=all相同。--attributes-only不要复制文件数据，"
+    "仅仅复制其属性值。-b 类似--backup，但是不接受参数-d 与--no-dereference--preserve=links 相同-1, --link"
+    "使用硬链接取代复制-L, --dereference总是跟随源文件中的符号链接-n, --no-clobber"
+)
+
+
+def test_an_ocr_run_of_options_is_read_as_a_list():
+    assert [e.term for e in entries(CP_SCAN)] == [
+        "-a, --archive",
+        "--attributes-only",
+        "-b",
+        "-d",
+        "-1, --link",
+        "-L, --dereference",
+    ]
+    assert named_entry(CP_SCAN, "cp 的 -a 选项与什么相同？") == "与-dR--preserve=all相同。"
+    assert named_entry(CP_SCAN, "cp 的哪个选项使用硬链接取代复制？") == "-1, --link"
+    assert named_entry(CP_SCAN, "cp 的 -n 选项做什么？") is None  # its meaning is on the next page
+    assert entries("使用 -l 时显示的时间格式，与 --full-time 相同") == []  # prose naming options

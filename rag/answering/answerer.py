@@ -31,7 +31,7 @@ from rag.answering.answer_stream import Answer, NoSourcesAnswer, Read, discard
 from rag.answering.budget import Candidate, PackedPrompt, PromptBudget
 from rag.answering.continuation import Sent, SentSources, questions_so_far_key, user_turns
 from rag.answering.coverage_rule import covered, unknown_names
-from rag.answering.definitions import first_naming, named_documents, named_entry, named_option
+from rag.answering.definitions import asks_for_entry, first_answering, named_documents, named_entry
 from rag.answering.ellipsis import whole_question
 from rag.answering.events import (
     Dropped,
@@ -246,15 +246,17 @@ class Answerer:
         self, kept: list[Hit], cut: list[Hit], question: str, query: ChatQuery
     ) -> tuple[list[Hit], list[Hit]]:
         """The hits with the first one whose definition list holds the option the question names ("ls 的
-        -t 选项做什么？") in front, taken back from those cut off when it is there, else searched for in
-        the document the question names (`named_documents`): the lexical index drops one-letter words, and
-        a dense embedding tells -t from -T poorly. Only a document the question names, when it names one."""
-        if named_option(question) is None:
+        -t 选项做什么？"), or the entry that answers "which option…" (`first_answering`), in front, taken
+        back from those cut off when it is there, else searched for in the document the question names
+        (`named_documents`): the lexical index drops one-letter words, a dense embedding tells -t from -T
+        poorly, and a man page's options span many chunks. Only a document the question names, when it
+        names one."""
+        if not asks_for_entry(question):
             return _keyed_row_first(kept, cut, question)
         hits = [*kept, *cut]
         named = named_documents(question, (_source(h.metadata) for h in hits))
         texts = [h.text if not named or _source(h.metadata) in named else "" for h in hits]
-        first = first_naming(texts, question)
+        first = first_answering(texts, question)
         if first == 0:
             return kept, cut
         if first is not None:
@@ -265,8 +267,11 @@ class Answerer:
             return kept, cut
         found = await self.searcher.search(question, collection=query.collection, k=DOCUMENT_K, doc_ids=doc_ids)
         more = [h for h in found if h.doc_id in doc_ids]
-        first = first_naming([h.text for h in more], question)
-        return ([more[first], *kept], cut) if first is not None else (kept, cut)
+        first = first_answering([h.text for h in more], question)
+        if first is None:
+            return kept, cut
+        picked = more[first]
+        return [picked, *(h for h in kept if h.chunk_id != picked.chunk_id)], cut
 
     def _read(self, packed: PackedPrompt, question: str, candidates: Sequence[Candidate]) -> Read | None:
         """The cell of the first source's table at the row and column the question names

@@ -25,13 +25,17 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from rag.answering.focus import terms
-from rag.core.cjk import cjk_runs, has_cjk
+from rag.core.cjk import CJK_CHARS, cjk_runs, has_cjk
 
 MIN_ENTRIES = 3  # fewer entries keyed by words are no list (a short line over an indented example looks like one)
 MAX_TERM_WORDS = 6
 _INDENT = re.compile(r"^(?: {2,}|\t)\S")
 _INLINE = re.compile(r"^([-+]\S*(?:,? [-+]\S*)*|\d+)(?: {2,}|\t)(\S.*)$")  # "-t     按时间排序", "2  error"
 _ONE_WORD = re.compile(r"^[A-Za-z_][\w-]*$")
+_RUN_TERM = re.compile(
+    rf"(?<![A-Za-z0-9])(?:(?:-[A-Za-z0-9],\s*)*--[a-z][A-Za-z0-9_-]*(?:\[=[^\]]*\]|=[^{CJK_CHARS}\s，。]*)?|-[A-Za-z0-9] )"
+    rf"(?=[{CJK_CHARS}]|\s*$)"  # or at the end: a term whose meaning the next page holds
+)
 _OPTION = re.compile(r"(?<![\w-])(--?[A-Za-z0-9][\w-]*)")
 _NUMBER = re.compile(r"(?<![\w.-])(\d+)(?![\w.])")
 _ASKS_WHICH = re.compile(
@@ -63,7 +67,7 @@ class Entry:
 def entries(text: str) -> list[Entry]:
     """The definition list entries of a chunk's text, in order; under MIN_ENTRIES, only those keyed by an
     option or a number (a chunk of a man page with long meanings holds one or two)."""
-    found = _indented(text) or _flush(text)
+    found = _indented(text) or _flush(text) or _run_together(text)
     return found if len(found) >= MIN_ENTRIES else [e for e in found if _is_key(e.term)]
 
 
@@ -106,6 +110,35 @@ def _flush(text: str) -> list[Entry]:
         if end > start + 1:
             found.append(Entry(lines[start], _names(lines[start]), " ".join(lines[start + 1 : end])))
     return found
+
+
+def _run_together(text: str) -> list[Entry]:
+    """Entries of Chinese text whose lines an OCR joined into one run ("-s, --symbolic-link使用符号链接代替
+    复制-S,--suffix=后缀名使用…"): a term is options (a long one, or a short one and a space) right before
+    a Chinese character, not right after a Latin letter ("-dR--preserve=all") nor inside an open bracket
+    ("(和--force行为相反)"); a meaning of one character is the start of the one before ("-p 与--preserve=…
+    相同")."""
+    if not has_cjk(text):
+        return []
+    found: list[Entry] = []
+    starts = [m for m in _RUN_TERM.finditer(text) if not _open_bracket(text[: m.start()])]
+    for m, after in zip(starts, [*starts[1:], None], strict=False):
+        meaning = text[m.end() : after.start() if after else len(text)].strip()
+        if found and len(found[-1].meaning) < 2:
+            last = found.pop()
+            meaning = f"{last.meaning}{m.group(0)}{meaning}"
+            found.append(Entry(last.term, last.names, meaning))
+        elif meaning:
+            term = m.group(0).strip()
+            found.append(Entry(term, _names(term), meaning))
+    # Prose naming an option or two ("使用 -l 时显示…") is no list: a list names long options, and many.
+    return found if sum(1 for e in found if "--" in e.term) >= 2 else []
+
+
+def _open_bracket(before: str) -> bool:
+    """Whether the text before ends inside a bracket opened within its last 40 characters."""
+    tail = before[-40:]
+    return max(tail.rfind("("), tail.rfind("（")) > max(tail.rfind(")"), tail.rfind("）"))
 
 
 def _names(term: str) -> frozenset[str]:
@@ -154,12 +187,30 @@ def named_option(question: str) -> str | None:
     return options.pop() if len(options) == 1 else None
 
 
-def first_naming(texts: Sequence[str], question: str) -> int | None:
-    """The index of the first text whose definition list holds the one option the question names."""
+def asks_for_entry(question: str) -> bool:
+    """Whether the question names one option, or asks which option or exit value does something."""
+    return named_option(question) is not None or _asks_which(question)
+
+
+def first_answering(texts: Sequence[str], question: str) -> int | None:
+    """The index of the first text whose definition list holds the one option the question names, or, for
+    a question asking which option or exit value does something, the entry all the texts' lists together
+    answer it with (weighed over all of them: one chunk of a man page holds a few entries alike)."""
     option = named_option(question)
-    if option is None:
+    if option is not None:
+        return next((i for i, text in enumerate(texts) if any(option in e.names for e in entries(text))), None)
+    if not _asks_which(question):
         return None
-    return next((i for i, text in enumerate(texts) if any(option in e.names for e in entries(text))), None)
+    first: dict[str, tuple[int, Entry]] = {}
+    for i, text in enumerate(texts):
+        for entry in entries(text):
+            first.setdefault(entry.term, (i, entry))  # chunks overlap: an entry counts once
+    term = _which([e for _, e in first.values()], question)
+    return first[term][0] if term is not None else None
+
+
+def _asks_which(question: str) -> bool:
+    return _ASKS_WHICH.search(question) is not None and _LIST_NOUN.search(question) is not None
 
 
 def named_entry(text: str, question: str) -> str | None:
@@ -170,7 +221,7 @@ def named_entry(text: str, question: str) -> str | None:
     if not found:
         return None
     if _ASKS_WHICH.search(question):
-        return _which(found, question) if _LIST_NOUN.search(question) else None
+        return _which(found, question) if _asks_which(question) else None
     if len(set(_OPTION.findall(question))) > 1:
         return None  # "the flag -9 without -s": a question about both, not what one of them means
     picked = {e.meaning: e for e in found if named(question, e)}
