@@ -157,3 +157,18 @@ def test_an_ocr_run_of_options_is_read_as_a_list():
     assert named_entry(CP_SCAN, "cp 的哪个选项使用硬链接取代复制？") == "-1, --link"
     assert named_entry(CP_SCAN, "cp 的 -n 选项做什么？") is None  # its meaning is on the next page
     assert entries("使用 -l 时显示的时间格式，与 --full-time 相同") == []  # prose naming options
+
+
+USERADD_E = """-e, --expiredate EXPIRE_DATE
+    The date on which the user account will be disabled. The date is specified in the format YYYY-MM-DD.
+
+-f, --inactive INACTIVE
+    The number of days after a password expires until the account is permanently disabled.
+"""
+
+
+def test_a_which_question_about_a_named_option_gets_the_sentence_of_its_meaning_that_answers():
+    assert named_entry(USERADD_E, "In which format is the expiry date given to useradd -e?") == (
+        "The date is specified in the format YYYY-MM-DD."
+    )
+    assert named_entry(GZIP, "Which command is identical to gzip -d?") is None  # asks for a term

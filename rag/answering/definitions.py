@@ -1,17 +1,20 @@
 """Definition lists: a term on a line of its own and its meaning indented below it (or after a run of spaces),
-as man pages list their options and exit values:
+as man pages list their options and exit values,
 
     -k --keep
            Keep (don't delete) input files during compression or decompression.
     -t     按时间排序，最新的最前；参见 --time
 
-A small base model asked which option keeps the input files reads the chunk and takes a neighbouring
-entry's term ("-l --list"), and asked what `-t` does, another entry's words: in bench/real_docs 18 of the
-64 wrong answers to man-page questions were such entries read one off. So a question that names one
-entry's term ("What does exit value 9 of useradd mean?", "ls 的 -t 选项做什么？") is answered by its
-meaning, and one that asks which entry does something ("Which gzip option checks the compressed file
-integrity?") by the term of the one entry whose meaning holds the most of the question's words, weighted by
-how few entries hold each; both read, not generated, and only when exactly one entry answers.
+a PDF's text its one-word terms over their meanings ("noauto" / "do not mount when mount -a is given"), and
+an OCR its options run together ("-s, --symbolic-link使用符号链接代替复制-S,--suffix=…").
+
+A small base model asked which option keeps the input files reads such a chunk and takes a neighbouring
+entry's term ("-l --list"), and asked what `-t` does, another entry's words: 22 of the 93 wrong answers of
+bench/real_docs before this module were such questions. So a question that names one entry ("What does
+exit value 9 of useradd mean?", "ls 的 -t 选项做什么？") is answered by its meaning, and one that asks which
+option or exit value does something ("Which gzip option checks the compressed file integrity?") by the
+term of the one entry whose meaning holds the most of the question's words, weighted by how few entries
+hold each; both read, not generated, and only when exactly one entry answers.
 
 Terms are compared as written (`-s` is not `-S`); words as `focus.terms` compares them, less a plural's
 `s`; Chinese by its character pairs.
@@ -41,6 +44,7 @@ _NUMBER = re.compile(r"(?<![\w.-])(\d+)(?![\w.])")
 _ASKS_WHICH = re.compile(
     r"\bwhich\b|\bwhat\s+(?:option|flag|switch|exit|value|status|code|number)s?\b|哪个|哪些|哪一个|什么选项", re.I
 )
+_WHICH_OF_ANOTHER = re.compile(r"\b(?:in|on|at|by|for|from|with|to) which\b", re.I)  # "In which format…"
 _LIST_NOUN = re.compile(r"\b(?:options?|flags?|switch(?:es)?|exit|values?|status|codes?)\b|选项|参数|退出", re.I)
 _NUMBER_NOUN = re.compile(r"\b(?:exit|return|values?|status|codes?)\b|退出|返回", re.I)
 # Words that ask, not say what is asked: the list's nouns, "which", and Chinese pairs holding 哪/个/选/项/的/用
@@ -220,8 +224,10 @@ def named_entry(text: str, question: str) -> str | None:
     found = entries(text)
     if not found:
         return None
-    if _ASKS_WHICH.search(question):
-        return _which(found, question) if _asks_which(question) else None
+    if _asks_which(question):
+        return _which(found, question)
+    if _ASKS_WHICH.search(question) and not _WHICH_OF_ANOTHER.search(question):
+        return None  # "Which command is identical to gunzip -c?" asks for a term, not -c's meaning
     if len(set(_OPTION.findall(question))) > 1:
         return None  # "the flag -9 without -s": a question about both, not what one of them means
     picked = {e.meaning: e for e in found if named(question, e)}
