@@ -260,18 +260,14 @@ class Answerer:
         if first == 0:
             return kept, cut
         if first is not None:
-            picked = hits[first]
-            return [picked, *(h for h in kept if h is not picked)], [h for h in cut if h is not picked]
+            return _put_first(hits[first], kept, cut)
         doc_ids = {h.doc_id for h in hits if _source(h.metadata) in named}
         if not doc_ids:
             return kept, cut
         found = await self.searcher.search(question, collection=query.collection, k=DOCUMENT_K, doc_ids=doc_ids)
         more = [h for h in found if h.doc_id in doc_ids]
         first = first_answering([h.text for h in more], question)
-        if first is None:
-            return kept, cut
-        picked = more[first]
-        return [picked, *(h for h in kept if h.chunk_id != picked.chunk_id)], cut
+        return _put_first(more[first], kept, cut) if first is not None else (kept, cut)
 
     def _read(self, packed: PackedPrompt, question: str, candidates: Sequence[Candidate]) -> Read | None:
         """The cell of the first source's table at the row and column the question names
@@ -341,11 +337,16 @@ def _keyed_row_first(kept: list[Hit], cut: list[Hit], question: str) -> tuple[li
     hits = [*kept, *cut]
     if not hits or named_cell(hits[0].text, question) is not None:
         return kept, cut
-    first = next((i for i, h in enumerate(hits) if named_cell(h.text, question, keyed_only=True) is not None), None)
-    if first is None:
-        return kept, cut
-    picked = hits[first]
-    return [picked, *(h for h in kept if h is not picked)], [h for h in cut if h is not picked]
+    picked = next((h for h in hits if named_cell(h.text, question, keyed_only=True) is not None), None)
+    return _put_first(picked, kept, cut) if picked is not None else (kept, cut)
+
+
+def _put_first(picked: Hit, kept: list[Hit], cut: list[Hit]) -> tuple[list[Hit], list[Hit]]:
+    """`picked` first among the hits kept, out of those cut off (it may be one of either, or neither: a hit
+    of a search of its own, compared by chunk id)."""
+    return [picked, *(h for h in kept if h.chunk_id != picked.chunk_id)], [
+        h for h in cut if h.chunk_id != picked.chunk_id
+    ]
 
 
 def _source(metadata: Mapping[str, Any]) -> str:

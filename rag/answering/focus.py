@@ -42,7 +42,7 @@ STOPWORDS = frozenset(
 )
 
 
-ASKING = frozenset({"indic", "mean", "means", "stand", "descr"})  # "what does X indicate/mean/stand for"
+_ASKING_VERBS = frozenset({"indic", "mean", "means", "stand", "descr"})  # "what does X indicate/mean/stand for"
 
 
 def words(text: str) -> set[str]:
@@ -133,12 +133,11 @@ def row_terms(asked: set[str], table: Table) -> set[str]:
 
 
 def _keyed(picked: list[int], rows: Sequence[list[str]], question: str) -> list[int]:
-    """Of rows that tie, those with a cell made of the question's own words alone, when some have one:
+    """Of rows that tie, those with a cell made of the question's own words alone (none: no row is keyed):
     "x11" names the x11 row, not x11-1's to x11-7's, nor kerberos4's for "kerberos" (whole words here,
     not their first STEM letters); a row so named is named, however many rows share the term."""
     said = words(question)
-    keyed = [i for i in picked if any((found := words(cell)) and found <= said for cell in rows[i])]
-    return keyed or picked
+    return [i for i in picked if any((found := words(cell)) and found <= said for cell in rows[i])]
 
 
 def named_cell(text: str, question: str, *, keyed_only: bool = False) -> str | None:
@@ -158,11 +157,11 @@ def named_cell(text: str, question: str, *, keyed_only: bool = False) -> str | N
     table, asked = found[0], terms(question)
     picked, top = _best(row_terms(asked, table), [terms(" ".join(row)) for row in table.rows])
     keyed = _keyed(picked, table.rows, question)
-    if not picked or len(keyed) > MAX_ROWS or (top < 0.5 and keyed == picked):
+    whole = bool(keyed)  # a row named by a cell of the question's own words, not by stems or content
+    chosen = keyed or picked
+    if not picked or len(chosen) > MAX_ROWS or (top < 0.5 and chosen == picked):
         return None
-    said = words(question)
-    whole = any((own := words(cell)) and own <= said for i in keyed for cell in table.rows[i])
-    picked = keyed
+    picked = chosen
     found_cells = {_cell_of(table, table.rows[i], asked) for i in picked}
     if found_cells == {None} and len(picked) == 1 and whole:
         caption = terms(" ".join(line for line in lines if not line.startswith("|")))
@@ -202,7 +201,7 @@ def _described(table: Table, row: list[str], asked: set[str], caption: set[str],
     key = next((j for j, cell in enumerate(row) if (found := words(cell)) and found <= said), None)
     if key is None:
         return None
-    rest = asked - terms(row[key]) - terms(" ".join(table.header)) - caption - ASKING
+    rest = asked - terms(row[key]) - terms(" ".join(table.header)) - caption - _ASKING_VERBS
     # A path ("/etc/passwd") names the file the table is of: a caption naming another is of another table.
     if any("/" not in t for t in rest) or (rest and any("/" in t for t in caption)):
         return None
