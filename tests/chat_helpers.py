@@ -16,6 +16,7 @@ import httpx
 import uvicorn
 
 from rag.api.app import create_app
+from rag.clients.llm_pool import first_question_key, preference
 from rag.core.config import Settings
 from rag.store.chunk_record import lexical_tokens
 from tests.servers import free_port
@@ -136,6 +137,27 @@ def schema_errors(url: str, component: str, instance: Any) -> list[str]:
 
 def ask(text: str, **extra: Any) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": text}], "max_tokens": 12, "temperature": 0, **extra}
+
+
+AMAZON_QUESTIONS = (
+    "Where does the Amazon rise?",
+    "Where does the Amazon River rise?",
+    "In which mountains does the Amazon River rise?",
+    "Which mountains does the Amazon rise in?",
+    "Which countries does the Amazon flow through?",
+    "Which countries does the Amazon River flow through?",
+    "Through which countries does the Amazon River flow?",
+    "What covers much of the Amazon River's basin?",
+    "What lives in the Amazon River?",
+    "Which river is the largest by discharge volume?",
+)
+
+
+def preferred_server(body: dict[str, Any], members: list[str]) -> str:
+    """The server an idle pool sends a new conversation to: the one its first question ranks first."""
+    key = first_question_key(body["messages"])
+    assert key is not None
+    return max(members, key=lambda member: preference(key, member))
 
 
 def prompt_tokens_total(llama_url: str) -> float:

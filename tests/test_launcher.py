@@ -337,9 +337,10 @@ def _two_free_ports() -> int:
 def test_rag_up_with_two_llama_servers_answers_two_users_at_once(isolated_env: Path, generator_model: Path):
     from concurrent.futures import ThreadPoolExecutor
 
-    from tests.chat_helpers import ask, upload
+    from tests.chat_helpers import AMAZON_QUESTIONS, ask, preferred_server, upload
 
     ports = dict(llm=_two_free_ports(), embed=free_port(), api=free_port())
+    urls = [f"http://127.0.0.1:{ports['llm'] + i}" for i in (0, 1)]
     env = {**_env(isolated_env, generator_model, **ports), "RAG_LLM_SERVERS": "2"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "rag.cli", "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -354,16 +355,21 @@ def test_rag_up_with_two_llama_servers_answers_two_users_at_once(isolated_env: P
         assert any(line.startswith("llama-server-2") for line in lines)
         api = f"http://127.0.0.1:{ports['api']}"
         upload(api)
-        questions = ["When was the Eiffel Tower completed?", "Where does the Amazon River rise?"]
+        # Two new conversations that an idle pool sends to different servers: on a busy machine the first
+        # can end before the second is routed, and then each goes where its first question ranks first.
+        first = ask("When was the Eiffel Tower completed?")
+        home = preferred_server(first, urls)
+        second = next(q for q in map(ask, AMAZON_QUESTIONS) if preferred_server(q, urls) != home)
         with ThreadPoolExecutor(2) as pool:
             answers = list(
                 pool.map(
-                    lambda q: httpx.post(f"{api}/v1/chat", json={**ask(q), "stream": False}, timeout=120), questions
+                    lambda body: httpx.post(f"{api}/v1/chat", json={**body, "stream": False}, timeout=120),
+                    [first, second],
                 )
             )
         assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
         servers = httpx.get(f"{api}/health", timeout=10).json()["backends"]["llm"]["servers"]
-        assert [s["url"] for s in servers] == [f"http://127.0.0.1:{ports['llm'] + i}" for i in (0, 1)]
+        assert [s["url"] for s in servers] == urls
         assert [s["served"] for s in servers] == [1, 1]
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -12,15 +12,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from rag.clients.llm_pool import LlamaServerPool, first_question_key, preference
+from rag.clients.llm_pool import LlamaServerPool
 from rag.core.config import Settings
 from rag.core.errors import PoolMismatch
-from tests.chat_helpers import ask, changed, parse_sse, serve, upload
+from tests.chat_helpers import AMAZON_QUESTIONS, ask, changed, parse_sse, preferred_server, serve, upload
 from tests.conftest import _clean_env
 from tests.servers import Server, free_port, start_llama_server, start_server
 
@@ -59,27 +58,6 @@ def test_two_streams_at_once_go_to_the_two_servers(endless_pair: list[Server]) -
             await pool.aclose()
 
     assert asyncio.run(two_at_once()) == [1, 1]
-
-
-AMAZON_QUESTIONS = (
-    "Where does the Amazon rise?",
-    "Where does the Amazon River rise?",
-    "In which mountains does the Amazon River rise?",
-    "Which mountains does the Amazon rise in?",
-    "Which countries does the Amazon flow through?",
-    "Which countries does the Amazon River flow through?",
-    "Through which countries does the Amazon River flow?",
-    "What covers much of the Amazon River's basin?",
-    "What lives in the Amazon River?",
-    "Which river is the largest by discharge volume?",
-)
-
-
-def preferred_server(body: dict[str, Any], members: list[str]) -> str:
-    """The server an idle pool sends a new conversation to: the one its first question ranks first."""
-    key = first_question_key(body["messages"])
-    assert key is not None
-    return max(members, key=lambda member: preference(key, member))
 
 
 def test_a_followup_goes_back_to_its_server_and_reuses_its_prompt(
