@@ -34,3 +34,10 @@ def write_json(path: Path, results: Any, **dump: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     dump.setdefault("indent", 2)
     path.write_text(json.dumps(with_provenance(results), **dump) + "\n", encoding="utf-8")
+
+
+def write_report(out: Path | str, results: dict[str, Any], text: str) -> None:
+    """`out`.json (the results with their provenance) and `out`.txt (the printed report), and print it."""
+    write_json(Path(f"{out}.json"), results, ensure_ascii=False)
+    Path(f"{out}.txt").write_text(text, encoding="utf-8")
+    print("\n" + text)

@@ -229,6 +229,7 @@ class ReplayLlamaServer:
     reply: str
     n_ctx: int = 4096
     slots: int = 1
+    logprob: float | None = None  # each word's log-probability, sent when a request asks for them
     prompts: list[list[dict[str, str]] | str] = field(default_factory=list)  # chats, or completion prompts
     requests: list[dict[str, Any]] = field(default_factory=list)
 
@@ -279,8 +280,10 @@ class ReplayLlamaServer:
         chat = "messages" in body
         prompt_n = len(self._tokens(self._template(body["messages"]) if chat else body["prompt"])) + 1
 
-        def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
+        def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None, **extra: Any) -> str:
             choice = {"index": 0, "delta": delta} if chat else {"index": 0, "text": delta.get("content") or ""}
+            if logprobs is not None:
+                choice["logprobs"] = logprobs
             payload = {
                 "id": "replay",
                 "object": "chat.completion.chunk" if chat else "text_completion",
@@ -292,7 +295,11 @@ class ReplayLlamaServer:
             return f"data: {json.dumps(payload)}\n\n"
 
         parts = [chunk({"role": "assistant", "content": None})]
-        parts += [chunk({"content": w}) for w in words]
+        if body.get("logprobs") and self.logprob is not None:
+            given = [{"logprobs": {"content": [{"token": w, "logprob": self.logprob}]}} for w in words]
+        else:
+            given = [{} for _ in words]
+        parts += [chunk({"content": w}, **extra) for w, extra in zip(words, given)]
         parts.append(chunk({}, "stop"))
         usage = {"prompt_tokens": prompt_n, "completion_tokens": len(words), "total_tokens": prompt_n + len(words)}
         timings = {"cache_n": 0, "prompt_n": prompt_n, "predicted_n": len(words)}

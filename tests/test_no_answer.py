@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from rag.answering.no_answer import echoes, usable
+from rag.answering.no_answer import UNSURE_ANSWER, echoes, usable
 from rag.core.config import Settings
 from tests.chat_helpers import ask, changed, chat_events, parse_sse, serve, upload
 
@@ -103,3 +103,25 @@ def test_a_completion_that_echoes_the_question_is_tried_again_without_its_first_
     done = next(e.data for e in events if e.event == "done")
     assert done["retried"] is True and done["no_answer"] is False
     assert usable(answer) and not answer.startswith("1")
+
+
+def test_a_span_the_model_finds_unlikely_is_withheld_and_the_sources_are_named(
+    forced_llama_server, llama_server, backend_settings: Settings
+):
+    # The grammar forces "dusk", a span of the source, to where the keeper lives: llama-server's
+    # probabilities are the model's own (before the grammar), and it would not have written it.
+    forced = forced_llama_server("dusk")
+    question = ask("Where does the lighthouse keeper live?", max_tokens=16)
+    with serve(changed(backend_settings, llm_url=forced.url)) as url:
+        upload(url, LIGHTHOUSE)
+        events = chat_events(url, question)
+    done = next(e.data for e in events if e.event == "done")
+    assert "".join(e.data["text"] for e in events if e.event == "token") == UNSURE_ANSWER.format(names="lighthouse.txt")
+    assert done["unsure"] is True and done["likelihood"] < 0.08 and done["retried"] is False
+    assert next(e.data for e in events if e.event == "citations")["citations"] == []
+    with serve(backend_settings) as url:  # the model's own answer
+        upload(url, LIGHTHOUSE)
+        events = chat_events(url, question)
+    done = next(e.data for e in events if e.event == "done")
+    assert "Skerry" in "".join(e.data["text"] for e in events if e.event == "token")
+    assert done["unsure"] is False and done["likelihood"] >= 0.08

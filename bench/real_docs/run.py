@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from bench._provenance import header, provenance, write_json
+from bench._provenance import header, provenance, write_report
 from bench._servers import server_env
 from bench.real_docs.scoring import DOCS, KINDS, Question, Verdict, failed, judge, read_questions, summary, table
 
@@ -241,10 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "summary": summary(verdicts),
         "questions": [v.as_json() for v in verdicts],
     }
-    write_json(Path(f"{out}.json"), result, ensure_ascii=False)
-    text = report_text(result)
-    Path(f"{out}.txt").write_text(text, encoding="utf-8")
-    print("\n" + text)
+    write_report(out, result, report_text(result))
     return 0
 
 

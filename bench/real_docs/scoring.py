@@ -14,7 +14,8 @@ case-folded unless the question says `case` (`-S` and `-s` are different ls opti
 markers are removed first. `exact` (normalized equality with an expected answer) is reported beside it.
 
 A reply is *refused* when the stack gave its fixed "not in the documents" answer (`done.finish_reason`
-`no_sources`: the relevance floor, no model call) or when the model's text says so itself. For a question
+`no_sources`: the relevance floor, no model call), when it withheld the model's line as too unlikely
+(`done.unsure`: the likelihood floor), or when the model's text says so itself. For a question
 no document covers, refusing is right and anything else wrong.
 
 A wrong answer is *shown as supported* when the page shows it with sources and flags none of its sentences
@@ -164,6 +165,8 @@ def is_refusal(reply: dict[str, Any]) -> tuple[bool, str | None]:
     """(refused, by whom: "floor" for the fixed answer, "model" for the model's own words)."""
     if reply.get("done", {}).get("finish_reason") == "no_sources":
         return True, "floor"
+    if reply.get("done", {}).get("unsure"):
+        return True, "likelihood"
     if _REFUSAL.search(reply.get("answer", "")):
         return True, "model"
     return False, None
@@ -198,6 +201,7 @@ class Verdict:
     history: list[dict[str, str]] = field(default_factory=list)
     error: str | None = None
     marked_supported: bool = False  # shown with sources, no sentence flagged, right or wrong
+    likelihood: float | None = None  # the model's likelihood of the answer line it wrote (done.likelihood)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -234,6 +238,7 @@ def judge(q: Question, reply: dict[str, Any], seconds: float, history: list[dict
         cited=cited,
         seconds=round(seconds, 2),
         finish_reason=reply.get("done", {}).get("finish_reason"),
+        likelihood=reply.get("done", {}).get("likelihood"),
         history=history or [],
         marked_supported=not refused and shown_supported(reply),
     )

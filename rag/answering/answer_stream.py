@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -27,7 +28,7 @@ from rag.answering.events import (
 )
 from rag.answering.followup import SearchQuery
 from rag.answering.gate import Permit
-from rag.answering.no_answer import ANSWER_LINE_GRAMMAR, echoes, no_answer_text, usable
+from rag.answering.no_answer import ANSWER_LINE_GRAMMAR, echoes, no_answer_text, unsure_text, usable
 from rag.answering.prompt import (
     CJK_QUESTION,
     COMPLETION_STOP,
@@ -127,6 +128,7 @@ class Answer:
         self.searched = searched or SearchQuery(question)  # the query retrieval ran, shown with the sources
         self.text_parts: list[str] = []
         self.no_answer = False
+        self.unsure = False  # the model's line fell below the likelihood floor: withheld
         self.retried = False
         self.retry: Retry | None = None  # why the completion style's first answer line was asked again
         self.read = read  # the answer read from a table's cell or a list's entry: no generation
@@ -266,12 +268,23 @@ class Answer:
                 self.retry = verdict if number == 0 else self.retry
                 last = number == len(attempts) - 1
                 if verdict is None or (last and verdict.reason == "off_span"):
-                    yield StreamDelta(text)
+                    self.unsure = self._too_unlikely(end)
+                    yield StreamDelta(self._unsure_line() if self.unsure else text)
                     yield end
                     return
         self.no_answer = True
         yield StreamDelta(no_answer_text(c.candidate.metadata.get("source", "") for c in self.packed.chunks))
         yield end
+
+    def _too_unlikely(self, end: StreamEnd) -> bool:
+        """Whether the model wrote its answer line with a likelihood below the generator's floor."""
+        floor = self.answerer.settings.completion_likelihood_floor or 0.0
+        said = likelihood(end.logprobs)
+        return said is not None and said < floor
+
+    def _unsure_line(self) -> str:
+        names = (c.candidate.metadata.get("source", "") for c in self.packed.chunks)
+        return unsure_text(names, chinese=cjk_fraction(self.question) >= CJK_QUESTION)
 
     def _judge_line(self, text: str, prompt: str) -> Retry | None:
         """Why an answer line must be asked again: nothing usable, an echo of the question, or (spans on)
@@ -321,7 +334,11 @@ class Answer:
                 if tokens := await llm.tokenize(form):
                     firsts.add(tokens[0])
             ban = [*ban, *([token, False] for token in sorted(firsts))]
-        extra = ({"logit_bias": ban} if ban else {}) | ({"grammar": grammar} if grammar else {})
+        extra = (
+            {"logprobs": 1}  # the model's likelihood of its answer (Done.likelihood)
+            | ({"logit_bias": ban} if ban else {})
+            | ({"grammar": grammar} if grammar else {})
+        )
         stream = llm.stream_completion(
             prompt,
             max_tokens=self.query.max_tokens,
@@ -337,7 +354,8 @@ class Answer:
             await _close(stream)
 
     def _closing_events(self, end: StreamEnd) -> tuple[Citations, Done]:
-        text = "" if self.no_answer else "".join(self.text_parts)  # our own line cites and claims nothing
+        # Our own line (no answer, or the model's withheld) cites and claims nothing.
+        text = "" if self.no_answer or self.unsure else "".join(self.text_parts)
         chunks = {c.source_id: c.text for c in self.packed.chunks}
         fixed_text = (CompletionStyle if self.packed.style == "completion" else ChatStyle).fixed_text
         citations, check, attribution = citations_event(
@@ -360,6 +378,8 @@ class Answer:
             no_answer=self.no_answer,  # the model gave nothing usable: the text is our fixed line
             retried=self.retried,  # its first attempt was asked again
             retry_reason=self.retry.reason if self.retried and self.retry else None,
+            unsure=self.unsure,
+            likelihood=None if self.no_answer else likelihood(end.logprobs),
         )
         return citations, done
 
@@ -409,6 +429,11 @@ class NoSourcesAnswer:
             retrieval_ms=self.clock.ms(None, "retrieved"),
             unknown_names=self.unknown_names or None,
         )
+
+
+def likelihood(logprobs: list[float] | None) -> float | None:
+    """The geometric mean of the probabilities whose logs are `logprobs` (None for none)."""
+    return round(math.exp(sum(logprobs) / len(logprobs)), 4) if logprobs else None
 
 
 async def _lstripped(stream: AsyncIterator[StreamDelta | StreamEnd]) -> AsyncIterator[StreamDelta | StreamEnd]:

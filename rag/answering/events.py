@@ -181,6 +181,12 @@ class Done(Event):
     retried: bool = False  # the first attempt was asked once more: `retry_reason` says why
     # `blank` (nothing usable), `echo` (it only repeated the question), `off_span` (no span of a source)
     retry_reason: str | None = None
+    # The model wrote a line, but below the generator's likelihood floor: it is withheld, and the answer is
+    # our fixed line saying the sources do not answer clearly (rag.answering.no_answer).
+    unsure: bool = False
+    # The model's likelihood of the answer line it wrote: the geometric mean of its tokens' probabilities
+    # (the completion style; None for a chat answer, a read one or our fixed line).
+    likelihood: float | None = None
 
 
 class NoSourcesDone(Event):

@@ -44,6 +44,9 @@ class StreamEnd:
     usage: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, Any] = field(default_factory=dict)
     ttft_s: float | None = None
+    # The log-probability the model gave each token it wrote, where the request asked for them
+    # (`logprobs: 1`); None where it did not, or for an end that did not come from the server.
+    logprobs: list[float] | None = None
 
 
 class LlamaServerClient:
@@ -204,10 +207,13 @@ class LlamaServerClient:
             raise _map_openai_error(exc, self.base_url) from exc
         finish_reason: str | None = None
         end: StreamEnd | None = None
+        logprobs: list[float] | None = None
         try:
             async for chunk in stream:
                 if chunk.choices:
                     choice = chunk.choices[0]
+                    if (chosen := _token_logprobs(choice)) is not None:
+                        logprobs = [*(logprobs or []), *chosen]
                     text = text_of(choice)
                     if text:
                         if ttft is None:
@@ -219,7 +225,9 @@ class LlamaServerClient:
                 if chunk.usage is not None or "timings" in extra_fields:
                     usage = chunk.usage.model_dump() if chunk.usage is not None else {}
                     end = StreamEnd(finish_reason, usage, extra_fields.get("timings") or {}, ttft)
-            yield end or StreamEnd(finish_reason, ttft_s=ttft)
+            end = end or StreamEnd(finish_reason, ttft_s=ttft)
+            end.logprobs = logprobs
+            yield end
         except openai.APIError as exc:
             raise _map_openai_error(exc, self.base_url) from exc
         except httpx.TransportError as exc:
@@ -242,6 +250,20 @@ class LlamaServerClient:
         except openai.APIError as exc:
             raise _map_openai_error(exc, self.base_url) from exc
         return completion.model_dump()
+
+
+def _token_logprobs(choice: Any) -> list[float] | None:
+    """The log-probabilities of the tokens a streamed choice carries, or None when it carries none.
+    llama-server sends them as `{"content": [{"token", "logprob", ...}]}` on a completion too (the chat
+    form), which the SDK's completion type keeps among its extra fields."""
+    given = getattr(choice, "logprobs", None)
+    if given is None:
+        return None
+    content = getattr(given, "content", None) or (given.model_extra or {}).get("content")
+    if content is not None:
+        return [float(t["logprob"] if isinstance(t, dict) else t.logprob) for t in content]
+    legacy = getattr(given, "token_logprobs", None)
+    return [float(x) for x in legacy if x is not None] if legacy is not None else None
 
 
 def _error_message(response: httpx.Response) -> str:

@@ -146,6 +146,7 @@ def answer_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "retried_echo": sum(r.get("retry_reason") == "echo" for r in records) / n,
         "retried_off_span": sum(r.get("retry_reason") == "off_span" for r in records) / n,
         "no_answer": sum(bool(r.get("no_answer")) for r in records) / n,
+        "unsure": sum(bool(r.get("unsure")) for r in records) / n,  # lines withheld under the likelihood floor
         "failed": sum("error" in r for r in records),
         "ttft_ms": latency_summary([r["ttft_ms"] for r in records if r.get("ttft_ms") is not None]),
         "total_ms": latency_summary([r["total_ms"] for r in records]),
@@ -160,6 +161,7 @@ def answer_metrics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 "supported": bool(r["attributed_ok"]),
                 "answer": r["answer"][:ANSWER_CHARS_KEPT],
                 "retry_reason": r.get("retry_reason"),
+                "likelihood": r.get("likelihood"),
                 "total_ms": round(r["total_ms"], 1),
             }
             for r in records

@@ -163,6 +163,8 @@ def report_markdown(result: dict[str, Any]) -> str:
             f"Empty answers: {_pct(answers.get('empty_first_attempt'))} at the first attempt, "
             f'{_pct(answers.get("no_answer"))} after the retry (answered "the model gave no answer").',
             "",
+            f"Withheld as too unlikely (the likelihood floor): {_pct(answers.get('unsure'))}.",
+            "",
             f"TTFT p50 {ttft.get('p50')} ms, p95 {ttft.get('p95')} ms; whole answer p50 {total.get('p50')} ms, "
             f"p95 {total.get('p95')} ms.",
             "",

@@ -181,7 +181,7 @@ def render_table(result: dict[str, Any]) -> None:
         )
         console.print(
             f"empty answers: {answers['empty_first_attempt']:.3f} at the first attempt, "
-            f"{answers['no_answer']:.3f} after the retry"
+            f"{answers['no_answer']:.3f} after the retry; withheld as too unlikely {answers['unsure']:.3f}"
         )
         sp = answers["supported_precision"]
         console.print(

@@ -470,6 +470,8 @@ async def _one_answer(answer: Answer | NoSourcesAnswer, run: _QuestionRun, start
         no_answer=isinstance(done, Done) and done.no_answer,
         retried=isinstance(done, Done) and done.retried,
         retry_reason=done.retry_reason if isinstance(done, Done) else None,
+        likelihood=done.likelihood if isinstance(done, Done) else None,
+        unsure=isinstance(done, Done) and done.unsure,
     )
     text = strip_citations(document.answer)
     golds = run.question.answers

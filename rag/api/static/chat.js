@@ -331,6 +331,7 @@ function doneText(answer) {
   const parts = [];
   if (d.finish_reason === "no_sources") parts.push(t("done.noSources"));
   if (d.finish_reason === "length") parts.push(t("done.length"));
+  if (d.unsure) parts.push(t("done.unsure"));
   if (d.usage && d.usage.completion_tokens) parts.push(t("done.tokens", { count: d.usage.completion_tokens }));
   if (d.ttft_ms != null) parts.push(t("done.ttft", { ms: Math.round(d.ttft_ms) }));
   if (d.timings && d.timings.predicted_per_second) parts.push(t("done.rate", { rate: d.timings.predicted_per_second.toFixed(1) }));
