@@ -172,3 +172,59 @@ def test_a_which_question_about_a_named_option_gets_the_sentence_of_its_meaning_
         "The date is specified in the format YYYY-MM-DD."
     )
     assert named_entry(GZIP, "Which command is identical to gzip -d?") is None  # asks for a term
+
+
+PG_COMMANDS = """For managing clusters, the following commands are provided (each with its own
+manual page):
+
+   pg_createcluster  - Create a new cluster or integrate an existing one into
+                       the postgresql-common architecture.
+   pg_dropcluster    - Completely remove a cluster.
+   pg_lsclusters     - Show a list of all existing clusters and their status.
+   pg_upgradecluster - Migrate a cluster from one major version to another one.
+   pg_renamecluster  - Rename a cluster.
+
+Please note that you can of course still use the upstream tools for creating
+clusters, such as initdb(1).
+"""
+
+
+def test_a_dashed_list_of_commands_answers_which_command_does_something():
+    found = entries(PG_COMMANDS)
+    assert [e.term for e in found] == [
+        "pg_createcluster",
+        "pg_dropcluster",
+        "pg_lsclusters",
+        "pg_upgradecluster",
+        "pg_renamecluster",
+    ]
+    assert (
+        found[0].meaning == "Create a new cluster or integrate an existing one into the postgresql-common architecture."
+    )
+    question = "Which command migrates a PostgreSQL cluster from one major version to another?"
+    assert named_entry(PG_COMMANDS, question) == "pg_upgradecluster"
+    # A clusters-and-ports question that no one meaning says more of than the others: no answer read.
+    assert named_entry(PG_COMMANDS, "Which command displays the cluster to port mapping?") is None
+    # Options are not what "which command" asks for, nor commands what "which option" asks for.
+    assert named_entry(GZIP, "Which command keeps the input files?") is None
+    assert named_entry(PG_COMMANDS, "Which option removes a cluster completely?") is None
+
+
+GROUPS_PAGE = """tty
+
+Tty devices and /dev/vcs* are owned by this group. This is used by write and wall to enable them to write to
+other people's ttys.
+
+disk
+
+Raw access to disks. Mostly equivalent to root access.
+
+HELP: Well, I have some disk devices in /dev owned by the group, but I can't see the point.
+"""
+
+
+def test_a_word_the_question_calls_a_group_names_its_entry_and_the_noun_asks_for_nothing():
+    # Two entries where a chunk ends are enough when the question says what the word is ("the disk group");
+    # "group" is the kind, so the HELP sentence that says "the group" is not the one asked for.
+    assert named_entry(GROUPS_PAGE, "What is the disk group for?") == "Raw access to disks."
+    assert named_entry(GROUPS_PAGE, "What is disk for?") is None  # a plain word is no name

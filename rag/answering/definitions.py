@@ -5,16 +5,19 @@ as man pages list their options and exit values,
            Keep (don't delete) input files during compression or decompression.
     -t     按时间排序，最新的最前；参见 --time
 
-a PDF's text its one-word terms over their meanings ("noauto" / "do not mount when mount -a is given"), and
-an OCR its options run together ("-s, --symbolic-link使用符号链接代替复制-S,--suffix=…").
+a PDF's text its one-word terms over their meanings ("noauto" / "do not mount when mount -a is given"), a
+README its commands each with a dash and its meaning ("pg_upgradecluster - Migrate a cluster from one major
+version to another one."), and an OCR its options run together ("-s, --symbolic-link使用符号链接代替复制-S,
+--suffix=…").
 
 A small base model asked which option keeps the input files reads such a chunk and takes a neighbouring
 entry's term ("-l --list"), and asked what `-t` does, another entry's words: 22 of the 93 wrong answers of
 bench/real_docs before this module were such questions. So a question that names one entry ("What does
-exit value 9 of useradd mean?", "ls 的 -t 选项做什么？") is answered by its meaning, and one that asks which
-option or exit value does something ("Which gzip option checks the compressed file integrity?") by the
-term of the one entry whose meaning holds the most of the question's words, weighted by how few entries
-hold each; both read, not generated, and only when exactly one entry answers.
+exit value 9 of useradd mean?", "ls 的 -t 选项做什么？", "What is the disk group for?") is answered by its
+meaning, and one that asks which option, exit value or command does something ("Which gzip option checks
+the compressed file integrity?") by the term of the one entry whose meaning holds the most of the
+question's words, weighted by how few entries hold each; both read, not generated, and only when exactly
+one entry answers.
 
 Terms are compared as written (`-s` is not `-S`); words as `focus.terms` compares them, less a plural's
 `s`; Chinese by its character pairs.
@@ -35,6 +38,7 @@ MAX_TERM_WORDS = 6
 _INDENT = re.compile(r"^(?: {2,}|\t)\S")
 _INLINE = re.compile(r"^([-+]\S*(?:,? [-+]\S*)*|\d+)(?: {2,}|\t)(\S.*)$")  # "-t     按时间排序", "2  error"
 _ONE_WORD = re.compile(r"^[A-Za-z_][\w-]*$")
+_DASHED = re.compile(r"^(\s*)([A-Za-z_][\w.-]*)\s+-\s+(\S.*)$")  # "   pg_dropcluster    - Completely remove a cluster."
 _RUN_TERM = re.compile(
     rf"(?<![A-Za-z0-9])(?:(?:-[A-Za-z0-9],\s*)*--[a-z][A-Za-z0-9_-]*(?:\[=[^\]]*\]|=[^{CJK_CHARS}\s，。]*)?|-[A-Za-z0-9] )"
     rf"(?=[{CJK_CHARS}]|\s*$)"  # or at the end: a term whose meaning the next page holds
@@ -45,12 +49,15 @@ _ASKS_WHICH = re.compile(
     r"\bwhich\b|\bwhat\s+(?:option|flag|switch|exit|value|status|code|number)s?\b|哪个|哪些|哪一个|什么选项", re.I
 )
 _WHICH_OF_ANOTHER = re.compile(r"\b(?:in|on|at|by|for|from|with|to) which\b", re.I)  # "In which format…"
-_LIST_NOUN = re.compile(r"\b(?:options?|flags?|switch(?:es)?|exit|values?|status|codes?)\b|选项|参数|退出", re.I)
+_LIST_NOUN = re.compile(
+    r"\b(?:options?|flags?|switch(?:es)?|exit|values?|status|codes?|commands?|tools?)\b|选项|参数|退出", re.I
+)
+_COMMAND_NOUN = re.compile(r"\b(?:commands?|tools?)\b", re.I)
 _NUMBER_NOUN = re.compile(r"\b(?:exit|return|values?|status|codes?)\b|退出|返回", re.I)
 # Words that ask, not say what is asked: the list's nouns, "which", and Chinese pairs holding 哪/个/选/项/的/用
-_ASKING = re.compile(r"^(?:optio|flag|switc|exit|value|statu|code|retur|which|give)|[哪个选项的用么]")
+_ASKING = re.compile(r"^(?:optio|flag|switc|exit|value|statu|code|retur|which|give|comman|tool)|[哪个选项的用么]")
 _IDENTIFIER = re.compile(r"^(?=\w*(?:_|\d|[A-Z]{4}))[A-Za-z_]\w*$")  # BZ_OK, SIGTERM, x11; not "user"
-_CALLED = r"(?:option|flag|setting|constant|keyword)s?\b"
+_CALLED = r"(?:option|flag|setting|constant|keyword|group|user)s?\b"
 _EXIT_NOUN = re.compile(r"\b(?:exit|return)\b|退出|返回", re.I)
 _SENTENCE_END = re.compile(r"(?<=[.;])\s+(?=[A-Z(])|(?<=[。；])")  # not inside "(e.g., at boot time)"
 MIN_SCORE = 1.0  # the best entry's meaning holds at least one of the question's words no other entry holds
@@ -66,13 +73,14 @@ class Entry:
     term: str
     names: frozenset[str]
     meaning: str
+    command: bool = False  # a command of a dashed list ("pg_lsclusters - Show…"), what "which command" asks for
 
 
-def entries(text: str) -> list[Entry]:
-    """The definition list entries of a chunk's text, in order; under MIN_ENTRIES, only those keyed by an
+def entries(text: str, fewest: int = MIN_ENTRIES) -> list[Entry]:
+    """The definition list entries of a chunk's text, in order; under `fewest`, only those keyed by an
     option or a number (a chunk of a man page with long meanings holds one or two)."""
-    found = _indented(text) or _flush(text) or _run_together(text)
-    return found if len(found) >= MIN_ENTRIES else [e for e in found if _is_key(e.term)]
+    found = _dashed(text) or _indented(text) or _flush(text) or _run_together(text)
+    return found if len(found) >= fewest else [e for e in found if _is_key(e.term)]
 
 
 def _indented(text: str) -> list[Entry]:
@@ -101,6 +109,26 @@ def _indented(text: str) -> list[Entry]:
             term = line.strip()
     close()
     return found
+
+
+def _dashed(text: str) -> list[Entry]:
+    """Entries of a list of commands, each a word, a spaced dash and its meaning, which goes on over the lines
+    indented deeper ("   pg_createcluster  - Create a new cluster or integrate an existing one into" /
+    "                       the postgresql-common architecture."); MIN_ENTRIES of them at least."""
+    found: list[Entry] = []
+    indent: int | None = None
+    for line in text.splitlines():
+        dashed = _DASHED.match(line)
+        if dashed and (indent is None or len(dashed.group(1)) == indent):
+            indent = len(dashed.group(1))
+            term = dashed.group(2)
+            found.append(Entry(term, frozenset({term}), dashed.group(3).strip(), command=True))
+        elif found and indent is not None and line.strip() and len(line) - len(line.lstrip()) > indent:
+            last = found.pop()
+            found.append(Entry(last.term, last.names, f"{last.meaning} {line.strip()}", command=True))
+        elif found and line.strip():
+            break  # the list ended: prose below it is no meaning
+    return found if len(found) >= MIN_ENTRIES else []
 
 
 def _flush(text: str) -> list[Entry]:
@@ -156,8 +184,9 @@ def _names(term: str) -> frozenset[str]:
 
 def named(question: str, entry: Entry) -> bool:
     """Whether the question names the entry: one of its options as written, its number when it asks about
-    an exit or return value, an identifier ("BZ_DATA_ERROR_MAGIC") or a word it calls an option ("the noauto
-    mount option"), or, in Chinese, the whole term ("密码警告时间段"). A word alone is no name: a FILES list
+    an exit or return value, an identifier ("BZ_DATA_ERROR_MAGIC"), a word it calls an option, a group or a
+    user ("the noauto mount option", "the disk group"), or, in Chinese, the whole term ("密码警告时间段"). A
+    word alone is no name: a FILES list
     keyed "/etc/shadow" is not what "In /etc/shadow, what does an empty field mean?" asks about."""
     if entry.names & set(_OPTION.findall(question)):
         return True
@@ -221,7 +250,8 @@ def named_entry(text: str, question: str) -> str | None:
     """The answer a definition list in `text` gives to `question`: the meaning of the one entry it names,
     or, asked which entry does something, the term of the one entry whose meaning matches it best; None
     when the text holds no list or no one entry answers."""
-    found = entries(text)
+    called = re.findall(_CALLED, question, re.I)  # "the disk group": a chunk's end may cut its list to two
+    found = entries(text, fewest=2 if called else MIN_ENTRIES)
     if not found:
         return None
     if _asks_which(question):
@@ -234,14 +264,18 @@ def named_entry(text: str, question: str) -> str | None:
     if len(picked) != 1:
         return None
     entry = next(iter(picked.values()))
-    return _sentence_asked(entry.meaning, _units(question) - _units(entry.term))
+    return _sentence_asked(entry.meaning, _units(question) - _units(entry.term) - _units(" ".join(called)))
 
 
 def _which(found: Sequence[Entry], question: str) -> str | None:
-    """The term of the one entry of the kind asked (options, or numbers for an exit value) whose meaning
-    holds the question's words best, weighted by how few entries hold each."""
-    numbers = _NUMBER_NOUN.search(question) is not None
-    keyed = [e for e in found if (e.term.isdigit() if numbers else bool(_OPTION.match(e.term)))]
+    """The term of the one entry of the kind asked (options, numbers for an exit value, commands of a dashed
+    list) whose meaning holds the question's words best, weighted by how few entries hold each."""
+    if _COMMAND_NOUN.search(question):
+        keyed = [e for e in found if e.command]
+    elif _NUMBER_NOUN.search(question):
+        keyed = [e for e in found if e.term.isdigit()]
+    else:
+        keyed = [e for e in found if _OPTION.match(e.term)]
     asked = {t for t in _units(question) if not _ASKING.search(t) and (len(t) > 2 or has_cjk(t))}
     units = [_units(e.meaning) & asked for e in keyed]
     weights = {t: 1.0 / n for t in asked if (n := sum(1 for u in units if t in u))}
