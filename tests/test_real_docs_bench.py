@@ -93,6 +93,14 @@ def test_an_expected_list_needs_every_word_and_chinese_is_matched_by_character()
     assert not judge(both, _reply("It will expire.", []), 1.0).right
 
 
+def test_a_list_of_numbers_is_no_answer_though_it_holds_the_one_asked_for():
+    q = Question("t-7", "man-zh", "man/zh_CN/passwd.5.gz", "/etc/passwd 中用户主目录是第几个字段？", ("6", "六"))
+    assert not judge(q, _reply("1, 2, 3, 4, 5, 6, 7, 8, 9, 10,", []), 1.0).right
+    assert judge(q, _reply("第 6 个字段", []), 1.0).right
+    dates = Question("t-8", "man-en", "man/en/shadow.5.gz", "Since which date?", ("1970",))
+    assert judge(dates, _reply("Jan 1, 1970 00:00 UTC", []), 1.0).right  # a day and a time besides: no list
+
+
 def test_a_latin_word_run_into_chinese_is_a_word_of_its_own():
     # OCR of a Chinese page runs an option into the text after it ("--link使用硬链接取代复制"): the
     # option is still there for the answer and for "answer in sources".

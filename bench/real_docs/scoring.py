@@ -8,7 +8,9 @@ An answer is *right* when it holds an expected answer: its words, in order, amon
 (`contains`, for short facts: "993" in "The imaps service uses port 993/tcp"), or, for an expected entry
 that is a list, every word of that list somewhere in it; a question marked `"match": "exact"` needs the
 answer to be an expected answer and nothing more ("no" for a yes/no default, where "no" inside a longer
-answer says nothing). Words are runs of letters and digits, each CJK character a word of its own (also
+answer says nothing). An answer that names three numbers or more besides those of the question and its
+expected answers is a list of candidates, not an answer, and is wrong whatever it holds ("1, 2, 3, 4, 5, 6,
+7, 8, 9, 10," to which field of /etc/passwd is the home directory). Words are runs of letters and digits, each CJK character a word of its own (also
 right after a Latin word: OCR of a Chinese page runs "--link" into the "使用" after it), compared
 case-folded unless the question says `case` (`-S` and `-s` are different ls options); the model's `[Sn]`
 markers are removed first. `exact` (normalized equality with an expected answer) is reported beside it.
@@ -55,6 +57,7 @@ KINDS = (
     "followup",
     "uncovered",
 )
+LISTED_NUMBERS = 3  # numbers named besides the question's and the expected answers': a list, not an answer
 TARGETS = {"right_covered": 0.60, "wrong_shown_supported": 0, "refused_uncovered": 0.90}
 
 _CITATION = re.compile(r"\[S\d+\]")
@@ -144,6 +147,16 @@ def _holds(haystack: list[str], needle: list[str]) -> bool:
     return n > 0 and any(haystack[i : i + n] == needle for i in range(len(haystack) - n + 1))
 
 
+def lists_numbers(text: str, q: Question) -> bool:
+    """Whether `text` names LISTED_NUMBERS numbers or more that neither the question nor an expected answer
+    holds: "1, 2, 3, 4, 5, 6, 7, 8, 9, 10," holds the field number asked for and answers nothing."""
+    said = {w for w in words(text) if w.isdigit()}
+    known = set(words(q.question)) | {
+        w for e in q.expected for part in ([e] if isinstance(e, str) else e) for w in words(part)
+    }
+    return len(said - known) >= LISTED_NUMBERS
+
+
 def holds_expected(text: str, q: Question) -> bool:
     """Whether `text` holds one of the question's expected answers (see the module's docstring)."""
     have = words(text, q.case)
@@ -212,7 +225,8 @@ def judge(q: Question, reply: dict[str, Any], seconds: float, history: list[dict
     refused, by = is_refusal(reply)
     sources = reply.get("sources", [])
     rank = next((i for i, s in enumerate(sources, 1) if q.covered and holds_expected(s.get("text", ""), q)), None)
-    matched = q.covered and not refused and (is_exact(answer, q) if q.match == "exact" else holds_expected(answer, q))
+    holds = holds_expected(answer, q) and not lists_numbers(answer, q)
+    matched = q.covered and not refused and (is_exact(answer, q) if q.match == "exact" else holds)
     if q.covered:
         status = "right" if matched else ("refused" if refused else "wrong")
         right = matched
