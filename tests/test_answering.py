@@ -543,3 +543,47 @@ def test_a_table_row_keyed_by_the_question_is_read_from_the_chunk_that_holds_it(
     assert "".join(e.data["text"] for e in events if e.name == "token") == "995/tcp"
     assert data["done"]["finish_reason"] == "table_cell" and server.prompts == []
     assert data["sources"]["sources"][0]["chunk_id"] == "services.html:1"
+
+
+GZIP_BUGS = "In some rare cases, the --best option gives worse compression than the default compression level (-6)."
+GZIP_LEVELS = """-k --keep
+       Keep (don't delete) input files during compression or decompression.
+
+-t --test
+       Test. Check the compressed file integrity then quit.
+
+-# --fast --best
+       Regulate the speed of compression using the specified digit #, where -1 or --fast indicates the fastest
+       compression method (less compression) and -9 or --best indicates the slowest compression method (best
+       compression)."""
+
+
+def test_a_follow_up_asking_which_option_is_read_from_the_list_of_the_document_the_conversation_named():
+    # One hit only (top_k 1): the BUGS paragraph. The conversation named gzip, so gzip's chunks are searched
+    # for the list entry that answers, though the follow-up itself names no document.
+    chunks = [("gzip.1.gz", GZIP_BUGS), ("gzip.1.gz", GZIP_LEVELS)]
+    question = {"role": "user", "content": "Which option gives the best compression?"}
+    earlier = [
+        {"role": "user", "content": "What is the default compression level of gzip?"},
+        {"role": "assistant", "content": "-6"},
+    ]
+
+    def ask(messages: list[dict[str, str]]):
+        server = ReplayLlamaServer("the default compression level")
+
+        async def go():
+            llm = LlamaServerClient("http://llama.test", transport=server.transport())
+            answerer = Answerer(llm, OverlapRetriever(chunks), Settings(llm_prompt_style="completion"))
+            try:
+                started = await answerer.start(ChatQuery(messages, "default", 1, None))
+                return [e async for e in started.events()]
+            finally:
+                await llm.aclose()
+
+        events = asyncio.run(go())
+        return "".join(e.data["text"] for e in events if e.name == "token"), by_name(events)["done"]
+
+    text, done = ask([*earlier, question])
+    assert text == "-# --fast --best" and done["finish_reason"] == "list_entry"
+    text, done = ask([question])  # asked alone: no document named, the one hit is all there is
+    assert done["finish_reason"] != "list_entry"

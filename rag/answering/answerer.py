@@ -205,7 +205,8 @@ class Answerer:
             reason, good = ("not_mentioned" if unknown else "not_relevant"), []
             below = [Dropped(chunk_id=h.chunk_id, reason="below_min_relevance") for h in hits]
         good, far = cut_off(good, self.settings.pack_relative_score)
-        good, far = await self._naming_entry_first(good, far, question, query)
+        said = " ".join([*(m["content"] for m in history if m["role"] == "user"), searched.text])
+        good, far = await self._naming_entry_first(good, far, question, query, said)
         below += [Dropped(chunk_id=h.chunk_id, reason="far_below_best") for h in far]
         if not good:
             await self._question_fits(ahead, query, question)
@@ -243,18 +244,19 @@ class Answerer:
         )
 
     async def _naming_entry_first(
-        self, kept: list[Hit], cut: list[Hit], question: str, query: ChatQuery
+        self, kept: list[Hit], cut: list[Hit], question: str, query: ChatQuery, said: str = ""
     ) -> tuple[list[Hit], list[Hit]]:
         """The hits with the first one whose definition list holds the option the question names ("ls 的
         -t 选项做什么？"), or the entry that answers "which option…" (`first_answering`), in front, taken
         back from those cut off when it is there, else searched for in the document the question names
         (`named_documents`): the lexical index drops one-letter words, a dense embedding tells -t from -T
         poorly, and a man page's options span many chunks. Only a document the question names, when it
-        names one."""
+        names one, or the conversation `said` before it or searched for it does (a follow-up's: "Which
+        option gives the best compression?" after a question about gzip)."""
         if not asks_for_entry(question):
             return _keyed_row_first(kept, cut, question)
         hits = [*kept, *cut]
-        named = named_documents(question, (_source(h.metadata) for h in hits))
+        named = named_documents(f"{said} {question}", (_source(h.metadata) for h in hits))
         texts = [h.text if not named or _source(h.metadata) in named else "" for h in hits]
         first = first_answering(texts, question)
         if first == 0:

@@ -274,8 +274,8 @@ def _which(found: Sequence[Entry], question: str) -> str | None:
         keyed = [e for e in found if e.command]
     elif _NUMBER_NOUN.search(question):
         keyed = [e for e in found if e.term.isdigit()]
-    else:
-        keyed = [e for e in found if _OPTION.match(e.term)]
+    else:  # "-# --fast --best" is options too, though "-#" is none that a question could name
+        keyed = [e for e in found if e.term.startswith(("-", "+")) and _OPTION.search(e.term)]
     asked = {t for t in _units(question) if not _ASKING.search(t) and (len(t) > 2 or has_cjk(t))}
     units = [_units(e.meaning) & asked for e in keyed]
     weights = {t: 1.0 / n for t in asked if (n := sum(1 for u in units if t in u))}
