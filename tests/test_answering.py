@@ -587,3 +587,15 @@ def test_a_follow_up_asking_which_option_is_read_from_the_list_of_the_document_t
     assert text == "-# --fast --best" and done["finish_reason"] == "list_entry"
     text, done = ask([question])  # asked alone: no document named, the one hit is all there is
     assert done["finish_reason"] != "list_entry"
+
+
+def test_a_count_the_first_source_states_is_read_without_the_model():
+    chunks = [("passwd.docx", "Each line of /etc/passwd has seven fields separated by colons.\n| 5 | GECOS |")]
+    events, server, _, _ = answer(
+        "5",
+        "How many fields does each line of /etc/passwd have?",
+        chunks=chunks,
+        settings=Settings(llm_prompt_style="completion"),
+    )
+    assert "".join(e.data["text"] for e in events if e.name == "token") == "seven"
+    assert by_name(events)["done"]["finish_reason"] == "stated_count" and server.prompts == []

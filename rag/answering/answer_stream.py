@@ -82,10 +82,11 @@ CLOSE_TIMEOUT_S = 5.0
 @dataclass(frozen=True)
 class Read:
     """An answer read from the first source without the model, and where (the done event's finish_reason):
-    "table_cell" (rag.answering.focus.named_cell) or "list_entry" (rag.answering.definitions.named_entry)."""
+    "table_cell" (rag.answering.focus.named_cell), "stated_count" (rag.answering.counts.stated_count) or
+    "list_entry" (rag.answering.definitions.named_entry)."""
 
     text: str
-    where: Literal["table_cell", "list_entry"]
+    where: Literal["table_cell", "stated_count", "list_entry"]
 
 
 @dataclass(frozen=True)

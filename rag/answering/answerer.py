@@ -30,6 +30,7 @@ from typing import Any
 from rag.answering.answer_stream import Answer, NoSourcesAnswer, Read, discard
 from rag.answering.budget import Candidate, PackedPrompt, PromptBudget
 from rag.answering.continuation import Sent, SentSources, questions_so_far_key, user_turns
+from rag.answering.counts import stated_count
 from rag.answering.coverage_rule import covered, unknown_names
 from rag.answering.definitions import asks_for_entry, first_answering, named_documents, named_entry
 from rag.answering.ellipsis import whole_question
@@ -280,6 +281,8 @@ class Answerer:
         text = packed.chunks[0].text
         if (cell := named_cell(text, question)) is not None:
             return Read(cell, "table_cell")
+        if (count := stated_count(text, question)) is not None:
+            return Read(count, "stated_count")
         named = named_documents(question, (_source(c.metadata) for c in candidates))
         if named and _source(packed.chunks[0].candidate.metadata) not in named:
             return None  # a list of another document than the one the question names

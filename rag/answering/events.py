@@ -169,7 +169,8 @@ class Done(Event):
     # llama-server's ("stop", "length"), or "repetition": we ended a looping line; "table_cell": the answer is
     # the cell of the first source's table at the row and column the question names, read without the model;
     # "list_entry": the meaning of the first source's list entry the question names, or the term of the one
-    # it asks for (rag.answering.definitions), read without the model
+    # it asks for (rag.answering.definitions), read without the model; "stated_count": the count a sentence
+    # of the first source states of what "how many…" asks for (rag.answering.counts), read without the model
     finish_reason: str | None
     retrieval_ms: float
     pack_ms: float
