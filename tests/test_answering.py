@@ -599,3 +599,12 @@ def test_a_count_the_first_source_states_is_read_without_the_model():
     )
     assert "".join(e.data["text"] for e in events if e.name == "token") == "seven"
     assert by_name(events)["done"]["finish_reason"] == "stated_count" and server.prompts == []
+
+
+def test_a_line_that_only_counts_is_asked_again_and_then_said_to_be_no_answer():
+    server = ReplayLlamaServer("1, 2, 3, 4, 5, 6, 7, 8,")  # the base model counting to a "which field" question
+    events, server, _, _ = answer("", server=server, settings=Settings(llm_prompt_style="completion"), max_tokens=None)
+    done = by_name(events)["done"]
+    assert len(server.prompts) == 2 and done["retried"] is True and done["retry_reason"] == "counting"
+    assert done["no_answer"] is True
+    assert "".join(e.data["text"] for e in events if e.name == "token").startswith("The model gave no answer")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from rag.answering.no_answer import UNSURE_ANSWER, echoes, usable
+from rag.answering.no_answer import UNSURE_ANSWER, counts_up, echoes, usable
 from rag.core.config import Settings
 from tests.chat_helpers import ask, changed, chat_events, parse_sse, serve, upload
 
@@ -125,3 +125,13 @@ def test_a_span_the_model_finds_unlikely_is_withheld_and_the_sources_are_named(
     done = next(e.data for e in events if e.event == "done")
     assert "Skerry" in "".join(e.data["text"] for e in events if e.event == "token")
     assert done["unsure"] is False and done["likelihood"] >= 0.08
+
+
+@pytest.mark.parametrize("text", ["1, 2, 3, 4, 5, 6, 7, 8, 9, 10,", "3、4、5、6", "1 2 3 4"])
+def test_a_line_of_numbers_counted_up_only_counts(text: str):
+    assert counts_up(text)
+
+
+@pytest.mark.parametrize("text", ["1, 2, 3", "6", "1, 3, 5, 7", "fields 1, 2, 3, 4", "1970 00:00 UTC"])
+def test_a_number_or_a_few_or_numbers_among_words_are_answers(text: str):
+    assert not counts_up(text)

@@ -28,7 +28,7 @@ from rag.answering.events import (
 )
 from rag.answering.followup import SearchQuery
 from rag.answering.gate import Permit
-from rag.answering.no_answer import ANSWER_LINE_GRAMMAR, echoes, no_answer_text, unsure_text, usable
+from rag.answering.no_answer import ANSWER_LINE_GRAMMAR, counts_up, echoes, no_answer_text, unsure_text, usable
 from rag.answering.prompt import (
     CJK_QUESTION,
     COMPLETION_STOP,
@@ -91,9 +91,10 @@ class Read:
 
 @dataclass(frozen=True)
 class Retry:
-    """Why an answer line was asked again, and the line: `blank`, `echo` (of the question), `off_span`."""
+    """Why an answer line was asked again, and the line: `blank`, `echo` (of the question), `counting`
+    (it only counted: "1, 2, 3, 4, …"), `off_span`."""
 
-    reason: Literal["blank", "echo", "off_span"]
+    reason: Literal["blank", "echo", "counting", "off_span"]
     text: str
 
 
@@ -294,6 +295,8 @@ class Answer:
             return Retry("blank", text)
         if echoes(text, self.question):
             return Retry("echo", text)
+        if counts_up(text):
+            return Retry("counting", text)
         if self._spans_apply() and not is_span(text, self._sources(prompt)):
             return Retry("off_span", text)
         return None
@@ -311,10 +314,11 @@ class Answer:
 
     def _retry_line(self, llm: LLMBackend, prompt: str) -> AsyncIterator[StreamDelta | StreamEnd]:
         """The second attempt: spans of the sources only (or, spans off, any non-blank line); after an echo
-        of the question, not starting as the echo did."""
+        of the question or a line that counted, not starting as that one did."""
         retry = self.retry or Retry("blank", "")
         grammar = span_grammar(self._sources(prompt)) if self._spans_apply() else ANSWER_LINE_GRAMMAR
-        return self._answer_line(llm, prompt, grammar=grammar, avoid=retry.text if retry.reason == "echo" else None)
+        avoid = retry.text if retry.reason in ("echo", "counting") else None
+        return self._answer_line(llm, prompt, grammar=grammar, avoid=avoid)
 
     def _answer_line(
         self, llm: LLMBackend, prompt: str, grammar: str | None = None, avoid: str | None = None

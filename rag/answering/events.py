@@ -180,7 +180,8 @@ class Done(Event):
     unsupported_sentences: int
     no_answer: bool = False  # the model gave nothing usable: the answer is our fixed line naming the sources
     retried: bool = False  # the first attempt was asked once more: `retry_reason` says why
-    # `blank` (nothing usable), `echo` (it only repeated the question), `off_span` (no span of a source)
+    # `blank` (nothing usable), `echo` (it only repeated the question), `counting` (it only counted: "1, 2,
+    # 3, 4, …"), `off_span` (no span of a source)
     retry_reason: str | None = None
     # The model wrote a line, but below the generator's likelihood floor: it is withheld, and the answer is
     # our fixed line saying the sources do not answer clearly (rag.answering.no_answer).

@@ -11,7 +11,8 @@ token about 2.5 times here, and almost every answer needs none).
 
 An answer that only repeats its question (all of it, or a number of it: "1" to a question about ASN.1)
 is retried once too, its first token forbidden (rag.answering.answer_stream holds the completion style's whole
-line to judge it).
+line to judge it); so is a line that only counts ("1, 2, 3, 4, 5, …", `counts_up`), and one that still
+counts after the retry becomes `no_answer_text`.
 
 A reply still without a letter or digit (empty, whitespace, punctuation alone) becomes `no_answer_text`,
 which says so and points at the sources; the `done` event then carries `no_answer: true`.
@@ -33,6 +34,7 @@ from rag.core.cjk import has_cjk
 _USABLE = re.compile(r"[^\W_]")  # a letter or a digit, of any script
 
 NO_ANSWER = "The model gave no answer; see the sources ({names})."
+COUNTED = 4  # numbers counted up one by one, at least, make a line that only counts
 # A line the model wrote with too low a likelihood (Settings.completion_likelihood_floor): withheld.
 UNSURE_ANSWER = "The sources do not say this clearly enough for an answer; see them ({names})."
 UNSURE_ANSWER_ZH = "来源中没有找到足够明确的答案；请查看来源（{names}）。"
@@ -57,6 +59,17 @@ def usable(text: str) -> bool:
 
 def _words(text: str) -> str:
     return " ".join(re.findall(r"[^\W_]+", text.casefold()))
+
+
+def counts_up(text: str) -> bool:
+    """Whether the line only counts ("1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"): COUNTED numbers or more, each one more
+    than the one before, and nothing else but separators. The base model writes it for a question that asks
+    which field or how many, in Chinese most; it holds the number asked for and answers nothing."""
+    numbers = re.findall(r"\d+", text)
+    if len(numbers) < COUNTED or re.sub(r"[\d\s,，、;；.]+", "", text):
+        return False
+    values = [int(n) for n in numbers]
+    return all(b == a + 1 for a, b in zip(values, values[1:]))
 
 
 def echoes(text: str, question: str) -> bool:
