@@ -324,7 +324,9 @@ class _Run:
         them failed. A document whose chunks cannot be deleted stays pending for `recover`."""
         await asyncio.gather(*self._writes, return_exceptions=True)
         try:
-            await asyncio.to_thread(self._abandon, list(self.claimed.values()))
+            landed = await asyncio.to_thread(self._abandon, list(self.claimed.values()))
+            for doc, chunks in landed:  # made searchable by a write that landed after the stop: it is done
+                self._release(doc, FileResult(doc.file.name, doc.file.source, doc.doc_id, "indexed", chunks=chunks))
         except RagError as exc:  # the store away too: the rows stay pending under this owner, its next claim's
             log.warning("could not take the unfinished documents out: %s", exc.message)
         finally:  # unlocked whatever happened: a lock left held would stop this document's next run here
@@ -332,9 +334,15 @@ class _Run:
                 self.c.locks.release(self._key(doc))
             self.claimed.clear()
 
-    def _abandon(self, docs: list[_Doc]) -> None:
+    def _abandon(self, docs: list[_Doc]) -> list[tuple[_Doc, int]]:
+        """Take the unfinished documents out; those whose last write made them searchable meanwhile (the stop
+        came while it ran in its thread) are returned with their chunks, to be reported done."""
+        landed = []
         for doc in docs:
             record = self.c.stores.catalog.get(self.collection, doc.doc_id)
+            if record is not None and record.state == "indexed":
+                landed.append((doc, record.chunks))
+                continue
             if record is None or record.state != "pending" or record.owner != self.c.lease.token:
                 continue
             try:
@@ -345,6 +353,7 @@ class _Run:
             self.c.stores.catalog.mark_failed(
                 self.collection, doc.doc_id, "interrupted: the run stopped before it was indexed"
             )
+        return landed
 
 
 def _deleted_result(doc: _Doc) -> FileResult:
