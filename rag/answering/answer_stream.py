@@ -30,13 +30,13 @@ from rag.answering.followup import SearchQuery
 from rag.answering.gate import Permit
 from rag.answering.no_answer import ANSWER_LINE_GRAMMAR, counts_up, echoes, no_answer_text, unsure_text, usable
 from rag.answering.prompt import (
-    CJK_QUESTION,
     COMPLETION_STOP,
     EXAMPLES,
     EXAMPLES_ZH,
     ChatStyle,
     CompletionStyle,
     Message,
+    in_chinese,
     no_sources_answer,
 )
 from rag.answering.query import ChatQuery, Clock, Hit, source_entry
@@ -47,7 +47,6 @@ from rag.clients.llm import ServerProps, StreamDelta, StreamEnd
 from rag.clients.llm_pool import first_question_key
 from rag.core.config import Settings
 from rag.core.errors import ContextOverflow, RagError
-from rag.store.chunk_record import cjk_fraction
 
 
 class Answering(Protocol):
@@ -275,7 +274,7 @@ class Answer:
                     yield end
                     return
         self.no_answer = True
-        yield StreamDelta(no_answer_text(c.candidate.metadata.get("source", "") for c in self.packed.chunks))
+        yield StreamDelta(no_answer_text(self._source_names()))
         yield end
 
     def _too_unlikely(self, end: StreamEnd) -> bool:
@@ -284,9 +283,11 @@ class Answer:
         said = likelihood(end.logprobs)
         return said is not None and said < floor
 
+    def _source_names(self) -> list[str]:
+        return [str(c.candidate.metadata.get("source", "")) for c in self.packed.chunks]
+
     def _unsure_line(self) -> str:
-        names = (c.candidate.metadata.get("source", "") for c in self.packed.chunks)
-        return unsure_text(names, chinese=cjk_fraction(self.question) >= CJK_QUESTION)
+        return unsure_text(self._source_names(), chinese=in_chinese(self.question))
 
     def _judge_line(self, text: str, prompt: str) -> Retry | None:
         """Why an answer line must be asked again: nothing usable, an echo of the question, or (spans on)
@@ -305,7 +306,7 @@ class Answer:
         """Whether an answer line must be a span: spans on, and the question not Chinese (on 100 CMRC questions
         67 lines were no span, and as spans they scored F1 0.279 against 0.313 as written: the answers there
         are long, and a paraphrase shares characters with them where a wrong short span shares none)."""
-        return self.answerer.settings.completion_spans == "retry" and cjk_fraction(self.question) < CJK_QUESTION
+        return self.answerer.settings.completion_spans == "retry" and not in_chinese(self.question)
 
     @staticmethod
     def _sources(prompt: str) -> list[str]:

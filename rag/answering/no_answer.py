@@ -48,8 +48,7 @@ ANSWER_LINE_GRAMMAR = f'root ::= junk* good [^\\n]* "\\n"?\njunk ::= [{_JUNK}]\n
 def unsure_text(source_names: Iterable[str], chinese: bool) -> str:
     """The answer's text when the model's own line was too unlikely to show: it says so and names the
     sources to read instead."""
-    names = list(dict.fromkeys(n for n in source_names if n))
-    return (UNSURE_ANSWER_ZH if chinese else UNSURE_ANSWER).format(names=", ".join(names) or "none")
+    return (UNSURE_ANSWER_ZH if chinese else UNSURE_ANSWER).format(names=_listed(source_names))
 
 
 def usable(text: str) -> bool:
@@ -87,5 +86,9 @@ def echoes(text: str, question: str) -> bool:
 
 def no_answer_text(source_names: Iterable[str]) -> str:
     """The answer's text when the model gave none: it says so and names the sources to read instead."""
-    names = list(dict.fromkeys(n for n in source_names if n))
-    return NO_ANSWER.format(names=", ".join(names) or "none")
+    return NO_ANSWER.format(names=_listed(source_names))
+
+
+def _listed(source_names: Iterable[str]) -> str:
+    """The sources' names, each once, in order ("none" for none)."""
+    return ", ".join(dict.fromkeys(n for n in source_names if n)) or "none"

@@ -86,6 +86,12 @@ NOT_MENTIONED_ANSWER = (
 NOT_MENTIONED_ANSWER_ZH = "{where}文档中没有提到{names}，因此无法根据文档作答。请换一种问法，或添加涵盖该问题的文档。"
 CJK_QUESTION = 0.3  # share of CJK characters from which a question reads as Chinese
 
+
+def in_chinese(question: str) -> bool:
+    """Whether a question reads as Chinese (its share of CJK characters): what it is answered in."""
+    return cjk_fraction(question) >= CJK_QUESTION
+
+
 # "<" that starts something tag-like: our delimiters, <end_of_turn>, <bos>, <|im_start|>, </s> ...
 _TAG_LIKE = re.compile(r"<(?=\|?/?[A-Za-z_][\w.-]{0,40}(?:\|>|>|\s|=))|<(?=\|)")
 
@@ -143,7 +149,7 @@ def build_messages(
 def no_sources_answer(collection: str | None = None, question: str = "", unknown_names: Sequence[str] = ()) -> str:
     """The fixed "not in the documents" answer, in Chinese for a question written in Chinese; it names what
     no document mentions when that is why."""
-    if cjk_fraction(question) >= CJK_QUESTION:
+    if in_chinese(question):
         where = f"集合“{collection}”的" if collection else ""
         if unknown_names:
             return NOT_MENTIONED_ANSWER_ZH.format(where=where, names="、".join(f"“{n}”" for n in unknown_names))
@@ -229,7 +235,7 @@ EXAMPLES_ZH = FewShot("zh", COMPLETION_EXAMPLES_ZH)
 
 def examples_for(question: str) -> FewShot:
     """The examples in the question's script: Chinese ones for a question written in Chinese."""
-    return EXAMPLES_ZH if cjk_fraction(question) >= CJK_QUESTION else EXAMPLES
+    return EXAMPLES_ZH if in_chinese(question) else EXAMPLES
 
 
 def one_line(text: str) -> str:

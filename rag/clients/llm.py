@@ -213,7 +213,8 @@ class LlamaServerClient:
                 if chunk.choices:
                     choice = chunk.choices[0]
                     if (chosen := _token_logprobs(choice)) is not None:
-                        logprobs = [*(logprobs or []), *chosen]
+                        logprobs = logprobs if logprobs is not None else []
+                        logprobs.extend(chosen)
                     text = text_of(choice)
                     if text:
                         if ttft is None:
@@ -254,16 +255,11 @@ class LlamaServerClient:
 
 def _token_logprobs(choice: Any) -> list[float] | None:
     """The log-probabilities of the tokens a streamed choice carries, or None when it carries none.
-    llama-server sends them as `{"content": [{"token", "logprob", ...}]}` on a completion too (the chat
-    form), which the SDK's completion type keeps among its extra fields."""
+    llama-server sends them as `{"content": [{"token", "logprob", ...}]}` on a completion (the chat
+    form), which the SDK's completion type keeps among its extra fields; only completions ask for them."""
     given = getattr(choice, "logprobs", None)
-    if given is None:
-        return None
-    content = getattr(given, "content", None) or (given.model_extra or {}).get("content")
-    if content is not None:
-        return [float(t["logprob"] if isinstance(t, dict) else t.logprob) for t in content]
-    legacy = getattr(given, "token_logprobs", None)
-    return [float(x) for x in legacy if x is not None] if legacy is not None else None
+    content = None if given is None else (given.model_extra or {}).get("content")
+    return None if content is None else [float(token["logprob"]) for token in content]
 
 
 def _error_message(response: httpx.Response) -> str:
