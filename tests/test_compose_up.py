@@ -291,6 +291,24 @@ class Stack:
     def container(self, service: str) -> str:
         return self.containers()[service]["Names"][0]
 
+    def start_again(self, service: str, tries: int = 3) -> None:
+        """`podman start` a stopped service, and again if it exits at once, as its restart policy would: these
+        machines run no systemd, and a replica started right after a kill may find the network's DNS not back
+        yet ("failed to resolve host 'postgres'": its API exits 1 at start)."""
+        name = self.container(service)
+        for _ in range(tries):
+            podman("start", name)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if podman("inspect", "--format", "{{.State.Status}}", name).stdout.strip() != "running":
+                    break  # exited: started again
+                if self.health(service) == "healthy":
+                    return
+                time.sleep(2)
+            else:
+                return  # still running: wait_healthy waits for its health
+        raise AssertionError(f"{service} exited each of {tries} starts:\n{self.logs()}")
+
     def health(self, service: str) -> str:
         containers = self.containers()
         if service not in containers:
@@ -599,7 +617,7 @@ def test_with_a_replica_killed_the_balancer_still_answers(replicas: Stack) -> No
     )
     assert upload.status_code == 200 and upload.json()["results"][0]["status"] == "indexed", upload.text
     # Started again, the replica rejoins: healthy, and the balancer sends to it again.
-    podman("start", replicas.container("api2"))
+    replicas.start_again("api2")
     replicas.wait_healthy()
     deadline = time.monotonic() + 60
     while "api-2" not in served_by(replicas, 3):
